@@ -1,0 +1,111 @@
+"""The Python API: `speclab.generate(...) -> Result`, one entry point for every method."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from speclab.decoding.acceptance import Sampler
+from speclab.decoding.registry import get_method, method_params
+from speclab.decoding.speculative import decode
+from speclab.models.causal import CausalLM, param_count
+from speclab.models.zoo import load_shared
+from speclab.trace import RECORD_LEVELS, ModelInfo, Sampling, Trace, replay
+
+
+@dataclass
+class Result:
+    text: str
+    ids: list[int]                 # new token ids
+    trace: Trace
+
+    @property
+    def stats(self) -> dict:
+        t = self.trace.totals
+        return dict(new_tokens=t.new_tokens, target_forwards=t.target_forwards,
+                    draft_forwards=t.draft_forwards, tau=t.tau, alpha=t.alpha, wall_s=t.wall_s,
+                    drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s, verify_s=t.verify_s)
+
+
+def as_model(m, device=None):
+    """A zoo name / directory / hub id, or an already loaded (model, tokenizer) pair."""
+    if m is None:
+        return None
+    if isinstance(m, (tuple, list)):
+        return m[0], m[1]
+    return load_shared(str(m), device)
+
+
+def check_vocab(target, draft):
+    vt, vd = target[0].config.vocab_size, draft[0].config.vocab_size
+    if vt != vd or len(target[1]) != len(draft[1]):
+        raise ValueError(f"draft and target have different vocabularies (target {vt} tokens, draft {vd}): "
+                         "a draft model must share the target's tokenizer")
+
+
+def encode_prompt(tokenizer, prompt, max_new_tokens: int, max_positions: int | None) -> list[int]:
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("empty prompt: give some text to continue")
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    else:
+        ids = [int(i) for i in prompt]
+        if not ids:
+            raise ValueError("empty prompt: give some token ids to continue")
+    if max_positions and len(ids) + max_new_tokens > max_positions:
+        raise ValueError(f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
+                         f"context window of {max_positions}: shorten the prompt or lower max_new_tokens")
+    return ids
+
+
+def token_table(tokenizer, ids) -> dict[int, str]:
+    uniq = sorted(set(int(i) for i in ids))
+    return {i: tokenizer.decode([i]) for i in uniq}
+
+
+def model_info(model, name: str) -> ModelInfo:
+    p = next(model.parameters())
+    return ModelInfo(name=str(name), params=param_count(model), dtype=str(p.dtype).replace("torch.", ""),
+                     device=str(p.device))
+
+
+def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int = 128,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int = 0, record: str | None = "light", device=None, progress=None,
+             **method_params_) -> Result:
+    """Decode `prompt` with `method`; every decision goes into `result.trace`.
+
+    target / draft: a zoo name ("code-target"), a local directory, a hub id, or (model, tokenizer).
+    """
+    m = get_method(method)
+    if m.engine != "speculative":
+        raise ValueError(f"method {method!r} runs on the {m.engine} engine: use speclab.run()")
+    if record not in RECORD_LEVELS:
+        raise ValueError(f"record must be one of None, 'light', 'full', got {record!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    unknown = set(method_params_) - set(method_params(method))
+    if unknown:
+        raise ValueError(f"method {method!r} does not take {sorted(unknown)}; it takes {method_params(method)}")
+    sampler = Sampler(temperature, top_k, top_p)
+    tgt = as_model(target, device)
+    if m.needs_draft and draft is None:
+        raise ValueError(f"method {method!r} needs a draft model: pass draft='code-draft' (or --draft)")
+    dft = as_model(draft, device) if m.needs_draft else None
+    if dft is not None:
+        check_vocab(tgt, dft)
+    model, tok = tgt
+    ids = encode_prompt(tok, prompt, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
+    drafter = m.build(model, dft[0] if dft else None, **method_params_)
+    lm = CausalLM(model, "target")
+    new, rounds, totals = decode(lm, drafter, ids, max_new_tokens, sampler, seed, record,
+                                 tok.eos_token_id, progress)
+    models = {"target": model_info(model, getattr(model, "name_or_path", "target"))}
+    if dft is not None:
+        models["draft"] = model_info(dft[0], getattr(dft[0], "name_or_path", "draft"))
+    table_ids = ids + new + [n.token for r in rounds for n in r.nodes] + [r.emitted for r in rounds]
+    trace = Trace(engine="speculative", method=method, params=dict(method_params_, max_new_tokens=max_new_tokens),
+                  models=models, sampling=Sampling(temperature, top_k, top_p, seed), record=record,
+                  prompt_ids=ids, output_ids=new, token_text=token_table(tok, table_ids),
+                  totals=totals, rounds=rounds)
+    return Result(text=tok.decode(new), ids=new, trace=trace)

@@ -1,0 +1,87 @@
+"""Prompt sets shipped with speclab, built once from the HELD-OUT split of the corpus (modules the
+zoo never trained on) and committed as JSONL, so every machine benchmarks the same prompts.
+
+  code-complete  a prefix of a held-out module, cut just after a `def ...:` line
+  code-edit      a held-out function, then a near-duplicate's first line: the continuation
+                 mostly repeats material already in the prompt (prompt lookup's home ground)
+  code-mixed     alternating items of the two
+
+Rebuild (only needed after changing this file): python -m speclab.bench.prompts
+Users may pass their own JSONL: one {"prompt": "..."} object per line.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
+SETS = ("code-complete", "code-edit", "code-mixed")
+DEF_RE = re.compile(r"^( *)def \w+\(.*\):\s*$", re.M)
+
+
+def load_prompts(name_or_path: str, limit: int | None = None) -> list[str]:
+    p = PROMPT_DIR / f"{name_or_path}.jsonl"
+    if not p.exists():
+        p = Path(name_or_path)
+        if not p.exists():
+            raise ValueError(f"unknown prompt set {name_or_path!r}: use one of {', '.join(SETS)} or a JSONL file")
+    rows = []
+    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line)["prompt"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{p}:{i + 1}: each line must be a JSON object with a 'prompt' string ({e})") from e
+    return rows[:limit] if limit else rows
+
+
+def _functions(text: str) -> list[tuple[int, int]]:
+    """(start, end) of top-level-or-method functions whose body is 4..30 lines."""
+    out = []
+    lines = text.splitlines(keepends=True)
+    offs = [0]
+    for ln in lines:
+        offs.append(offs[-1] + len(ln))
+    for m in DEF_RE.finditer(text):
+        indent = len(m.group(1))
+        i = text.count("\n", 0, m.start())
+        j = i + 1
+        while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > indent):
+            j += 1
+        if 4 <= j - i <= 30:
+            out.append((offs[i], offs[j]))
+    return out
+
+
+def build(n: int = 40, seed: int = 0, max_chars: int = 700):
+    from speclab.train.corpus import read_text, source_files
+    rng = random.Random(seed)
+    files = [f for f in source_files("heldout")]
+    texts = [read_text(f.path) for f in files]
+    complete, edit = [], []
+    while len(complete) < n or len(edit) < n:
+        t = rng.choice(texts)
+        fns = _functions(t)
+        if not fns:
+            continue
+        s, e = rng.choice(fns)
+        if len(complete) < n:
+            cut = t.index("\n", s) + 1                       # just after the def line
+            complete.append(t[max(0, cut - max_chars):cut])
+        if len(edit) < n and e - s < max_chars - 100:
+            fn = t[s:e].rstrip() + "\n\n"
+            first = fn.splitlines()[0]
+            edit.append(fn + first.replace("def ", "def copy_of_", 1) + "\n")
+    mixed = [x for pair in zip(complete, edit) for x in pair][:n]
+    PROMPT_DIR.mkdir(exist_ok=True)
+    for name, rows in zip(SETS, (complete, edit, mixed)):
+        with open(PROMPT_DIR / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps({"prompt": r}) + "\n")
+
+
+if __name__ == "__main__":
+    build()

@@ -1,0 +1,172 @@
+"""`speclab run | methods | train | bench | serve | export`: the command line.
+
+Errors in what the user gave (unknown model, bad parameter, empty prompt, bad trace file) print one
+line `speclab: error: ...` and exit with code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EXIT_USAGE = 2
+COLORS = {"prompt": "\033[2m", "draft": "\033[32m", "target": "\033[33m", "reset": "\033[0m"}
+
+
+def _num(s: str):
+    """Method parameter values: int, float, or string."""
+    for cast in (int, float):
+        try:
+            return cast(s)
+        except ValueError:
+            pass
+    return s
+
+
+def add_run(sub):
+    p = sub.add_parser("run", help="decode one prompt with one method",
+                       description="Decode one prompt with one method and show what happened.")
+    p.add_argument("--target", default="code-target", help="zoo name, directory or hub id")
+    p.add_argument("--draft", help="draft model for draft-model (zoo name, directory or hub id)")
+    p.add_argument("--method", default="ar")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt")
+    g.add_argument("--prompt-file")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--k", type=int, help="draft length (draft-model, layer-skip, prompt-lookup, recycling)")
+    p.add_argument("--threshold", type=float, help="draft-confidence stop threshold (adaptive length)")
+    p.add_argument("--exit-layer", help="layer-skip exit layer, or 'auto'")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="any other method parameter, e.g. --param schedule=heuristic")
+    p.add_argument("--record", choices=["none", "light", "full"], default="light")
+    p.add_argument("--device")
+    p.add_argument("--trace", help="save the trace (JSON) here")
+    p.add_argument("--check", action="store_true", help="also run greedy ar and report `identical`")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    p.set_defaults(func=cmd_run)
+
+
+def method_kwargs(a) -> dict:
+    kw = {}
+    if a.k is not None:
+        kw["k"] = a.k
+    if a.threshold is not None:
+        kw["threshold"] = a.threshold
+    if a.exit_layer is not None:
+        kw["exit_layer"] = a.exit_layer if a.exit_layer == "auto" else _num(a.exit_layer)
+    for item in a.param:
+        if "=" not in item:
+            raise ValueError(f"--param needs NAME=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        kw[k.replace("-", "_")] = _num(v)
+    return kw
+
+
+def cmd_run(a):
+    import speclab
+    if a.prompt_file:
+        if not os.path.exists(a.prompt_file):
+            raise ValueError(f"prompt file not found: {a.prompt_file}")
+        prompt = open(a.prompt_file, encoding="utf-8").read()
+    else:
+        prompt = a.prompt
+    record = None if a.record == "none" else a.record
+    r = speclab.generate(a.target, prompt, a.method, draft=a.draft, max_new_tokens=a.max_new_tokens,
+                         temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
+                         record=record, device=a.device, **method_kwargs(a))
+    out = dict(text=r.text, ids=r.ids, method=a.method, **r.stats)
+    if a.check:
+        ref = speclab.generate(a.target, prompt, "ar", max_new_tokens=a.max_new_tokens, record=None, device=a.device)
+        out["identical"] = ref.ids == r.ids
+    if a.trace:
+        r.trace.save(a.trace)
+    if a.json:
+        print(json.dumps(out))
+        return 0
+    color = a.color == "always" or (a.color == "auto" and sys.stdout.isatty())
+    print(render_colored(r.trace, prompt, color))
+    s = r.stats
+    alpha = "-" if s["alpha"] is None else f"{s['alpha']:.2f}"
+    print(f"\n[{a.method}] {s['new_tokens']} tokens, {s['target_forwards']} target forwards, "
+          f"{s['draft_forwards']} draft forwards, tau {s['tau']:.2f}, alpha {alpha}, {s['wall_s']:.2f} s"
+          + (f", identical to greedy ar: {out['identical']}" if a.check else ""))
+    if color:
+        print(f"{COLORS['prompt']}prompt{COLORS['reset']}  {COLORS['draft']}accepted draft{COLORS['reset']}  "
+              f"{COLORS['target']}from the target{COLORS['reset']}")
+    return 0
+
+
+def render_colored(trace, prompt: str, color: bool) -> str:
+    if not color:
+        return prompt + "".join(trace.text_of(t) for r in trace.rounds for t in r.tokens)
+    c = COLORS
+    parts = [c["prompt"] + prompt + c["reset"]]
+    for r in trace.rounds:
+        toks = r.tokens
+        n_draft = min(len(r.path_tokens), len(toks))
+        if n_draft:
+            parts.append(c["draft"] + "".join(trace.text_of(t) for t in toks[:n_draft]) + c["reset"])
+        if len(toks) > n_draft:
+            parts.append(c["target"] + trace.text_of(toks[-1]) + c["reset"])
+    return "".join(parts)
+
+
+def cmd_methods(a):
+    from speclab.decoding.registry import methods
+    rows = methods()
+    if a.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'method':<16}{'family':<18}{'lossless':<10}{'draft?':<8}summary")
+    for m in rows:
+        print(f"{m['name']:<16}{m['family']:<18}{'yes' if m['lossless'] else 'no':<10}"
+              f"{'yes' if m['needs_draft'] else '':<8}{m['summary']}")
+    return 0
+
+
+def cmd_train(a):
+    from speclab.train.zoo import main as train_main
+    train_main(a.rest)
+    return 0
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(prog="speclab", description="See and measure fast decoding of language models.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    add_run(sub)
+    m = sub.add_parser("methods", help="list every decoding method")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_methods)
+    t = sub.add_parser("train", help="retrain the zoo (see `speclab train -h`)", add_help=False)
+    t.add_argument("rest", nargs=argparse.REMAINDER)
+    t.set_defaults(func=cmd_train)
+    for extra in EXTRA_COMMANDS:
+        extra(sub)
+    return ap
+
+
+EXTRA_COMMANDS = []   # later commands (bench, export, serve) register here
+
+
+def main(argv=None) -> int:
+    from speclab.models.zoo import ModelLoadError
+    from speclab.trace import TraceError
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    try:
+        return a.func(a) or 0
+    except (ValueError, ModelLoadError, TraceError, FileNotFoundError) as e:
+        print(f"speclab: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

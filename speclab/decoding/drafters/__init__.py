@@ -1,0 +1,1 @@
+"""Drafters: everything that fills the `propose / observe` slot of the draft/verify engine."""

@@ -1,0 +1,182 @@
+"""Model drafters: a separate small draft model, and the target's own early exit (layer skip).
+
+draft-model   k tokens from a draft LM with its own KV cache. Length policies:
+              fixed k; `threshold` (SpecDec++ style: stop once the draft's probability of its own
+              token falls below the threshold, up to max_k); `schedule="heuristic"` (transformers:
+              k += 2 after a fully accepted draft, k -= 1 otherwise).
+layer-skip    LayerSkip self-speculation: draft with the first L layers of the target through its
+              shared final norm and head. The draft writes into the TARGET's cache for layers < L
+              (those entries equal what the target itself computes for committed tokens, so they
+              are reused, never recomputed) and drops its speculative entries before verify.
+              exit_layer="auto" picks L online (DEL style): every verify also scores each candidate
+              exit on the committed tokens, and L maximises expected tokens per unit of cost.
+"""
+from __future__ import annotations
+
+import torch
+
+from speclab.decoding.acceptance import sample, warp
+from speclab.decoding.speculative import Context, Drafter, Outcome
+from speclab.decoding.tree import DraftTree
+from speclab.models.causal import CausalLM, early_exit_view
+
+
+def check_k(k: int, name: str = "k"):
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"{name} must be an integer >= 1 (number of draft tokens per round), got {k!r}")
+
+
+class ChainDrafter(Drafter):
+    """Shared draft loop: k single-token steps of a causal LM, greedy or sampled."""
+    point_mass = False
+
+    def __init__(self, k: int = 4, threshold: float | None = None, max_k: int = 8,
+                 schedule: str = "fixed"):
+        super().__init__()
+        check_k(k)
+        if threshold is not None and not 0 < threshold < 1:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+        if schedule not in ("fixed", "heuristic"):
+            raise ValueError(f"schedule must be 'fixed' or 'heuristic', got {schedule!r}")
+        self.k0, self.threshold, self.max_k, self.schedule = k, threshold, max(max_k, k), schedule
+
+    def begin(self, ctx, target, sampler, gen, record="light"):
+        super().begin(ctx, target, sampler, gen, record)
+        self.k = self.k0
+
+    def draft_length(self) -> int:
+        return self.max_k if self.threshold is not None else self.k
+
+    def run_chain(self, lm: CausalLM, pending: list[int], device) -> tuple[list[int], list, torch.Tensor | None]:
+        """Draft up to draft_length() tokens. Returns tokens, their q, and q dists (k, V) if sampling."""
+        inp = torch.tensor(pending, device=device)
+        toks, dists, confs = [], [], []
+        need_q = self.record is not None or self.threshold is not None
+        for i in range(self.draft_length()):
+            logits = lm.forward(inp, last_only=True)[-1]                    # (V,)
+            if self.sampler.greedy:
+                tok = logits.argmax()
+                if need_q:
+                    confs.append(logits.softmax(-1)[tok])
+            else:
+                q = warp(logits, self.sampler)
+                tok = sample(q, self.gen)
+                dists.append(q)
+                confs.append(q[tok])
+            toks.append(tok)
+            if self.threshold is not None and confs[-1].item() < self.threshold:
+                break
+            inp = tok.view(1)
+        tokens = torch.stack(toks).tolist()                                 # one host sync per round
+        q_tok = torch.stack(confs).tolist() if confs else [None] * len(tokens)
+        return tokens, q_tok, (torch.stack(dists) if dists else None)
+
+    def adapt(self, out: Outcome):
+        if self.schedule == "heuristic":
+            drafted = len(out.tree)
+            self.k = min(self.max_k, self.k + 2) if len(out.path) == drafted else max(1, self.k - 1)
+
+
+class DraftModelDrafter(ChainDrafter):
+    name = "draft-model"
+
+    def __init__(self, draft_model, **kw):
+        super().__init__(**kw)
+        self.lm = CausalLM(draft_model, "draft")
+
+    @property
+    def forwards(self):
+        return self.lm.forwards
+
+    @forwards.setter
+    def forwards(self, v):
+        pass
+
+    def begin(self, ctx, target, sampler, gen, record="light"):
+        super().begin(ctx, target, sampler, gen, record)
+        self.lm.reset()
+
+    def propose(self, ctx: Context) -> DraftTree:
+        pending = ctx.ids[self.lm.length:]          # the draft cache holds a prefix of ctx.ids
+        tokens, q_tok, dists = self.run_chain(self.lm, pending, ctx.device)
+        return DraftTree.chain(tokens, q_tok, "draft", dists, k=len(tokens))
+
+    def observe(self, out: Outcome):
+        # the draft cache ran the committed prefix plus drafts[:-1]; keep what the target accepted
+        self.lm.keep(min(self.lm.length, out.prefix_len + len(out.path)))
+        self.adapt(out)
+
+
+class LayerSkipDrafter(ChainDrafter):
+    name = "layer-skip"
+
+    def __init__(self, target_model, exit_layer: int | str = "auto", candidates=None,
+                 overhead: float = 0.25, **kw):
+        super().__init__(**kw)
+        n = len(getattr(getattr(target_model, "model", None), "layers", []))
+        early_exit_view(target_model, 1 if exit_layer == "auto" else int(exit_layer))  # validates
+        self.model, self.n_layers, self.overhead = target_model, n, overhead
+        self.auto = exit_layer == "auto"
+        trained = getattr(target_model.config, "speclab_exit_layers", None)
+        self.candidates = list(candidates or trained or range(1, n))
+        self.layer = (self.candidates[len(self.candidates) // 2] if self.auto else int(exit_layer))
+        self.views: dict[int, torch.nn.Module] = {}
+        self.forwards = 0
+
+    def view(self, layer: int):
+        if layer not in self.views:
+            self.views[layer] = early_exit_view(self.model, layer)
+        return self.views[layer]
+
+    def begin(self, ctx, target, sampler, gen, record="light"):
+        super().begin(ctx, target, sampler, gen, record)
+        self.matches = {l: 1.0 for l in self.candidates}  # running acceptance estimate per exit
+        self.captured, self.capturing, self.hooks = {}, False, []
+        if self.auto:
+            for l in self.candidates:
+                self.hooks.append(self.model.model.layers[l - 1].register_forward_hook(self._hook(l)))
+
+    def _hook(self, layer):
+        def hook(_m, _i, output):
+            if self.capturing:
+                self.captured[layer] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    def end(self):
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+
+    def propose(self, ctx: Context) -> DraftTree:
+        L = self.layer
+        lm = CausalLM(self.view(L), f"exit{L}", cache=self.target.cache)   # shares the target cache
+        pending = ctx.ids[len(ctx.ids) - ctx.pending:]
+        tokens, q_tok, dists = self.run_chain(lm, pending, ctx.device)
+        self.forwards += lm.forwards
+        self.target.drop_layers_tail(L, len(pending) + len(tokens) - 1)     # undo speculative KV
+        self.capturing = self.auto
+        return DraftTree.chain(tokens, q_tok, f"exit{L}", dists, k=len(tokens), exit_layer=L)
+
+    @torch.inference_mode()
+    def observe(self, out: Outcome):
+        self.capturing = False
+        self.adapt(out)
+        if not self.auto or not self.captured:
+            return
+        # rows of the verify forward that predicted each committed token: the last pending token,
+        # then each accepted node
+        rows = [out.n_pending - 1] + [out.n_pending + i for i in out.path]
+        want = torch.tensor(out.accepted_tokens + [out.emitted], device=out.logits.device)
+        head, norm = self.model.lm_head, self.model.model.norm
+        for l, h in self.captured.items():
+            hit = (head(norm(h[0, rows])).argmax(-1) == want).float().mean().item()
+            self.matches[l] = 0.9 * self.matches[l] + 0.1 * hit
+        self.captured = {}
+        self.layer = max(self.candidates, key=self.expected_speed)
+
+    def expected_speed(self, layer: int) -> float:
+        """Expected tokens per round / cost of the round in target forwards (chain of length k)."""
+        a, k = min(self.matches[layer], 0.999), self.draft_length()
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        cost = 1 + k * (self.overhead + (1 - self.overhead) * layer / self.n_layers)
+        return tokens / cost

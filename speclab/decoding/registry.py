@@ -1,0 +1,88 @@
+"""Every decoding method by name: family, losslessness, what it needs, and how to build it."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    family: str          # speculative | diffusion | dag
+    engine: str
+    lossless: bool
+    needs_draft: bool
+    summary: str
+    build: Callable | None = None   # (target_model, draft_model, **params) -> Drafter
+
+
+def _none(target, draft, **kw):
+    from speclab.decoding.speculative import Drafter
+    if kw:
+        raise ValueError(f"method 'ar' takes no parameters, got {sorted(kw)}")
+    return Drafter()
+
+
+def _draft_model(target, draft, k=4, threshold=None, max_k=8, schedule="fixed"):
+    from speclab.decoding.drafters.model import DraftModelDrafter
+    return DraftModelDrafter(draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
+
+
+def _layer_skip(target, draft, exit_layer="auto", k=4, threshold=None, max_k=8, schedule="fixed"):
+    from speclab.decoding.drafters.model import LayerSkipDrafter
+    return LayerSkipDrafter(target, exit_layer=exit_layer, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
+
+
+def _prompt_lookup(target, draft, k=8, max_ngram=3, min_ngram=1):
+    from speclab.decoding.drafters.lookup import PromptLookupDrafter
+    return PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram)
+
+
+def _suffix(target, draft, max_k=16, factor=1.0, min_match=2, k=None):
+    from speclab.decoding.drafters.lookup import SuffixDrafter
+    return SuffixDrafter(max_k=k or max_k, factor=factor, min_match=min_match)
+
+
+def _recycling(target, draft, k=6, topk=8, width=1, budget=None):
+    from speclab.decoding.drafters.recycling import RecyclingDrafter
+    return RecyclingDrafter(k=k, topk=topk, width=width, budget=budget)
+
+
+def _lookahead(target, draft, window=5, ngram=4, guesses=2, k=None):
+    from speclab.decoding.drafters.lookahead import LookaheadDrafter
+    return LookaheadDrafter(window=k or window, ngram=ngram, guesses=guesses)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in [
+    Method("ar", "autoregressive", "speculative", True, False, "plain autoregressive decoding (the reference)", _none),
+    Method("draft-model", "speculative", "speculative", True, True,
+           "a separate draft LM proposes k tokens (fixed, threshold or heuristic length)", _draft_model),
+    Method("layer-skip", "self-speculative", "speculative", True, False,
+           "the target's first L layers draft through its own head (exit fixed or auto)", _layer_skip),
+    Method("prompt-lookup", "model-free", "speculative", True, False,
+           "copy what followed the last n-gram's previous occurrence", _prompt_lookup),
+    Method("suffix", "model-free", "speculative", True, False,
+           "suffix automaton over prompt, output and earlier requests (SuffixDecoding)", _suffix),
+    Method("recycling", "model-free", "speculative", True, False,
+           "Token Recycling: top-k successor matrix refreshed by every verify", _recycling),
+    Method("lookahead", "model-free", "speculative", True, False,
+           "Jacobi lookahead branch feeding an n-gram pool (Lookahead decoding)", _lookahead),
+]}
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def method_params(name: str) -> list[str]:
+    m = get_method(name)
+    return [p for p in inspect.signature(m.build).parameters if p not in ("target", "draft")]
+
+
+def methods() -> list[dict]:
+    """One row per method: name, family, lossless, needs_draft, params, summary."""
+    return [dict(name=m.name, family=m.family, lossless=m.lossless, needs_draft=m.needs_draft,
+                 params=method_params(m.name), summary=m.summary) for m in METHODS.values()]

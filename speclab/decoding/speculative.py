@@ -1,0 +1,195 @@
+"""The draft/verify engine. One round, read top to bottom:
+
+    propose   the drafter offers a DraftTree (a chain is a tree of width one)
+    verify    ONE target forward over the pending tokens and every draft node (tree attention)
+    accept    walk the tree with the acceptance rule (greedy match or recursive rejection)
+    commit    the target cache keeps only the accepted path; the drafter observes the outcome
+    record    a Round for the trace (how much depends on the recording level)
+
+The plain autoregressive decoder is this loop with a drafter that proposes nothing.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from speclab.decoding.acceptance import Sampler, walk_tree, warp
+from speclab.decoding.tree import DraftTree
+from speclab.models.causal import CausalLM
+from speclab.trace import ACCEPTED, NOT_REACHED, REJECTED, DraftNode, Round, Totals
+
+TOPK_RECORD = 5
+
+
+@dataclass
+class Context:
+    """What has been committed so far. The target cache holds ids[:-pending]."""
+    ids: list[int]                      # prompt + new tokens (host copy: model-free drafters read it)
+    n_prompt: int
+    pending: int                        # tail tokens not yet run through the target
+    device: torch.device
+    rounds: int = 0
+
+    @property
+    def new_ids(self) -> list[int]:
+        return self.ids[self.n_prompt:]
+
+
+@dataclass
+class Outcome:
+    """What one verify decided, for drafters to learn from (observe) and for the record."""
+    tree: DraftTree
+    path: list[int]                     # accepted node ids, in order
+    emitted: int
+    prefix_len: int                     # committed tokens before this round
+    logits: torch.Tensor                # (P+N, V) target logits of this round's forward
+    inputs: list[int]                   # the P+N tokens that forward ran on
+    n_pending: int
+
+    @property
+    def accepted_tokens(self) -> list[int]:
+        return [self.tree.tokens[i] for i in self.path]
+
+    def target_logits_at(self, node: int) -> torch.Tensor:
+        """Target logits after `node` (-1 = after the committed prefix)."""
+        return self.logits[self.n_pending - 1 + (node + 1 if node >= 0 else 0)]
+
+
+class Drafter:
+    """The slot every drafting method fills. A chain is a tree of width one."""
+    name = "none"
+    point_mass = True                   # drafts are deterministic (q = 1) unless set_q was used
+
+    def __init__(self):
+        self.forwards = 0               # draft model calls (0 for model-free drafters)
+
+    def begin(self, ctx: Context, target: CausalLM, sampler: Sampler, gen: torch.Generator,
+              record: str | None = "light"):
+        self.target, self.sampler, self.gen, self.record = target, sampler, gen, record
+
+    def end(self) -> None:
+        pass
+
+    def propose(self, ctx: Context) -> DraftTree:
+        return DraftTree()
+
+    def observe(self, out: Outcome) -> None:
+        pass
+
+
+@dataclass
+class RunState:
+    target: CausalLM
+    drafter: Drafter
+    sampler: Sampler
+    gen: torch.Generator
+    record: str | None
+    totals: Totals = field(default_factory=Totals)
+
+
+def speculative_round(s: RunState, ctx: Context) -> tuple[Round, list[int]]:
+    """One draft/verify round. Returns its record and the committed tokens (path + emitted)."""
+    t0 = time.perf_counter()
+    tree = s.drafter.propose(ctx)                                                   # 1. propose
+    t1 = time.perf_counter()
+    pending = ctx.ids[len(ctx.ids) - ctx.pending:]
+    inputs = pending + tree.tokens
+    base = s.target.length
+    logits = s.target.forward(torch.tensor(inputs, device=ctx.device),               # 2. verify
+                              parents=tree.parents, n_prefix=len(pending))          # (P+N, V)
+    row0 = len(pending) - 1
+    p_at = lambda node: logits[row0 + (node + 1 if node >= 0 else 0)]
+    draw = lambda: torch.rand((), generator=s.gen, device=s.gen.device).item()
+    path, emitted, dist, tries = walk_tree(tree.children(), tree.tokens, tree.q_map(), p_at,  # 3. accept
+                                           s.sampler, s.gen, draw)
+    s.target.keep_positions(base + len(pending), path)                              # 4. commit
+    out = Outcome(tree, path, emitted, len(ctx.ids) - ctx.pending + len(pending), logits, inputs, len(pending))
+    t2 = time.perf_counter()
+    s.drafter.observe(out)
+    t3 = time.perf_counter()
+    rnd = record_round(s, out, tries, dist, p_at)                                   # 5. record
+    rnd.draft_s, rnd.verify_s = (t1 - t0) + (t3 - t2), t2 - t1
+    return rnd, out.accepted_tokens + [emitted]
+
+
+def record_round(s: RunState, out: Outcome, tries, dist, p_at) -> Round:
+    tree = out.tree
+    kind = "target" if not len(tree) else ("bonus" if out.path and not tree.children().get(out.path[-1]) else "correction")
+    rnd = Round(accepted=list(out.path), path_tokens=out.accepted_tokens, emitted=out.emitted,
+                emitted_kind=kind, drafted=len(tree), info=dict(tree.info))
+    if s.record is None or not len(tree):
+        return rnd
+    full = s.record == "full"
+    rule = "greedy" if s.sampler.greedy else ("point-mass" if not tree.q_map() else "spec-sampling")
+    probs = {}  # node's parent -> target probs there (softmax of logits; warped when sampling)
+    for i, par in enumerate(tree.parents):
+        if par not in probs:
+            lg = p_at(par)
+            probs[par] = lg.float().softmax(-1) if s.sampler.greedy else warp(lg, s.sampler)
+    depths, qmap = tree.depths(), tree.q_map()
+    order = {t.node: (k, t) for k, t in enumerate(tries)}
+    for i, tok in enumerate(tree.tokens):
+        par = tree.parents[i]
+        k_t = order.get(i)
+        node = DraftNode(id=i, parent=par, token=tok, depth=depths[i], q=tree.q_tok[i], source=tree.source[i],
+                         p=float(probs[par][tok]), rule=rule,
+                         decision=NOT_REACHED if k_t is None else (ACCEPTED if k_t[1].accepted else REJECTED),
+                         u=None if k_t is None else k_t[1].u, try_order=None if k_t is None else k_t[0])
+        if full:
+            node.p_topk = _topk(probs[par])
+            if par in qmap:
+                node.q_topk = _topk(qmap[par])
+        rnd.nodes.append(node)
+    if full and dist is not None:
+        rnd.residual_topk = _topk(dist)
+    return rnd
+
+
+def _topk(dist: torch.Tensor, k: int = TOPK_RECORD) -> list[list[float]]:
+    v, i = dist.float().topk(k)
+    return [[int(a), round(float(b), 6)] for a, b in zip(i.tolist(), v.tolist())]
+
+
+def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int,
+           sampler: Sampler, seed: int = 0, record: str | None = "light", eos_id: int | None = None,
+           progress=None):
+    """Run rounds until max_new_tokens or EOS. Returns (new ids, rounds, totals)."""
+    dev = target.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    target.reset()
+    t_forwards0 = target.forwards
+    ctx = Context(list(prompt_ids), len(prompt_ids), len(prompt_ids), dev)
+    s = RunState(target, drafter, sampler, gen, record)
+    drafter.begin(ctx, target, sampler, gen, record)
+    d_forwards0 = drafter.forwards
+    rounds, new = [], []
+    t0 = time.perf_counter()
+    while len(new) < max_new_tokens:
+        rnd, committed = speculative_round(s, ctx)
+        keep = committed[: max_new_tokens - len(new)]
+        if eos_id is not None and eos_id in keep:
+            keep = keep[: keep.index(eos_id) + 1]
+        rnd.kept = len(keep)
+        new += keep
+        ctx.ids += committed
+        ctx.pending = 1
+        ctx.rounds += 1
+        rounds.append(rnd)
+        tot = s.totals
+        tot.drafted += rnd.drafted
+        tot.accepted += len(rnd.accepted)
+        tot.draft_s += rnd.draft_s
+        tot.verify_s += rnd.verify_s
+        if progress is not None:
+            progress(len(keep))
+        if eos_id is not None and keep and keep[-1] == eos_id:
+            break
+    drafter.end()
+    tot = s.totals
+    tot.wall_s = time.perf_counter() - t0
+    tot.target_forwards = target.forwards - t_forwards0
+    tot.draft_forwards = drafter.forwards - d_forwards0
+    tot.new_tokens = len(new)
+    return new, rounds, tot

@@ -1,0 +1,152 @@
+"""Adapter over a Hugging Face causal LM: forward new tokens against a KV cache, verify a draft tree
+in one forward, and keep only the committed tokens afterwards.
+
+Cache convention used by every engine: the cache holds the committed tokens except the ones still
+`pending` (the last emitted token, or the whole prompt before the first forward).
+
+Pinned transformers behaviour (tests/test_causal.py): `DynamicCache.crop` takes a NEGATIVE count of
+tokens to drop (5.x refuses a positive length), and a 4-D float mask (0 / -inf) with explicit
+`position_ids` gives every tree node the logits it would get if its path ran alone.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+class CausalLM:
+    """A causal LM with its own KV cache. `forwards` counts the model calls actually made."""
+
+    def __init__(self, model, name: str = "", cache=None):
+        self.model = model.eval()
+        self.name = name
+        self.device = next(model.parameters()).device
+        self.cache = cache
+        self.forwards = 0
+
+    @property
+    def length(self) -> int:
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def reset(self):
+        from transformers import DynamicCache
+        self.cache = DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, parents: list[int] | None = None, n_prefix: int = 0,
+                last_only: bool = False) -> torch.Tensor:
+        """Run `ids` (T,) after the cached tokens; returns logits (T, V), or (1, V) if last_only.
+
+        With `parents` (one per token after the first `n_prefix`, -1 = child of the last prefix
+        token), the tokens form a tree: each sees the cache, the prefix and its own ancestors, at
+        position = length of its path. Without `parents`, the usual causal chain.
+        """
+        if self.cache is None:
+            self.reset()
+        past, T = self.length, ids.shape[0]
+        kw = {}
+        if parents is not None and not is_chain(parents):
+            depth, mask = tree_attention(parents, n_prefix, past, self.device)
+            kw["attention_mask"] = mask
+            pos = past + torch.cat([torch.arange(n_prefix, device=self.device),
+                                    n_prefix - 1 + depth.to(self.device)])
+        else:
+            pos = torch.arange(past, past + T, device=self.device)
+        out = self.model(input_ids=ids.view(1, T), position_ids=pos.view(1, T),
+                         past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=1 if last_only else 0, **kw)
+        self.forwards += 1
+        return out.logits[0].float()
+
+    def keep(self, n: int):
+        """Keep the first n cached tokens (a prefix)."""
+        drop = self.length - n
+        if drop < 0:
+            raise ValueError(f"cannot keep {n} tokens: the cache holds {self.length}")
+        if drop:
+            self.cache.crop(-drop)  # 5.x: negative = number of tokens to drop
+
+    def keep_positions(self, start: int, idx: list[int]):
+        """Keep cache[:start] followed by the tree slots `idx` (relative to start), in order."""
+        if idx == list(range(len(idx))):
+            return self.keep(start + len(idx))
+        sel = torch.tensor(list(range(start)) + [start + i for i in idx], device=self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, sel)
+            layer.values = layer.values.index_select(-2, sel)
+
+    def drop_layers_tail(self, n_layers: int, drop: int):
+        """Drop the last `drop` tokens from the first n_layers only (early-exit drafts wrote them)."""
+        for layer in self.cache.layers[:n_layers]:
+            if drop:
+                layer.crop(-drop)
+
+
+def is_chain(parents: list[int]) -> bool:
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def tree_attention(parents: list[int], n_prefix: int, past: int, device):
+    """Depth (N,) of each tree node and the 4-D float mask (1, 1, P+N, past+P+N) for the forward.
+
+    Rows: n_prefix causal tokens, then N tree nodes. A node sees the cache, the prefix and its
+    ancestors (and itself); 0 = visible, -inf = hidden.
+    """
+    N = len(parents)
+    depth = torch.zeros(N, dtype=torch.long)
+    see = torch.eye(N, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= i:
+            raise ValueError(f"tree node {i} has parent {p}: parents must come before children")
+        if p >= 0:
+            depth[i] = depth[p] + 1
+            see[i] |= see[p]
+        else:
+            depth[i] = 1
+    P, T = n_prefix, n_prefix + N
+    visible = torch.zeros(T, past + T, dtype=torch.bool)
+    visible[:, :past] = True
+    visible[:P, past:past + P] = torch.tril(torch.ones(P, P, dtype=torch.bool))
+    visible[P:, past:past + P] = True
+    visible[P:, past + P:] = see
+    mask = torch.full((T, past + T), NEG_INF).masked_fill(visible, 0.0)
+    return depth, mask.view(1, 1, T, past + T).to(device)
+
+
+def early_exit_view(model, n_layers: int):
+    """A causal LM that runs only the first n_layers of `model`, then its final norm and head.
+
+    Shares every weight with `model` (no copy). Works for decoder-only models laid out as
+    `model.model.layers / .norm / .embed_tokens` with an `lm_head` (Llama, Mistral, Qwen2, ...).
+    """
+    inner = getattr(model, "model", None)
+    if not all(hasattr(inner, a) for a in ("layers", "norm", "embed_tokens")) or not hasattr(model, "lm_head"):
+        raise ValueError(
+            f"layer-skip needs a Llama-style decoder (model.model.layers, .norm, lm_head); "
+            f"{type(model).__name__} is not supported: use method 'draft-model' or a model-free drafter")
+    total = len(inner.layers)
+    if not 1 <= n_layers < total:
+        raise ValueError(f"exit layer must be in 1..{total - 1} for this {total}-layer model, got {n_layers}")
+    cfg = copy.deepcopy(model.config)
+    cfg.num_hidden_layers = n_layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:n_layers]
+    with torch.device("meta"):
+        view = type(model)(cfg)
+    view.model.embed_tokens = inner.embed_tokens
+    view.model.layers = torch.nn.ModuleList(list(inner.layers[:n_layers]))
+    view.model.norm = inner.norm
+    view.model.rotary_emb = inner.rotary_emb
+    view.lm_head = model.lm_head
+    return view.eval()
+
+
+def param_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,246 @@
+"""The trace: the contract between engines (which write it) and views (which read it).
+
+Schema "speclab.trace/1". Plain dataclasses, saved as JSON (never pickle), checked on load. One
+Trace holds one run of one engine:
+
+  speculative  `rounds`:   one Round per target forward (the AR baseline is a round with no draft)
+  diffusion    `denoise`:  one DenoiseStep per model forward
+  dag          `dag`:      one DagRun (graph summary plus each decoding strategy's path)
+
+Faithfulness: `replay(trace)` rebuilds the output token ids from the recorded events alone, and
+`totals` holds the forwards the models really ran. Recording levels: "full" adds top-k
+distributions, "light" keeps tokens, p, q and decisions, None keeps totals and, per round, only
+the committed tokens (no per-node records), so replay works at every level.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "speclab.trace/1"
+SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")[0], int(SCHEMA.split("/")[1])
+RECORD_LEVELS = (None, "light", "full")
+
+# decisions a draft node can get
+ACCEPTED, REJECTED, NOT_REACHED = "accepted", "rejected", "not_reached"
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read: corrupted, wrong schema, or from a newer speclab."""
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    params: int
+    dtype: str
+    device: str
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+
+@dataclass
+class Totals:
+    wall_s: float = 0.0
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    new_tokens: int = 0
+    drafted: int = 0           # draft tokens offered to the target
+    accepted: int = 0          # draft tokens the target accepted
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length: new tokens per target forward (counts the bonus token)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def alpha(self) -> float | None:
+        """Acceptance rate: accepted draft tokens / drafted tokens (None when nothing drafted)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+
+@dataclass
+class DraftNode:
+    """One drafted token. parent = -1 means a child of the last committed token."""
+    id: int
+    parent: int
+    token: int
+    depth: int                          # 1 for children of the committed token
+    q: float | None = None              # draft probability of `token` (1.0 for point-mass drafts)
+    source: str = ""                    # which drafter / which n-gram / which exit layer
+    p: float | None = None              # target probability of `token` at this node
+    decision: str = NOT_REACHED
+    u: float | None = None              # the uniform draw, where one was drawn
+    rule: str = ""                      # the acceptance rule that decided
+    try_order: int | None = None        # order in which siblings were tried
+    q_topk: list[list[float]] | None = None   # [[token, prob], ...] with record="full"
+    p_topk: list[list[float]] | None = None
+
+
+@dataclass
+class Round:
+    """One target forward of the draft/verify loop."""
+    nodes: list[DraftNode] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)   # node ids on the accepted path, in order
+    path_tokens: list[int] = field(default_factory=list)  # their tokens (kept at every level)
+    emitted: int = -1                   # the correction or bonus token the target supplied
+    emitted_kind: str = "bonus"         # "bonus" (whole path accepted) | "correction" | "target"
+    kept: int = 0                       # tokens of this round kept (fewer at EOS / max_new_tokens)
+    drafted: int = 0                    # draft nodes offered to the target
+    residual_topk: list[list[float]] | None = None  # distribution the emitted token came from
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)  # policy decisions: k, exit layer, ...
+
+    @property
+    def tokens(self) -> list[int]:
+        return (self.path_tokens + [self.emitted])[: self.kept]
+
+
+@dataclass
+class DenoiseStep:
+    """One forward of a masked-diffusion decoder."""
+    block: tuple[int, int]                              # [start, end) of the active block
+    masked: list[int]                                   # positions masked before the step
+    top1: list[int] = field(default_factory=list)       # per masked position
+    conf: list[float] = field(default_factory=list)     # top-1 probability
+    margin: list[float] = field(default_factory=list)   # top-1 minus top-2 probability
+    committed: list[int] = field(default_factory=list)  # positions unmasked by this step
+    remasked: list[int] = field(default_factory=list)
+    threshold: float | None = None                      # the policy's threshold or score
+    tokens: list[int] = field(default_factory=list)     # generation-region tokens after the step
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DagRun:
+    """A Directed Acyclic Transformer run: the graph summary and every strategy's path."""
+    num_vertices: int
+    emissions_topk: list[list[list[float]]] = field(default_factory=list)  # [v][[tok, p], ...]
+    links_topk: list[list[list[float]]] = field(default_factory=list)      # [v][[u, p], ...]
+    pass_prob: list[float] = field(default_factory=list)
+    paths: dict[str, list[int]] = field(default_factory=dict)     # strategy -> vertex path
+    outputs: dict[str, list[int]] = field(default_factory=dict)   # strategy -> token ids
+    chosen: str = ""                                              # strategy whose output is `output_ids`
+
+
+@dataclass
+class Trace:
+    engine: str                         # "speculative" | "diffusion" | "dag"
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, ModelInfo] = field(default_factory=dict)   # role -> model
+    sampling: Sampling = field(default_factory=Sampling)
+    record: str | None = "light"
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)          # new tokens only
+    token_text: dict[int, str] = field(default_factory=dict)
+    totals: Totals = field(default_factory=Totals)
+    rounds: list[Round] = field(default_factory=list)
+    denoise: list[DenoiseStep] = field(default_factory=list)
+    dag: DagRun | None = None
+    schema: str = SCHEMA
+
+    # -- JSON ------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["token_text"] = {str(k): v for k, v in self.token_text.items()}
+        return d
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")   # never leave a half-written trace behind
+        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trace":
+        check_schema(d)
+        try:
+            return cls(
+                engine=d["engine"], method=d["method"], params=d.get("params", {}),
+                models={k: ModelInfo(**v) for k, v in d.get("models", {}).items()},
+                sampling=Sampling(**d.get("sampling", {})), record=d.get("record"),
+                prompt_ids=list(d["prompt_ids"]), output_ids=list(d["output_ids"]),
+                token_text={int(k): v for k, v in d.get("token_text", {}).items()},
+                totals=Totals(**d.get("totals", {})),
+                rounds=[_round(r) for r in d.get("rounds", [])],
+                denoise=[_denoise(s) for s in d.get("denoise", [])],
+                dag=DagRun(**d["dag"]) if d.get("dag") else None,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise TraceError(f"corrupted trace: {e!r}; re-record it with `speclab run --trace`") from e
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        path = Path(path)
+        if not path.exists():
+            raise TraceError(f"trace file not found: {path}")
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise TraceError(f"{path} is not a speclab trace (not valid JSON: {e})") from e
+        return cls.from_dict(d)
+
+    # -- helpers for views -----------------------------------------------------------------
+    def text_of(self, token: int) -> str:
+        return self.token_text.get(int(token), f"<{token}>")
+
+    @property
+    def steps(self) -> int:
+        return len(self.rounds) or len(self.denoise) or (1 if self.dag else 0)
+
+
+def check_schema(d: Any) -> None:
+    if not isinstance(d, dict) or "schema" not in d:
+        raise TraceError("not a speclab trace: no 'schema' field")
+    name, _, version = str(d["schema"]).partition("/")
+    if name != SCHEMA_NAME or not version.isdigit():
+        raise TraceError(f"unknown trace schema {d['schema']!r}; expected {SCHEMA!r}")
+    if int(version) > SCHEMA_VERSION:
+        raise TraceError(f"trace schema {d['schema']!r} is newer than this speclab ({SCHEMA}); "
+                         "upgrade speclab (pip install -U speclab) to open it")
+
+
+def _round(r: dict) -> Round:
+    r = dict(r)
+    r["nodes"] = [DraftNode(**n) for n in r.get("nodes", [])]
+    return Round(**r)
+
+
+def _denoise(s: dict) -> DenoiseStep:
+    s = dict(s)
+    s["block"] = tuple(s["block"])
+    return DenoiseStep(**s)
+
+
+def replay(trace: Trace) -> list[int]:
+    """The new token ids, rebuilt from the recorded events alone (not from `output_ids`)."""
+    if trace.engine == "speculative":
+        return [t for r in trace.rounds for t in r.tokens]
+    if trace.engine == "diffusion":
+        return _strip_after_eos(trace.denoise[-1].tokens, trace.params.get("eos_id")) if trace.denoise else []
+    if trace.engine == "dag":
+        return list(trace.dag.outputs[trace.dag.chosen]) if trace.dag else []
+    raise TraceError(f"unknown engine {trace.engine!r}")
+
+
+def _strip_after_eos(tokens: list[int], eos: int | None) -> list[int]:
+    if eos is not None and eos in tokens:
+        return tokens[: tokens.index(eos) + 1]
+    return list(tokens)
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]

@@ -1,0 +1,48 @@
+"""The training recipes run a few real steps on a small slice of the corpus."""
+import json
+
+import torch
+
+from speclab.train.ar import DRAFT_SHAPE, TrainConfig, train_lm
+from speclab.train.corpus import is_held_out, iter_texts, source_files
+from speclab.models.zoo import ZOO_DIR
+
+
+def test_split_is_by_whole_module():
+    train, held = source_files("train"), source_files("heldout")
+    assert held and train
+    assert not {f.module for f in train} & {f.module for f in held}
+    assert all(is_held_out(f.module) for f in held)
+
+
+def test_tokenizer_recipe(tmp_path):
+    from speclab.train.tokenizer import train_tokenizer
+    texts = list(iter_texts("train"))[:20]
+    tok = train_tokenizer(texts, tmp_path / "tok", vocab_size=600)
+    assert len(tok) == 600 and tok.decode(tok("def f(x):\n")["input_ids"]) == "def f(x):\n"
+
+
+def test_train_a_few_steps_then_resume(tmp_path):
+    texts = list(iter_texts("train"))[:10]
+    cfg = TrainConfig(minutes=5, seq_len=64, batch_size=2, max_steps=3, exit_layers=[2], warmup_steps=1,
+                      checkpoint_minutes=100)
+    shape = dict(DRAFT_SHAPE, num_hidden_layers=3)
+    train_lm(tmp_path / "m", ZOO_DIR / "tokenizer", shape, cfg, texts=texts, log=lambda *_: None)
+    state = json.loads((tmp_path / "m" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 3 and (tmp_path / "m" / "model.safetensors").exists()
+    cfg.max_steps = 5
+    m = train_lm(tmp_path / "m", ZOO_DIR / "tokenizer", shape, cfg, texts=texts, log=lambda *_: None, resume=True)
+    assert json.loads((tmp_path / "m" / "checkpoint" / "state.json").read_text())["step"] == 5
+    from transformers import AutoModelForCausalLM
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert again.config.num_hidden_layers == 3
+    w = dict(again.named_parameters())["model.layers.0.mlp.up_proj.weight"]
+    assert torch.allclose(w, dict(m.named_parameters())["model.layers.0.mlp.up_proj.weight"].half().float(), atol=1e-3)
+
+
+def test_distill_step_runs(tmp_path):
+    texts = list(iter_texts("train"))[:5]
+    cfg = TrainConfig(minutes=5, seq_len=32, batch_size=2, max_steps=2, distill_from=str(ZOO_DIR / "code-draft"))
+    train_lm(tmp_path / "d", ZOO_DIR / "tokenizer", DRAFT_SHAPE, cfg, texts=texts, log=lambda *_: None,
+             init_from=ZOO_DIR / "code-draft")
+    assert (tmp_path / "d" / "model.safetensors").exists()

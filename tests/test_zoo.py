@@ -1,0 +1,38 @@
+"""The embedded zoo loads through plain transformers calls, offline, and is small."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from speclab.models.zoo import ZOO_DIR, ModelLoadError, load
+
+
+def test_zoo_loads_with_transformers_auto_classes():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    for name in ("code-target", "code-draft"):
+        m = AutoModelForCausalLM.from_pretrained(ZOO_DIR / name)
+        tok = AutoTokenizer.from_pretrained(ZOO_DIR / name)
+        assert m.config.model_type == "llama" and len(tok) == m.config.vocab_size == 8192
+        assert tok.mask_token == "<|mask|>"
+
+
+def test_load_upcasts_and_sizes():
+    t, _ = load("code-target", device="cpu")
+    d, _ = load("code-draft", device="cpu")
+    assert next(t.parameters()).dtype == torch.float32
+    n_t, n_d = (sum(p.numel() for p in m.parameters()) for m in (t, d))
+    assert 10e6 < n_t < 30e6 and 1e6 < n_d < 4e6
+    assert t.config.speclab_exit_layers == [2, 4, 6]
+
+
+def test_zoo_under_80_mb():
+    size = sum(f.stat().st_size for f in Path(ZOO_DIR).rglob("*") if f.is_file() and "checkpoint" not in f.parts)
+    assert size < 80e6
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(ModelLoadError, match="unknown model 'nope'"):
+        load("nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load(tmp_path / "empty")

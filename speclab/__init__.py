@@ -4,10 +4,16 @@
     r = speclab.generate("code-target", "def parse(", method="draft-model", draft="code-draft")
     r.text, r.stats, r.trace
 """
-from speclab.api import Result, generate
+from speclab.api import Result, generate, run
 from speclab.decoding.registry import methods
 from speclab.models.zoo import load
 from speclab.trace import Trace, TraceError, replay
 
 __version__ = "0.1.0"
-__all__ = ["generate", "methods", "load", "Result", "Trace", "TraceError", "replay"]
+
+
+def show(trace_or_result, **kw):
+    """A Jupyter player for a trace, a Result or a saved trace path (needs the notebook extra)."""
+    from speclab.widgets import show as _show
+    return _show(trace_or_result, **kw)
+__all__ = ["generate", "run", "methods", "load", "Result", "Trace", "TraceError", "replay", "show"]

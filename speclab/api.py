@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import torch
 
 from speclab.decoding.acceptance import Sampler
-from speclab.decoding.registry import get_method, method_params
-from speclab.decoding.speculative import decode
+from speclab.decoding.registry import Method, get_method, method_params
+from speclab.decoding.speculative import Drafter, decode
 from speclab.models.causal import CausalLM, param_count
 from speclab.models.zoo import load_shared
 from speclab.trace import RECORD_LEVELS, ModelInfo, Sampling, Trace, replay
@@ -77,14 +77,18 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
 
     target / draft: a zoo name ("code-target"), a local directory, a hub id, or (model, tokenizer).
     """
-    m = get_method(method)
+    if isinstance(method, Drafter):                 # a user's own drafter plugs into the same slot
+        custom, method = method, getattr(method, "name", type(method).__name__)
+    else:
+        custom = None
+    m = get_method(method) if custom is None else Method(method, "custom", "speculative", True, False, "", None)
     if m.engine != "speculative":
         raise ValueError(f"method {method!r} runs on the {m.engine} engine: use speclab.run()")
     if record not in RECORD_LEVELS:
         raise ValueError(f"record must be one of None, 'light', 'full', got {record!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    unknown = set(method_params_) - set(method_params(method))
+    unknown = set(method_params_) - set(method_params(method) if custom is None else [])
     if unknown:
         raise ValueError(f"method {method!r} does not take {sorted(unknown)}; it takes {method_params(method)}")
     sampler = Sampler(temperature, top_k, top_p)
@@ -96,7 +100,7 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         check_vocab(tgt, dft)
     model, tok = tgt
     ids = encode_prompt(tok, prompt, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
-    drafter = m.build(model, dft[0] if dft else None, **method_params_)
+    drafter = custom or m.build(model, dft[0] if dft else None, **method_params_)
     lm = CausalLM(model, "target")
     new, rounds, totals = decode(lm, drafter, ids, max_new_tokens, sampler, seed, record,
                                  tok.eos_token_id, progress)
@@ -109,3 +113,31 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
                   prompt_ids=ids, output_ids=new, token_text=token_table(tok, table_ids),
                   totals=totals, rounds=rounds)
     return Result(text=tok.decode(new), ids=new, trace=trace)
+
+
+def run(target, prompt, method: str = "ar", **kw) -> Result:
+    """Any engine by method name: speculative methods go to generate(), dag-* to the DAG decoder."""
+    m = get_method(method) if isinstance(method, str) else None
+    if m is None or m.engine == "speculative":
+        return generate(target, prompt, method, **kw)
+    if m.engine == "dag":
+        return _run_dag(target, prompt, m.name.removeprefix("dag-"), **kw)
+    raise ValueError(f"method {method!r}: the {m.engine} engine is not available in this version")
+
+
+def _run_dag(target, prompt, strategy, record="light", seed=0, device=None, temperature=None, top_k=None,
+             top_p=None, draft=None, max_new_tokens=None, **params) -> Result:
+    from dataclasses import fields
+    from speclab.decoding.dag import DecodeConfig, decode_text, run_dag
+    model = as_model(target, device)[0]
+    if not hasattr(model, "vocab"):
+        raise ValueError(f"dag-{strategy} needs a DA-Transformer target (numwords-dat, dates-dat), "
+                         f"not {getattr(model, 'name_or_path', type(model).__name__)}")
+    known = {f.name for f in fields(DecodeConfig)}
+    if set(params) - known:
+        raise ValueError(f"dag methods do not take {sorted(set(params) - known)}; they take {sorted(known)}")
+    for name, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+        if v is not None:
+            params[name] = v
+    trace = run_dag(model, str(prompt), strategy, record=record, seed=seed, cfg=DecodeConfig(**params))
+    return Result(text=decode_text(model, trace.output_ids), ids=list(trace.output_ids), trace=trace)

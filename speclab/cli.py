@@ -49,6 +49,7 @@ def add_run(sub):
     p.add_argument("--check", action="store_true", help="also run greedy ar and report `identical`")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    p.add_argument("--dag-all-outputs", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_run)
 
 
@@ -70,6 +71,7 @@ def method_kwargs(a) -> dict:
 
 def cmd_run(a):
     import speclab
+    import speclab.models.zoo
     if a.prompt_file:
         if not os.path.exists(a.prompt_file):
             raise ValueError(f"prompt file not found: {a.prompt_file}")
@@ -77,6 +79,21 @@ def cmd_run(a):
     else:
         prompt = a.prompt
     record = None if a.record == "none" else a.record
+    from speclab.decoding.registry import get_method
+    if get_method(a.method).engine == "dag":
+        r = speclab.run(a.target, prompt, a.method, record=record, seed=a.seed, device=a.device,
+                        top_k=a.top_k, top_p=a.top_p,
+                        temperature=a.temperature if a.temperature > 0 else None, **method_kwargs(a))
+        out = dict(text=r.text, ids=r.ids, method=a.method, **r.stats)
+        if a.dag_all_outputs or a.method == "dag-all":
+            from speclab.decoding.dag import decode_text
+            model = speclab.models.zoo.load_shared(a.target, a.device)[0]
+            out["outputs"] = {k: decode_text(model, v) for k, v in r.trace.dag.outputs.items()}
+        if a.trace:
+            r.trace.save(a.trace)
+        print(json.dumps(out) if a.json else f"{prompt} -> {r.text}" + "".join(
+            f"\n  {k:<10} {v}" for k, v in out.get("outputs", {}).items()))
+        return 0
     r = speclab.generate(a.target, prompt, a.method, draft=a.draft, max_new_tokens=a.max_new_tokens,
                          temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
                          record=record, device=a.device, **method_kwargs(a))
@@ -151,7 +168,29 @@ def build_parser():
     return ap
 
 
-EXTRA_COMMANDS = []   # later commands (bench, export, serve) register here
+def add_export(sub):
+    p = sub.add_parser("export", help="a saved trace -> one self-contained HTML file", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda a: __import__("speclab.export", fromlist=["main"]).main(a.rest))
+
+
+def add_serve(sub):
+    try:
+        from speclab.apps.serve import add_serve as _add
+    except ImportError:  # the dashboard extra is not installed
+        p = sub.add_parser("serve", help="serve the dashboard (needs: pip install speclab[dashboard])")
+        p.set_defaults(func=lambda a: (_ for _ in ()).throw(ValueError(
+            "the dashboard needs Panel: pip install 'speclab[dashboard]'")))
+        return
+    _add(sub)
+
+
+def _extra_commands():
+    from speclab.bench.cli import add_bench
+    return [add_bench, add_export, add_serve]
+
+
+EXTRA_COMMANDS = _extra_commands()
 
 
 def main(argv=None) -> int:

@@ -193,6 +193,11 @@ class Trace:
             raise TraceError(f"{path} is not a speclab trace (not valid JSON: {e})") from e
         return cls.from_dict(d)
 
+    def to_html(self, path: str | Path) -> Path:
+        """One self-contained HTML file (plotly.js inline) stepping through this run."""
+        from speclab.export import to_html
+        return to_html(self, path)
+
     # -- helpers for views -----------------------------------------------------------------
     def text_of(self, token: int) -> str:
         return self.token_text.get(int(token), f"<{token}>")

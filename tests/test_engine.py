@@ -20,6 +20,9 @@ CONFIGS = [  # (method, params): every method and length policy, chains and tree
     ("recycling", dict()),
     ("recycling", dict(width=2, k=4)),
     ("lookahead", dict()),
+    ("tree-static", dict()),
+    ("tree-dynamic", dict(budget=8, width=3)),
+    ("prompt-lookup", dict(prefer="recent", k=4)),
 ]
 IDS = [f"{m}-{'-'.join(f'{k}={v}' for k, v in p.items())}" for m, p in CONFIGS]
 
@@ -86,8 +89,10 @@ def test_ar_trace_counts(target, heldout_prompts):
     assert r.stats["tau"] == 1.0 and r.stats["target_forwards"] == 16 and r.stats["alpha"] is None
 
 
-def test_draft_model_first_token_follows_target_distribution(target, draft):
-    """End to end: the first sampled token of draft-model is distributed as the target's p."""
+@pytest.mark.parametrize("method,params", [("draft-model", dict(k=2)), ("tree-dynamic", dict(budget=4, width=2, depth=2))])
+def test_first_sampled_token_follows_target_distribution(method, params, target, draft):
+    """End to end: the first sampled token (chain: spec-sampling; tree: recursive rejection)
+    is distributed as the target's p."""
     model, tok = target
     prompt = "    def __repr__(self):\n        return"
     sampler = Sampler(1.0, top_k=8)
@@ -96,8 +101,8 @@ def test_draft_model_first_token_follows_target_distribution(target, draft):
         p = warp(model(input_ids=torch.tensor([ids])).logits[0, -1], sampler)
     n, counts = 1500, torch.zeros_like(p)
     for seed in range(n):
-        r = speclab.generate(target, prompt, "draft-model", draft=draft, max_new_tokens=1,
-                             temperature=1.0, top_k=8, seed=seed, record=None, k=2)
+        r = speclab.generate(target, prompt, method, draft=draft, max_new_tokens=1,
+                             temperature=1.0, top_k=8, seed=seed, record=None, **params)
         counts[r.ids[0]] += 1
     keep = p > 0
     assert counts[~keep].sum() == 0

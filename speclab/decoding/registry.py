@@ -34,9 +34,9 @@ def _layer_skip(target, draft, exit_layer="auto", k=4, threshold=None, max_k=8, 
     return LayerSkipDrafter(target, exit_layer=exit_layer, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
 
 
-def _prompt_lookup(target, draft, k=8, max_ngram=3, min_ngram=1):
+def _prompt_lookup(target, draft, k=8, max_ngram=3, min_ngram=1, prefer="first"):
     from speclab.decoding.drafters.lookup import PromptLookupDrafter
-    return PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram)
+    return PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram, prefer=prefer)
 
 
 def _suffix(target, draft, max_k=16, factor=1.0, min_match=2, k=None):
@@ -54,6 +54,16 @@ def _lookahead(target, draft, window=5, ngram=4, guesses=2, k=None):
     return LookaheadDrafter(window=k or window, ngram=ngram, guesses=guesses)
 
 
+def _tree_static(target, draft, paths=None):
+    from speclab.decoding.drafters.trees import StaticTreeDrafter
+    return StaticTreeDrafter(draft, paths=paths)
+
+
+def _tree_dynamic(target, draft, budget=10, width=3, depth=5):
+    from speclab.decoding.drafters.trees import DynamicTreeDrafter
+    return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth)
+
+
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("ar", "autoregressive", "speculative", True, False, "plain autoregressive decoding (the reference)", _none),
     Method("draft-model", "speculative", "speculative", True, True,
@@ -68,7 +78,24 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            "Token Recycling: top-k successor matrix refreshed by every verify", _recycling),
     Method("lookahead", "model-free", "speculative", True, False,
            "Jacobi lookahead branch feeding an n-gram pool (Lookahead decoding)", _lookahead),
+    Method("tree-static", "speculative-tree", "speculative", True, True,
+           "a fixed expansion pattern over the draft's top-k (Medusa / SpecInfer)", _tree_static),
+    Method("tree-dynamic", "speculative-tree", "speculative", True, True,
+           "grow the tree by cumulative draft probability under a node budget (EAGLE-2 / DySpec)", _tree_dynamic),
 ]}
+
+
+DAG_SUMMARY = {
+    "greedy": "DA-Transformer: best link then best token, vertex by vertex",
+    "lookahead": "DA-Transformer: link and token chosen jointly (beta-weighted)",
+    "viterbi": "DA-Transformer: the best path overall, length-normalised (joint Viterbi)",
+    "sample": "DA-Transformer: sample links and tokens (temperature, top-k, top-p)",
+    "beam": "DA-Transformer: beam search over (vertex, prefix)",
+    "vanilla": "no graph: most likely length, then per-position argmax (shows multimodality)",
+    "all": "every DAG strategy on the same graph in one trace",
+}
+for _s, _d in DAG_SUMMARY.items():
+    METHODS[f"dag-{_s}"] = Method(f"dag-{_s}", "dag", "dag", _s != "sample", False, _d, None)
 
 
 def get_method(name: str) -> Method:
@@ -79,6 +106,10 @@ def get_method(name: str) -> Method:
 
 def method_params(name: str) -> list[str]:
     m = get_method(name)
+    if m.engine == "dag":
+        from dataclasses import fields
+        from speclab.decoding.dag import DecodeConfig
+        return [f.name for f in fields(DecodeConfig)]
     return [p for p in inspect.signature(m.build).parameters if p not in ("target", "draft")]
 
 

@@ -86,6 +86,7 @@ class RunState:
     sampler: Sampler
     gen: torch.Generator
     record: str | None
+    vocab_size: int
     totals: Totals = field(default_factory=Totals)
 
 
@@ -93,6 +94,7 @@ def speculative_round(s: RunState, ctx: Context) -> tuple[Round, list[int]]:
     """One draft/verify round. Returns its record and the committed tokens (path + emitted)."""
     t0 = time.perf_counter()
     tree = s.drafter.propose(ctx)                                                   # 1. propose
+    tree.validate(s.vocab_size)
     t1 = time.perf_counter()
     pending = ctx.ids[len(ctx.ids) - ctx.pending:]
     inputs = pending + tree.tokens
@@ -137,6 +139,8 @@ def record_round(s: RunState, out: Outcome, tries, dist, p_at) -> Round:
                          p=float(probs[par][tok]), rule=rule,
                          decision=NOT_REACHED if k_t is None else (ACCEPTED if k_t[1].accepted else REJECTED),
                          u=None if k_t is None else k_t[1].u, try_order=None if k_t is None else k_t[0])
+        if k_t is not None and not s.sampler.greedy:
+            node.p = k_t[1].p_x   # the p the rule tested: later siblings see the residual
         if full:
             node.p_topk = _topk(probs[par])
             if par in qmap:
@@ -161,7 +165,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], max_new_to
     target.reset()
     t_forwards0 = target.forwards
     ctx = Context(list(prompt_ids), len(prompt_ids), len(prompt_ids), dev)
-    s = RunState(target, drafter, sampler, gen, record)
+    s = RunState(target, drafter, sampler, gen, record, target.config.vocab_size)
     drafter.begin(ctx, target, sampler, gen, record)
     d_forwards0 = drafter.forwards
     rounds, new = [], []

@@ -52,11 +52,24 @@ def resolve(name_or_path: str | os.PathLike) -> str:
                          "a directory made by save_pretrained, or a hub id like org/name")
 
 
+def is_dag(where: str) -> bool:
+    cfg = Path(where) / "config.json"
+    return cfg.exists() and '"da-transformer"' in cfg.read_text()
+
+
 def load(name_or_path, device=None, dtype=None, trust_remote_code: bool = False):
-    """(model, tokenizer) for a zoo name, a local directory or a hub id; eval mode, on `device`."""
+    """(model, tokenizer) for a zoo name, a local directory or a hub id; eval mode, on `device`.
+
+    DA-Transformers (config model_type "da-transformer") are speclab's own architecture: they
+    load with speclab.models.dag.load_dag and come back as (model, its vocabulary).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     where = resolve(name_or_path)
     dev = pick_device(device)
+    if is_dag(where):
+        from speclab.models.dag import load_dag
+        model = load_dag(where, device=dev)
+        return model, model.vocab
     dtype = dtype or torch.float32  # the zoo is stored in fp16 and upcast: fp16 matmuls are slow on CPU
     try:
         tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)

@@ -13,6 +13,8 @@ with no valid successor). Glancing (B.3, `number-random`): a no-grad pass finds 
 the target to vertices, and a share of the words the model got wrong is fed back as decoder input.
 
   python -m speclab.train.dag numwords --out speclab/zoo/numwords-dat --minutes 10
+  python -m speclab.train.dag dates --out speclab/zoo/dates-dat --minutes 10 --glat-p 0,0
+(dates: glancing made the graph worse within a 10-minute budget; see BENCHMARKS.md)
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import argparse
 import datetime
 import functools
 import itertools
-import json
 import random
 import time
 from dataclasses import asdict, dataclass

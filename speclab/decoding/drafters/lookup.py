@@ -1,7 +1,8 @@
 """Model-free drafters that copy: prompt lookup (n-gram match) and suffix matching.
 
-prompt-lookup   find the most recent earlier occurrence of the last n tokens (n = max_ngram down
-                to min_ngram) in prompt + output; propose the k tokens that followed it.
+prompt-lookup   find an earlier occurrence of the last n tokens (n = max_ngram down to
+                min_ngram) in prompt + output, the earliest by default (`prefer="recent"` for the
+                latest); propose the k tokens that followed it.
 suffix          SuffixDecoding: a suffix automaton over the prompt, the output so far AND earlier
                 requests in this process finds the longest suffix of the context seen before; the
                 draft length grows with the match length (k = min(max_k, factor * match)).
@@ -17,18 +18,21 @@ from speclab.decoding.tree import DraftTree
 class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
 
-    def __init__(self, k: int = 8, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, k: int = 8, max_ngram: int = 3, min_ngram: int = 1, prefer: str = "first"):
         super().__init__()
         check_k(k)
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.k, self.max_ngram, self.min_ngram = k, max_ngram, min_ngram
+        if prefer not in ("first", "recent"):
+            raise ValueError(f"prefer must be 'first' (earliest match, as transformers) or 'recent', got {prefer!r}")
+        self.k, self.max_ngram, self.min_ngram, self.prefer = k, max_ngram, min_ngram, prefer
 
     def propose(self, ctx: Context) -> DraftTree:
         ids = ctx.ids
         for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
             tail = ids[-n:]
-            for j in range(len(ids) - n - 1, -1, -1):      # most recent occurrence first
+            starts = range(0, len(ids) - n) if self.prefer == "first" else range(len(ids) - n - 1, -1, -1)
+            for j in starts:
                 if ids[j:j + n] == tail:
                     cont = ids[j + n: j + n + self.k]
                     return DraftTree.chain(cont, [1.0] * len(cont), f"{n}-gram@{j}", ngram=n, match_at=j)

@@ -1,0 +1,390 @@
+"""The served dashboard: run a method on a prompt, step through its rounds, compare methods, and
+open or save traces. `panel serve apps/dashboard.py` or `speclab serve`.
+
+One `Dashboard` per browser session holds everything that session sees (widgets, the current
+trace, the last comparison); nothing about a run lives in module globals, so two users never see
+each other's runs. Models are shared by the process (`load_shared`), and decodes go through one
+worker thread (apps/runs.py says why), awaited from an async callback so the page stays live and
+the progress bar moves while the model works. Figures come from speclab.figures, the step detail
+table from speclab.widgets, exactly as in the notebook.
+
+URL arguments prefill the form and can start a run, so a link reproduces a run:
+    /dashboard?prompt=def%20f(x):&method=prompt-lookup&max_new_tokens=8&run=1
+"""
+from __future__ import annotations
+
+import asyncio
+import html
+import io
+import json
+
+import panel as pn
+
+from speclab.apps import runs
+from speclab.figures import acceptance_summary, n_steps, round_strip, step_figure, timing
+from speclab.models.zoo import ModelLoadError
+from speclab.trace import Trace, TraceError
+from speclab.widgets.detail import detail_html
+
+pn.extension("plotly")
+
+DEFAULT_PROMPT = "def parse(line):"
+DAG_PROMPTS = {"dates-dat": "2024-03-05", "numwords-dat": "305"}
+
+
+def _layers(model: str) -> int:
+    cfg = runs.ZOO_DIR / model / "config.json"
+    return json.loads(cfg.read_text()).get("num_hidden_layers", 0) if cfg.exists() else 0
+
+
+class Dashboard:
+    """Everything one session sees. `view` is the Panel layout; the methods are its callbacks,
+    and tests call them directly (`run_now`, `open_upload`, `compare_now`, `show_step`)."""
+
+    def __init__(self, upload_limit: int = runs.MAX_UPLOAD_BYTES):
+        self.upload_limit = upload_limit
+        self.trace: Trace | None = None
+        self.compare_table: list[dict] = []
+        kinds = runs.zoo_models()
+        self.kinds = kinds
+        w = pn.widgets
+        # -- the form ----------------------------------------------------------------------------
+        self.method = w.Select(name="method", options=runs.method_names(), value="draft-model")
+        self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], "code-target"))
+        self.draft = w.Select(name="draft", options=kinds["causal"], value=_pick(kinds["causal"], "code-draft"))
+        self.prompt = w.TextAreaInput(name="prompt", value=DEFAULT_PROMPT, height=80, css_classes=["speclab-prompt"])
+        self.k = w.IntSlider(name="k (draft length)", start=1, end=16, value=4)
+        # 0 means "off" (fixed draft length): a slider cannot hold None
+        self.threshold = w.FloatSlider(name="threshold (0 = off)", start=0.0, end=0.95, step=0.05, value=0.0)
+        self.exit_layer = w.Select(name="exit layer", options=["auto"])
+        self.budget = w.IntSlider(name="node budget", start=2, end=32, value=10)
+        self.max_new_tokens = w.IntSlider(name="max new tokens", start=1, end=128, value=24)
+        self.temperature = w.FloatSlider(name="temperature", start=0.0, end=1.5, step=0.05, value=0.0)
+        self.seed = w.IntInput(name="seed", value=0, start=0)
+        self.extra = w.TextInput(name="other parameters (name=value, ...)", placeholder="schedule=heuristic")
+        self.run_button = w.Button(name="Run", button_type="primary", css_classes=["speclab-run"])
+        self.progress = w.Progress(name="progress", value=0, max=1, visible=False, bar_color="primary")
+        self.queue_note = pn.pane.Markdown("", visible=False)
+        self.alert = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["speclab-alert"])
+        self.status = pn.pane.HTML("No run yet: choose a method and press Run, or open a saved trace.",
+                                   css_classes=["speclab-status"])
+        # -- the step view -----------------------------------------------------------------------
+        self.player = w.Player(name="step", start=0, end=1, value=0, interval=900, loop_policy="once",
+                               show_value=True, show_loop_controls=False,
+                               css_classes=["speclab-player"])
+        self.step_fig = pn.pane.Plotly(None, css_classes=["speclab-step"], sizing_mode="stretch_width")
+        self.detail = pn.pane.HTML("", css_classes=["speclab-detail"])
+        self.summary_figs = [pn.pane.Plotly(None, height=h, sizing_mode="stretch_width", visible=False)
+                             for h in (260, 380, 300)]
+        self.summary_note = pn.pane.Markdown("Summary figures are for speculative runs; the Step tab shows "
+                                             "every strategy of a DAG run.", visible=False)
+        self.summary = pn.Column(self.summary_note, *self.summary_figs)
+        # -- compare -----------------------------------------------------------------------------
+        spec = [m for m in runs.method_names() if not runs.is_dag(m)]
+        self.compare_methods = w.MultiChoice(name="methods to compare", options=spec,
+                                             value=[m for m in ("draft-model", "prompt-lookup") if m in spec])
+        self.compare_button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
+        self.compare_out = pn.pane.HTML("", css_classes=["speclab-compare-out"])
+        # -- traces in and out -------------------------------------------------------------------
+        self.upload = w.FileInput(accept=".json", multiple=False, css_classes=["speclab-upload"])
+        self.download = w.FileDownload(callback=self._download, filename="trace.json", label="Save trace (JSON)",
+                                       disabled=True, button_type="default", css_classes=["speclab-download"])
+
+        self.run_button.on_click(self._on_run)
+        self.compare_button.on_click(self._on_compare)
+        self.player.param.watch(lambda e: self.show_step(e.new), "value")
+        self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
+        self.method.param.watch(lambda e: self._fit_form(), "value")
+        self.target.param.watch(lambda e: self._fit_form(), "value")
+        self._fit_form()
+        self.view = self._layout()
+
+    # -- layout -----------------------------------------------------------------------------------
+    def _layout(self):
+        form = pn.Column(
+            "## speclab", self.method, self.target, self.draft, self.prompt,
+            self.k, self.threshold, self.exit_layer, self.budget, self.max_new_tokens, self.temperature,
+            self.seed, self.extra, self.run_button, self.progress, self.queue_note, width=330)
+        step = pn.Column(self.player, self.step_fig, self.detail)
+        compare = pn.Column(
+            "Runs every chosen method on the prompt and settings on the left, plus greedy `ar` as the "
+            "reference: tau = new tokens / target forwards, alpha = accepted / drafted draft tokens.",
+            self.compare_methods, self.compare_button, self.compare_out)
+        files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
+                          self.download)
+        self.tabs = pn.Tabs(("Step", step), ("Summary", self.summary), ("Compare", compare),
+                            ("Traces", files), dynamic=False)
+        return pn.Row(form, pn.Column(self.alert, self.status, self.tabs, sizing_mode="stretch_width"),
+                      sizing_mode="stretch_width")
+
+    def _fit_form(self) -> None:
+        """Show only the knobs the chosen method takes; DAG methods get DAG models."""
+        m = self.method.value
+        dag = runs.is_dag(m)
+        models = self.kinds["dag"] if dag else self.kinds["causal"]
+        if list(self.target.options) != models:
+            self.target.options = models
+            self.target.value = _pick(models, "code-target")
+            self.prompt.value = DAG_PROMPTS.get(self.target.value, "2024-03-05") if dag else DEFAULT_PROMPT
+        takes = runs.takes(m)
+        for name in runs.KNOBS:
+            getattr(self, name).visible = name in takes
+        self.draft.visible = runs.needs_draft(m)
+        self.max_new_tokens.visible = self.seed.visible = not dag
+        self.extra.visible = not dag
+        n = _layers(self.target.value) if not dag else 0
+        opts = ["auto"] + [str(i) for i in range(1, n)]
+        if list(self.exit_layer.options) != opts:
+            self.exit_layer.options, self.exit_layer.value = opts, "auto"
+
+    # -- running ----------------------------------------------------------------------------------
+    def _knobs(self) -> dict:
+        return dict(k=self.k.value, threshold=self.threshold.value or None, budget=self.budget.value,
+                    exit_layer="auto" if self.exit_layer.value == "auto" else int(self.exit_layer.value))
+
+    def job(self, method: str | None = None, progress=None):
+        """The decode the form describes, as a no-argument function for the worker. Raises
+        ValueError now for what can be checked without a model (empty prompt, bad extras)."""
+        method = method or self.method.value
+        prompt = self.prompt.value
+        if not prompt or not prompt.strip():
+            raise ValueError("empty prompt: type some text to continue")
+        kw = runs.method_kwargs(method, self._knobs(), self.extra.value if not runs.is_dag(method) else "")
+        args = dict(target=self.target.value, prompt=prompt, method=method, draft=self.draft.value,
+                    max_new_tokens=self.max_new_tokens.value, temperature=self.temperature.value,
+                    seed=self.seed.value or 0, progress=progress, **kw)
+        return lambda: runs.run_one(**args)
+
+    def run_now(self) -> Trace | None:
+        """Run the form's decode in this thread (tests, notebooks) and show it."""
+        try:
+            trace = self.job()()
+        except (ValueError, ModelLoadError, TraceError) as e:
+            self.error(e)
+            return None
+        self.show_trace(trace)
+        return trace
+
+    async def run_async(self) -> Trace | None:
+        """What the Run button does: decode on the worker, keep the page live, move the bar."""
+        done = [0]
+        try:
+            fn = self.job(progress=lambda n: done.__setitem__(0, done[0] + n))
+        except ValueError as e:
+            self.error(e)
+            return None
+        self._busy(True, self.max_new_tokens.value if not runs.is_dag(self.method.value) else 1)
+        try:
+            fut = asyncio.wrap_future(runs.submit(fn))
+            while not fut.done():
+                self._tick(done[0])
+                await asyncio.wait([fut], timeout=0.25)
+            trace = fut.result()
+        except (ValueError, ModelLoadError, TraceError) as e:
+            self.error(e)
+            return None
+        except Exception as e:   # a bug, not bad input: still say so in the page and keep the session
+            self.error(f"the run failed unexpectedly: {type(e).__name__}: {e}")
+            return None
+        finally:
+            self._busy(False)
+        self.show_trace(trace)
+        return trace
+
+    async def _on_run(self, event=None):
+        await self.run_async()
+
+    def _busy(self, on: bool, total: int = 1) -> None:
+        with pn.io.hold():
+            self._set_busy(on, total)
+
+    def _set_busy(self, on: bool, total: int) -> None:
+        self.run_button.disabled = self.compare_button.disabled = on
+        self.progress.visible = self.queue_note.visible = on
+        self.progress.max, self.progress.value = max(total, 1), 0
+        if on:
+            self.alert.visible = False
+
+    def _tick(self, done: int) -> None:
+        ahead = runs.queued()
+        with pn.io.hold():
+            self.progress.value = min(done, self.progress.max)
+            self.queue_note.object = (f"waiting for {ahead} other run(s) to finish" if ahead and not done
+                                      else f"{done} of {self.progress.max} tokens")
+
+    # -- showing ----------------------------------------------------------------------------------
+    def show_trace(self, trace: Trace) -> None:
+        """Put a trace (a fresh run or an upload) on the page: status, player, figures."""
+        # one batch: sent piecemeal from an async callback, Panel 1.9 lost some of these updates
+        # (the detail and the step figure stayed empty while the status arrived)
+        with pn.io.hold():
+            self._show_trace(trace)
+
+    def _show_trace(self, trace: Trace) -> None:
+        try:
+            n = n_steps(trace)
+        except ValueError as e:     # e.g. a diffusion trace, before that engine has a step view
+            self.error(e)
+            return
+        if n == 0:
+            self.error("this trace has no steps to show (recorded with record=None and no rounds?)")
+            return
+        self.trace = trace
+        self.alert.visible = False
+        self.status.object = status_html(trace)
+        self.download.disabled = False
+        self.download.filename = runs.default_path(trace).name
+        # moving the player to 0 draws step 0 through its watcher; if it is already at 0, draw here
+        at_zero = self.player.value == 0
+        self.player.param.update(start=0, end=max(n - 1, 1), value=0)
+        if at_zero:
+            self.show_step(0)
+        self._show_summary(trace)
+
+    def show_step(self, step: int) -> None:
+        if self.trace is None:
+            return
+        step = min(int(step), n_steps(self.trace) - 1)
+        with pn.io.hold():
+            self.step_fig.object = step_figure(self.trace, step)
+            self.detail.object = detail_html(self.trace, step)
+
+    def _show_summary(self, trace: Trace) -> None:
+        spec = trace.engine == "speculative"
+        for pane, make in zip(self.summary_figs, (round_strip, acceptance_summary, timing)):
+            pane.visible = spec
+            pane.object = make(trace) if spec else None
+        self.summary_note.visible = not spec
+
+    def error(self, e) -> None:
+        with pn.io.hold():
+            self.alert.object = html.escape(str(e))
+            self.alert.visible = True
+
+    # -- compare ----------------------------------------------------------------------------------
+    def compare_job(self):
+        chosen = [m for m in self.compare_methods.value if not runs.is_dag(m)]
+        if not chosen:
+            raise ValueError("choose at least one method to compare")
+        jobs = {m: self.job(m) for m in chosen}                  # checks every method's extras now
+        ref = self.job("ar") if self.temperature.value == 0 else None
+
+        def work():
+            traces, errors = {}, {}
+            for m, fn in jobs.items():
+                try:
+                    traces[m] = fn()
+                except (ValueError, ModelLoadError) as e:
+                    errors[m] = str(e)
+            reference = ref() if ref is not None and traces else None
+            return traces, reference, errors
+        return work
+
+    def compare_now(self) -> list[dict]:
+        try:
+            result = self.compare_job()()
+        except (ValueError, ModelLoadError) as e:
+            self.error(e)
+            return []
+        return self._show_compare(*result)
+
+    async def _on_compare(self, event=None):
+        try:
+            work = self.compare_job()
+        except ValueError as e:
+            self.error(e)
+            return
+        self._busy(True, 1)
+        self.queue_note.object = "running " + ", ".join(self.compare_methods.value) + " and greedy ar"
+        try:
+            result = await asyncio.wrap_future(runs.submit(work))
+        except Exception as e:
+            self.error(f"the comparison failed unexpectedly: {type(e).__name__}: {e}")
+            return
+        finally:
+            self._busy(False)
+        self._show_compare(*result)
+
+    def _show_compare(self, traces, reference, errors) -> list[dict]:
+        with pn.io.hold():
+            return self._fill_compare(traces, reference, errors)
+
+    def _fill_compare(self, traces, reference, errors) -> list[dict]:
+        self.compare_table = runs.compare_rows(traces, reference)
+        self.compare_out.object = runs.rows_html(self.compare_table) if traces else ""
+        if errors:
+            self.error("; ".join(f"{m}: {e}" for m, e in errors.items()))
+        else:
+            self.alert.visible = False
+        return self.compare_table
+
+    # -- traces in and out -------------------------------------------------------------------------
+    def open_upload(self, data: bytes | None, filename: str | None = None) -> Trace | None:
+        if data is None:
+            return None
+        try:
+            trace = runs.trace_from_upload(data, filename, self.upload_limit)
+        except TraceError as e:
+            self.error(e)
+            return None
+        self.show_trace(trace)
+        self.tabs.active = 0
+        return trace
+
+    def _download(self):
+        return io.BytesIO(runs.trace_json(self.trace)) if self.trace is not None else None
+
+    # -- URL arguments -----------------------------------------------------------------------------
+    def apply_args(self, args: dict[str, list[bytes]]) -> bool:
+        """Prefill from ?prompt=&method=&target=&draft=&k=&max_new_tokens=&temperature=&seed=
+        &compare=m1,m2; True when ?run=1 asks for a run on load."""
+        get = {k: v[0].decode("utf-8", "replace") for k, v in args.items() if v}
+        try:
+            if "method" in get:
+                self.method.value = get["method"]
+            for name in ("target", "draft", "prompt", "extra"):
+                if name in get:
+                    getattr(self, name).value = get[name]
+            for name, cast in (("k", int), ("max_new_tokens", int), ("seed", int), ("temperature", float),
+                               ("budget", int), ("threshold", float)):
+                if name in get:
+                    getattr(self, name).value = cast(get[name])
+            if "compare" in get:
+                self.compare_methods.value = [m for m in get["compare"].split(",") if m]
+        except (ValueError, TypeError) as e:
+            self.error(f"could not use the URL arguments: {e}")
+            return False
+        return get.get("run") == "1"
+
+
+def _pick(options: list[str], preferred: str) -> str | None:
+    return preferred if preferred in options else (options[0] if options else None)
+
+
+def _visible(text: str) -> str:
+    """Line breaks and tabs as marks, so an output of blank lines still shows on one line."""
+    return html.escape(text.replace("\n", "⏎").replace("\t", "⇥")) or "∅"
+
+
+def status_html(trace: Trace) -> str:
+    """One line about the run, built from the trace alone (so it shows what really ran)."""
+    t = trace.totals
+    alpha = "-" if t.alpha is None else f"{t.alpha:.2f}"
+    models = ", ".join(f"{role} {m.name}" for role, m in trace.models.items())
+    return (f"<b>{html.escape(trace.method)}</b> ({html.escape(models)}): "
+            f"prompt <code class='speclab-prompt-echo'>{_visible(runs.prompt_text(trace))}</code> &rarr; "
+            f"<code class='speclab-output'>{_visible(runs.output_text(trace))}</code><br>"
+            f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha}, target forwards {t.target_forwards}, "
+            f"draft forwards {t.draft_forwards}, wall {t.wall_s:.2f} s, {trace.steps} step(s)")
+
+
+def app():
+    """A fresh dashboard for one session (what `panel serve` and `speclab serve` call)."""
+    dash = Dashboard()
+    if pn.state.curdoc is not None and pn.state.session_args and dash.apply_args(pn.state.session_args):
+        pn.state.onload(dash._on_run)
+    return dash.view
+
+
+if pn.state.served:
+    app().servable(title="speclab dashboard")

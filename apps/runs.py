@@ -1,0 +1,193 @@
+"""What the dashboard runs, with no UI in sight: which models and methods exist, how the parameter
+widgets map onto a method's keyword arguments, one decode, a comparison table, and reading an
+uploaded trace. Every function here is plain Python, so the tests call them without a browser.
+
+Decodes are serialised through one process-wide worker thread (`submit`). Two reasons: the machine
+has a few cores that torch already keeps busy, and the models are shared by every session
+(`load_shared`), and some drafters hook the shared model while they run (layer-skip registers
+forward hooks on the target's layers), so two decodes on one model at once could see each other.
+The queue is a process resource like the models; everything a user sees lives in the session.
+"""
+from __future__ import annotations
+
+import functools
+import html
+import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from speclab.decoding.registry import get_method, method_params, methods
+from speclab.models.zoo import ZOO_DIR, zoo_names
+from speclab.trace import Trace, TraceError
+
+MAX_UPLOAD_BYTES = 8 * 1024 * 1024     # a 128-token run recorded "full" is well under 1 MB
+DAG_STRATEGIES = ("viterbi", "greedy", "lookahead", "beam", "sample", "vanilla", "all")
+
+
+# -- what can be chosen ---------------------------------------------------------------------------
+def zoo_models() -> dict[str, list[str]]:
+    """Zoo names by kind: {"causal": [...], "dag": [...]} (a DA-Transformer says so in its config)."""
+    kinds = {"causal": [], "dag": []}
+    for name in zoo_names():
+        cfg = json.loads((ZOO_DIR / name / "config.json").read_text())
+        kinds["dag" if cfg.get("model_type") == "da-transformer" else "causal"].append(name)
+    return kinds
+
+
+def method_names() -> list[str]:
+    """Speculative methods from the registry, then one entry per DAG strategy."""
+    return [m["name"] for m in methods()] + [f"dag-{s}" for s in DAG_STRATEGIES]
+
+
+def is_dag(method: str) -> bool:
+    return method.startswith("dag-")
+
+
+def needs_draft(method: str) -> bool:
+    return not is_dag(method) and get_method(method).needs_draft
+
+
+def takes(method: str) -> list[str]:
+    """The parameter names a method accepts ([] for DAG strategies)."""
+    return [] if is_dag(method) else method_params(method)
+
+
+# the dashboard's knobs -> the registry's parameter names (node budget is `budget`)
+KNOBS = ("k", "threshold", "exit_layer", "budget")
+
+
+def method_kwargs(method: str, knobs: dict, extra: str = "") -> dict:
+    """Keyword arguments for `speclab.generate`: the knobs this method takes, plus `extra`
+    ("name=value, name=value", like the CLI's --param) passed through unchecked so that a
+    parameter the method does not take reaches generate() and comes back as its ValueError."""
+    kw = {k: v for k, v in knobs.items() if k in takes(method) and v is not None}
+    for item in filter(None, (s.strip() for s in extra.replace("\n", ",").split(","))):
+        if "=" not in item:
+            raise ValueError(f"extra parameter {item!r} needs the form name=value, e.g. schedule=heuristic")
+        name, value = (s.strip() for s in item.split("=", 1))
+        kw[name.replace("-", "_")] = _value(value)
+    return kw
+
+
+def _value(s: str):
+    for cast in (int, float):
+        try:
+            return cast(s)
+        except ValueError:
+            pass
+    return {"none": None, "true": True, "false": False}.get(s.lower(), s)
+
+
+# -- running --------------------------------------------------------------------------------------
+_queue = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speclab-decode")
+_waiting = 0
+_waiting_lock = threading.Lock()
+
+
+def submit(fn, *args, **kw) -> Future:
+    """Run fn on the decode worker; `queued()` tells a session how many runs are ahead of it."""
+    global _waiting
+    with _waiting_lock:
+        _waiting += 1
+
+    def job():
+        global _waiting
+        with _waiting_lock:
+            _waiting -= 1
+        return fn(*args, **kw)
+    return _queue.submit(job)
+
+
+def queued() -> int:
+    return _waiting
+
+
+@functools.lru_cache(maxsize=4)
+def load_dag_shared(name: str):
+    """A zoo DA-Transformer, once per process (zoo.load_shared covers causal LMs only)."""
+    from speclab.models.dag import load_dag
+    return load_dag(ZOO_DIR / name)
+
+
+def run_one(target: str, prompt: str, method: str, draft: str | None = None, max_new_tokens: int = 24,
+            temperature: float = 0.0, seed: int = 0, record: str | None = "full", progress=None,
+            **kw) -> Trace:
+    """One decode -> its Trace. ValueError (from speclab) for anything the user got wrong."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("empty prompt: type some text to continue")
+    if is_dag(method):
+        from speclab.decoding.dag import DecodeConfig, run_dag
+        if target not in zoo_models()["dag"]:
+            raise ValueError(f"{method} needs a DAG model ({', '.join(zoo_models()['dag'])}), not {target!r}")
+        cfg = DecodeConfig(temperature=temperature) if temperature > 0 else None
+        return run_dag(load_dag_shared(target), prompt, method[len("dag-"):], record, seed, cfg)
+    import speclab
+    if target in zoo_models()["dag"]:
+        raise ValueError(f"{target} is a DAG model: pick a dag-* method, or code-target for {method}")
+    r = speclab.generate(target, prompt, method, draft=draft if needs_draft(method) else None,
+                         max_new_tokens=int(max_new_tokens), temperature=float(temperature), seed=int(seed),
+                         record=record, progress=progress, **kw)
+    return r.trace
+
+
+# -- comparing ------------------------------------------------------------------------------------
+COMPARE_COLS = ("method", "new tokens", "tau", "alpha", "target fwd", "draft fwd", "wall s", "identical to greedy ar")
+
+
+def compare_rows(traces: dict[str, Trace], reference: Trace | None) -> list[dict]:
+    """One row per method; `identical` compares output ids with greedy ar (None when sampling, since
+    a sampled run is lossless in distribution, not token for token)."""
+    rows = []
+    for name, t in traces.items():
+        tot = t.totals
+        same = None if reference is None or t.sampling.temperature > 0 else t.output_ids == reference.output_ids
+        rows.append({"method": name, "new tokens": tot.new_tokens, "tau": round(tot.tau, 2),
+                     "alpha": None if tot.alpha is None else round(tot.alpha, 2),
+                     "target fwd": tot.target_forwards, "draft fwd": tot.draft_forwards,
+                     "wall s": round(tot.wall_s, 2),
+                     "identical to greedy ar": {None: "n/a (sampling)", True: "yes", False: "NO"}[same]})
+    return rows
+
+
+def rows_html(rows: list[dict]) -> str:
+    head = "".join(f"<th style='padding:2px 10px;text-align:left'>{c}</th>" for c in COMPARE_COLS)
+    body = "".join("<tr>" + "".join(f"<td style='padding:2px 10px'>{html.escape(str('-' if r[c] is None else r[c]))}</td>"
+                                    for c in COMPARE_COLS) + "</tr>" for r in rows)
+    return f"<table class='speclab-compare-table'><tr>{head}</tr>{body}</table>"
+
+
+# -- traces in and out ----------------------------------------------------------------------------
+def trace_from_upload(data: bytes | None, filename: str | None = None, limit: int = MAX_UPLOAD_BYTES) -> Trace:
+    """The uploaded bytes as a Trace, or TraceError saying what is wrong with them."""
+    name = filename or "the upload"
+    if not data:
+        raise TraceError(f"{name} is empty: choose a trace saved by speclab (a .json file)")
+    if len(data) > limit:
+        raise TraceError(f"{name} is {len(data) / 2**20:.1f} MB, over the {limit / 2**20:.0f} MB limit for "
+                         "uploads: open it in a notebook with speclab.Trace.load instead")
+    try:
+        d = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceError(f"{name} is not a speclab trace (not valid JSON: {e})") from e
+    return Trace.from_dict(d)
+
+
+def trace_json(trace: Trace) -> bytes:
+    return json.dumps(trace.to_dict(), separators=(",", ":")).encode("utf-8")
+
+
+def prompt_text(trace: Trace) -> str:
+    """The prompt as the trace itself records it (token table), not as a widget holds it."""
+    if trace.engine == "dag":
+        return "".join(trace.text_of(t) for t in trace.prompt_ids if trace.text_of(t) not in ("<bos>", "<eos>"))
+    return "".join(trace.text_of(t) for t in trace.prompt_ids)
+
+
+def output_text(trace: Trace) -> str:
+    sep = " " if trace.engine == "dag" else ""
+    return sep.join(trace.text_of(t) for t in trace.output_ids)
+
+
+def default_path(trace: Trace) -> Path:
+    return Path(f"trace-{trace.method}.json")

@@ -1,0 +1,82 @@
+"""`speclab bench ...`: argument parsing and output for the bench runner."""
+from __future__ import annotations
+
+import json
+
+from speclab.bench.whatif import ideal_speedup, whatif_table
+
+
+def add_bench(sub):
+    p = sub.add_parser("bench", help="measure methods and transformers peers side by side",
+                       description="Every method on every prompt in one process, warm-up first. "
+                                   "Methods: comma-separated, with parameters as name[k=6;threshold=0.5]; "
+                                   "peers: hf-greedy, hf-assisted, hf-prompt-lookup, hf-early-exit.")
+    p.add_argument("--target", default="code-target")
+    p.add_argument("--draft", default=None)
+    p.add_argument("--methods", default="ar,draft-model,prompt-lookup")
+    p.add_argument("--prompts", default="code-complete", help="code-complete | code-edit | code-mixed | a JSONL file")
+    p.add_argument("--limit", type=int, help="use only the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--k", type=int, default=4, help="draft length for methods and peers that take one")
+    p.add_argument("--exit-layer", type=int, default=4, help="exit layer for hf-early-exit")
+    p.add_argument("--record", choices=["none", "light", "full"], default="light")
+    p.add_argument("--whatif", action="store_true", help="what-if tau(k) and efficiency for draft-model")
+    p.add_argument("--json", dest="json_out")
+    p.add_argument("--html")
+    p.add_argument("--device")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(a):
+    from speclab.api import as_model, check_vocab
+    from speclab.bench.report import html, markdown
+    from speclab.bench.runner import bench, parse_methods
+    specs = parse_methods(a.methods)
+    from speclab.bench.peers import PEERS
+    from speclab.decoding.registry import get_method
+    for s in specs:
+        if s.method not in PEERS:
+            get_method(s.method)                     # unknown names fail before any model loads
+        if s.method not in PEERS and "k" not in s.params and s.method in ("draft-model", "layer-skip", "prompt-lookup"):
+            s.params["k"] = a.k
+    if a.repeats < 1 or a.max_new_tokens < 1:
+        raise ValueError("--repeats and --max-new-tokens must be >= 1")
+    target = as_model(a.target, a.device)
+    draft = as_model(a.draft, a.device) if a.draft else None
+    if draft is not None:
+        check_vocab(target, draft)
+    record = None if a.record == "none" else a.record
+    res = bench(target, draft, specs, a.prompts, a.max_new_tokens, a.repeats, a.limit, a.k, a.exit_layer,
+                record, keep_traces=a.whatif)
+    add_efficiency(res)
+    if a.whatif:
+        traces = [t for label, ts in res.pop("traces").items() if label.startswith("draft-model") for t in ts]
+        res["whatif"] = whatif_table([t for t in traces if t is not None]) if traces else []
+    print(markdown(res))
+    for w in res.get("whatif", []):
+        print(f"what-if k={w['k']} threshold={w['threshold']}: tau {w['tau']}")
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(res, f, indent=1)
+    if a.html:
+        html(res, a.html)
+    return 0
+
+
+def add_efficiency(res: dict):
+    """efficiency = measured speed-up / ideal, for chain drafters with a draft forward cost."""
+    rows = {r["method"]: r for r in res["rows"]}
+    ar = rows.get("ar")
+    if not ar:
+        return
+    c_target1 = ar["wall_s"] / ar["target_forwards"]
+    for r in res["rows"]:
+        if not r.get("draft_forwards") or not r.get("target_forwards") or r["method"].startswith(("ar", "hf-")):
+            continue
+        k = r["draft_forwards"] / r["target_forwards"]           # draft forwards per round
+        c_draft = r["draft_s"] / r["draft_forwards"]
+        c_verify = r["verify_s"] / r["target_forwards"]
+        ideal = ideal_speedup(r["tau"], k, c_draft, c_target1, c_verify)
+        r["ideal_speedup"] = round(ideal, 3)
+        r["efficiency"] = round(r["speedup_vs_ar"] / ideal, 3) if ideal else None

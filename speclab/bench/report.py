@@ -1,0 +1,44 @@
+"""Bench reports: a markdown table for BENCHMARKS.md and a self-contained HTML page of charts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+COLS = ["method", "wall_s", "tokens_per_s", "speedup_vs_ar", "tau", "alpha", "identical_rate",
+        "draft_s", "verify_s", "efficiency"]
+
+
+def markdown(result: dict) -> str:
+    rows = result["rows"]
+    head = "| " + " | ".join(COLS) + " |\n|" + "---|" * len(COLS) + "\n"
+    body = ""
+    for r in rows:
+        body += "| " + " | ".join("" if r.get(c) is None else (f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]))
+                                  for c in COLS) + " |\n"
+    return head + body
+
+
+def html(result: dict, path: str | Path) -> Path:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    rows = result["rows"]
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("speed-up over ar", "tau against k (what-if)",
+                                                        "efficiency (measured / ideal)"))
+    names = [r["method"] for r in rows]
+    fig.add_trace(go.Bar(x=names, y=[r["speedup_vs_ar"] for r in rows],
+                         marker_color=["#888" if n.startswith("hf-") else "#2a7" for n in names],
+                         hovertext=[f"tau {r['tau']}, alpha {r.get('alpha')}" for r in rows], name="speed-up"), 1, 1)
+    wi = result.get("whatif", [])
+    ks = [w for w in wi if w["threshold"] is None]
+    if ks:
+        fig.add_trace(go.Scatter(x=[w["k"] for w in ks], y=[w["tau"] for w in ks], mode="lines+markers",
+                                 name="tau(k)"), 1, 2)
+    eff = [r for r in rows if r.get("efficiency") is not None]
+    if eff:
+        fig.add_trace(go.Bar(x=[r["method"] for r in eff], y=[r["efficiency"] for r in eff], name="efficiency"), 1, 3)
+    fig.update_layout(title=f"speclab bench: {result['prompt_set']}, {result['prompts']} prompts, "
+                            f"{result['max_new_tokens']} new tokens", showlegend=False, height=450)
+    table = "<pre>" + markdown(result) + "</pre>"
+    page = fig.to_html(include_plotlyjs=True, full_html=True)   # plotly.js inline: works offline
+    page = page.replace("</body>", table + "</body>")
+    Path(path).write_text(page, encoding="utf-8")
+    return Path(path)

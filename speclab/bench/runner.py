@@ -1,0 +1,137 @@
+"""`speclab bench`: every method (and peer) on every prompt, in one process, on the same models.
+
+Warm-up first, then `repeats` passes; within a pass, prompts are the outer loop so that machine
+noise hits all methods alike. A row per method: wall time (median over repeats of the summed
+per-prompt wall time), tokens/s, speed-up over `ar`, tau, alpha, per-position acceptance, draft vs
+verify time, and for greedy runs the share of outputs identical to `ar`.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from speclab.bench.peers import PEERS, run_peer
+from speclab.bench.prompts import load_prompts
+
+
+@dataclass
+class MethodSpec:
+    label: str                     # what the report calls it, e.g. "draft-model" or "draft-model[k=6]"
+    method: str
+    params: dict = field(default_factory=dict)
+
+
+def parse_methods(s: str) -> list[MethodSpec]:
+    """'ar,draft-model[k=6],hf-assisted' -> specs (values are int, float or str)."""
+    from speclab.cli import _num
+    out = []
+    for item in _split_top(s):
+        name, params = item, {}
+        if "[" in item:
+            if not item.endswith("]"):
+                raise ValueError(f"bad method spec {item!r}: use name[param=value;param=value]")
+            name, inner = item[:-1].split("[", 1)
+            for kv in filter(None, inner.split(";")):
+                if "=" not in kv:
+                    raise ValueError(f"bad method parameter {kv!r} in {item!r}: use param=value")
+                k, v = kv.split("=", 1)
+                params[k.strip().replace("-", "_")] = _num(v.strip())
+        out.append(MethodSpec(item, name.strip(), params))
+    return out
+
+
+def _split_top(s: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in s:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(cur.strip()); cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+def per_position(rounds_accepted: list[int], max_pos: int) -> tuple[list[float], list[float]]:
+    """Unconditional (accepted at i / rounds) and conditional (accepted at i / reached i)."""
+    n = len(rounds_accepted) or 1
+    unc, cond = [], []
+    for i in range(1, max_pos + 1):
+        hit = sum(a >= i for a in rounds_accepted)
+        reached = sum(a >= i - 1 for a in rounds_accepted)
+        unc.append(hit / n)
+        cond.append(hit / reached if reached else 0.0)
+    return unc, cond
+
+
+def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit_layer, record):
+    import speclab
+    if spec.method in PEERS:
+        r = run_peer(spec.method, target[0], target[1], prompt_ids, max_new_tokens,
+                     draft=draft[0] if draft else None, k=spec.params.get("k", k),
+                     exit_layer=spec.params.get("exit_layer", exit_layer))
+        return dict(ids=r["ids"], wall_s=r["wall_s"], target_forwards=r["target_forwards"], draft_forwards=None,
+                    drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=None)
+    res = speclab.generate(target, prompt_ids, spec.method, draft=draft, max_new_tokens=max_new_tokens,
+                           record=record, **spec.params)
+    t = res.trace.totals
+    return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=t.draft_forwards,
+                drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s, verify_s=t.verify_s,
+                rounds=[len(r.accepted) for r in res.trace.rounds if r.drafted], trace=res.trace)
+
+
+def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_tokens: int = 128,
+          repeats: int = 1, limit: int | None = None, k: int = 4, exit_layer: int = 4,
+          record: str | None = "light", progress: bool = True, keep_traces: bool = False) -> dict:
+    from tqdm.auto import tqdm
+    from speclab.api import encode_prompt
+    model, tok = target
+    prompts = load_prompts(prompt_set, limit)
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    prompt_ids = [encode_prompt(tok, p, max_new_tokens, max_pos) for p in prompts]
+    if not any(s.method == "ar" for s in specs):
+        specs = [MethodSpec("ar", "ar")] + specs             # the baseline is always measured
+    for s in specs:                                           # warm-up: every code path once
+        run_one(s, target, draft, prompt_ids[0], 8, k, exit_layer, record)
+    runs = {s.label: [[None] * len(prompts) for _ in range(repeats)] for s in specs}
+    bar = tqdm(total=repeats * len(prompts) * len(specs), desc=f"bench {prompt_set}", disable=not progress)
+    for rep in range(repeats):
+        for i, ids in enumerate(prompt_ids):
+            for s in specs:
+                runs[s.label][rep][i] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer, record)
+                bar.update(1)
+    bar.close()
+    ar_ids = [r["ids"] for r in runs["ar"][0]]
+    ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs["ar"])
+    rows = [summarise(s, runs[s.label], ar_ids, ar_wall, prompt_set, k) for s in specs]
+    out = {"rows": rows, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+           "repeats": repeats}
+    if keep_traces:
+        out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}
+    return out
+
+
+def summarise(spec: MethodSpec, reps, ar_ids, ar_wall, prompt_set, k) -> dict:
+    first = reps[0]
+    wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in reps)
+    new = sum(len(r["ids"]) for r in first)
+    fwd = sum(r["target_forwards"] for r in first)
+    row = dict(method=spec.label, prompt_set=prompt_set, wall_s=round(wall, 4),
+               tokens_per_s=round(new / wall, 2) if wall else None,
+               speedup_vs_ar=round(ar_wall / wall, 3) if wall else None,
+               tau=round(new / fwd, 3) if fwd else None, new_tokens=new, target_forwards=fwd,
+               identical_rate=sum(r["ids"] == a for r, a in zip(first, ar_ids)) / len(ar_ids))
+    if first[0]["drafted"] is not None:
+        drafted, accepted = sum(r["drafted"] for r in first), sum(r["accepted"] for r in first)
+        rounds = [a for r in first for a in r["rounds"]]
+        unc, cond = per_position(rounds, max(rounds + [k]))
+        row.update(alpha=round(accepted / drafted, 3) if drafted else None,
+                   draft_forwards=sum(r["draft_forwards"] for r in first),
+                   draft_s=round(sum(r["draft_s"] for r in first), 4),
+                   verify_s=round(sum(r["verify_s"] for r in first), 4),
+                   accept_unconditional=[round(x, 3) for x in unc], accept_conditional=[round(x, 3) for x in cond])
+    else:
+        row.update(alpha=None, draft_forwards=None, draft_s=None, verify_s=None)
+    return row

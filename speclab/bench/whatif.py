@@ -1,0 +1,73 @@
+"""What-if replay: from one recorded greedy draft-model run, recompute tau for other draft lengths
+and thresholds without running the models, and predict the speed-up from tau and forward costs.
+
+Greedy decoding fixes the output, so a chain round starting at output position s accepts exactly the
+run of positions s, s+1, ... where the draft's greedy token (given the true prefix) matches the
+target's. The recorded rounds tell, per position, match or not and the draft's confidence q.
+Positions the run never drafted (after a bonus token) are filled by a seeded draw at the observed
+match rate, and reported as `unknown_share`.
+
+ideal speed-up = tau / (k * c_draft / c_target(1) + c_verify(k+1) / c_target(1))
+efficiency     = measured speed-up / ideal
+"""
+from __future__ import annotations
+
+import random
+
+from speclab.trace import ACCEPTED, REJECTED, Trace
+
+
+def position_outcomes(trace: Trace) -> list[tuple[bool | None, float | None]]:
+    """Per new-token position: (draft matched the target?, draft confidence q); None = unknown."""
+    out: list[tuple[bool | None, float | None]] = []
+    for r in trace.rounds:
+        chain = [n for n in r.nodes if n.decision in (ACCEPTED, REJECTED)]
+        for n in chain:
+            out.append((n.decision == ACCEPTED, n.q))
+        if r.drafted == 0 or (chain and chain[-1].decision == ACCEPTED) or not chain:
+            out.append((None, None))             # a target-only token: the draft was not asked
+    return out[: len(trace.output_ids)]
+
+
+def simulate_tau(outcomes, k: int, threshold: float | None = None, seed: int = 0) -> dict:
+    known = [m for m, _ in outcomes if m is not None]
+    rate = sum(known) / len(known) if known else 0.0
+    qs = sorted(q for _, q in outcomes if q is not None)
+    q_mid = qs[len(qs) // 2] if qs else 1.0
+    rng = random.Random(seed)
+    filled = [(m if m is not None else rng.random() < rate, q if q is not None else q_mid) for m, q in outcomes]
+    pos, rounds, T = 0, 0, len(filled)
+    while pos < T:
+        n = 0
+        while n < k and pos + n < T:
+            m, q = filled[pos + n]
+            if not m:
+                break
+            n += 1
+            if threshold is not None and q < threshold:
+                break                              # the draft stops after a low-confidence token
+        pos += n + 1
+        rounds += 1
+    return dict(k=k, threshold=threshold, tau=T / rounds if rounds else 0.0,
+                unknown_share=1 - len(known) / T if T else 0.0)
+
+
+def ideal_speedup(tau: float, k: float, c_draft: float, c_target1: float, c_verify: float) -> float:
+    return tau / (k * c_draft / c_target1 + c_verify / c_target1)
+
+
+def whatif_table(traces: list[Trace], ks=range(1, 9), thresholds=(0.2, 0.4, 0.6, 0.8)) -> list[dict]:
+    """tau for each k (and each threshold at max k), pooled over prompts."""
+    outs = [position_outcomes(t) for t in traces]
+    rows = []
+    for k in ks:
+        res = [simulate_tau(o, k) for o in outs]
+        T = sum(len(o) for o in outs)
+        rounds = sum(len(o) / r["tau"] for o, r in zip(outs, res) if r["tau"])
+        rows.append(dict(k=k, threshold=None, tau=round(T / rounds, 3)))
+    for th in thresholds:
+        res = [simulate_tau(o, max(ks), th) for o in outs]
+        T = sum(len(o) for o in outs)
+        rounds = sum(len(o) / r["tau"] for o, r in zip(outs, res) if r["tau"])
+        rows.append(dict(k=max(ks), threshold=th, tau=round(T / rounds, 3)))
+    return rows

@@ -1,0 +1,142 @@
+"""Draft trees from a draft model: static (Medusa / SpecInfer pattern) and dynamic (EAGLE-2 / DySpec).
+
+tree-static   a fixed expansion pattern: each path is a list of ranks, e.g. [0, 1] = "the draft's
+              2nd choice after its 1st choice". The default pattern spends the budget mostly on
+              the top-1 chain with a few side branches.
+tree-dynamic  grow the tree by cumulative draft probability: expand the `width` best nodes per
+              depth, then keep the `budget` best nodes overall (a child never outscores its parent,
+              so the kept set is a tree).
+Children are the draft's top-k choices, deterministic, so under sampling they are point-mass drafts
+verified by recursive rejection without replacement (EAGLE-2 style): lossless.
+
+Each depth costs one draft forward over the whole tree so far (tree attention), after which the
+draft cache is cut back to the committed prefix.
+"""
+from __future__ import annotations
+
+import torch
+
+from speclab.decoding.drafters.model import check_k
+from speclab.decoding.speculative import Context, Drafter, Outcome
+from speclab.decoding.tree import DraftTree
+from speclab.models.causal import CausalLM
+
+DEFAULT_PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0, 0]]
+
+
+class TreeDrafterBase(Drafter):
+    point_mass = True
+
+    def __init__(self, draft_model):
+        super().__init__()
+        self.lm = CausalLM(draft_model, "draft")
+
+    @property
+    def forwards(self):
+        return self.lm.forwards
+
+    @forwards.setter
+    def forwards(self, v):
+        pass
+
+    def begin(self, ctx, target, sampler, gen, record="light"):
+        super().begin(ctx, target, sampler, gen, record)
+        self.lm.reset()
+
+    def dists(self, pending: list[int], tree: DraftTree, device) -> torch.Tensor:
+        """Draft probabilities (1 + N, V): after the committed prefix, then after each node.
+
+        The first call of a round runs the pending tokens too (they stay cached); later calls
+        run only the tree and reuse the root distribution.
+        """
+        base = self.lm.length
+        ids = torch.tensor(pending + tree.tokens, device=device)
+        logits = self.lm.forward(ids, parents=tree.parents or None, n_prefix=len(pending))
+        self.lm.keep(base + len(pending))          # tree nodes are never kept in the draft cache
+        probs = logits.softmax(-1)
+        if pending:
+            self.root_q = probs[len(pending) - 1]
+        return torch.cat([self.root_q[None], probs[len(pending):]])
+
+    def pending(self, ctx: Context) -> list[int]:
+        return ctx.ids[self.lm.length:]
+
+    def observe(self, out: Outcome):
+        pass  # the draft cache holds exactly the committed prefix minus the pending tail
+
+
+class StaticTreeDrafter(TreeDrafterBase):
+    name = "tree-static"
+
+    def __init__(self, draft_model, paths=None):
+        super().__init__(draft_model)
+        paths = DEFAULT_PATHS if paths is None else [list(p) for p in paths]
+        if not paths:
+            raise ValueError("tree-static needs at least one path, e.g. [[0], [1], [0, 0]]")
+        pset = {tuple(p) for p in paths}
+        for p in paths:
+            if not p or any(not isinstance(r, int) or r < 0 for r in p):
+                raise ValueError(f"tree path {p} must be a non-empty list of ranks >= 0")
+            if len(p) > 1 and tuple(p[:-1]) not in pset:
+                raise ValueError(f"tree path {p} has no parent path {p[:-1]} in the pattern")
+        self.paths = sorted(pset, key=lambda p: (len(p), p))
+
+    def propose(self, ctx: Context) -> DraftTree:
+        tree, node_of = DraftTree(info={"shape": "static", "nodes": len(self.paths)}), {(): -1}
+        pending = self.pending(ctx)
+        for depth in range(1, max(len(p) for p in self.paths) + 1):
+            q = self.dists(pending, tree, ctx.device)              # (1 + N, V)
+            pending = []
+            for p in (p for p in self.paths if len(p) == depth):
+                parent = node_of[p[:-1]]
+                row = q[parent + 1]
+                top = row.topk(p[-1] + 1)
+                tok, prob = int(top.indices[-1]), float(top.values[-1])
+                node_of[p] = tree.add(tok, parent, prob, f"rank{p[-1]}")
+        return tree
+
+
+class DynamicTreeDrafter(TreeDrafterBase):
+    name = "tree-dynamic"
+
+    def __init__(self, draft_model, budget: int = 10, width: int = 3, depth: int = 5):
+        super().__init__(draft_model)
+        if not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"node budget must be an integer >= 1, got {budget!r}")
+        check_k(width, "width")
+        check_k(depth, "depth")
+        self.budget, self.width, self.depth = budget, width, depth
+
+    def propose(self, ctx: Context) -> DraftTree:
+        grown = DraftTree()
+        score: list[float] = []                                    # cumulative draft probability
+        frontier = [-1]
+        pending = self.pending(ctx)
+        for d in range(self.depth):
+            q = self.dists(pending, grown, ctx.device)
+            pending = []
+            cands = []
+            for parent in frontier:
+                base = 1.0 if parent < 0 else score[parent]
+                top = q[parent + 1].topk(self.width)
+                for tok, prob in zip(top.indices.tolist(), top.values.tolist()):
+                    cands.append((base * prob, parent, tok, prob))
+            cands.sort(key=lambda c: -c[0])
+            frontier = []
+            for s, parent, tok, prob in cands[: self.width]:        # expand the best `width` per depth
+                frontier.append(grown.add(tok, parent, prob, f"depth{d + 1}"))
+                score.append(s)
+        keep = sorted(range(len(grown)), key=lambda i: -score[i])[: self.budget]
+        keep = sorted(_ancestor_closed(grown, keep))
+        tree = DraftTree(info={"shape": "dynamic", "budget": self.budget, "grown": len(grown)})
+        new_id = {-1: -1}
+        for i in keep:
+            new_id[i] = tree.add(grown.tokens[i], new_id[grown.parents[i]], grown.q_tok[i], grown.source[i])
+        return tree
+
+
+def _ancestor_closed(tree: DraftTree, nodes: list[int]) -> set[int]:
+    out = set()
+    for n in nodes:
+        out.update(tree.path_to(n))
+    return out

@@ -1,0 +1,100 @@
+"""Static export: one self-contained HTML file to step through a saved run, offline.
+
+    speclab export run.json --html out.html
+    speclab.export.to_html(trace, "out.html")
+
+plotly.js is embedded inline (nothing is fetched from a CDN, so the file opens offline and years
+later). The step view is one figure with a frame per step and a slider (plus play / pause); frames
+carry only the traces that change, so a long run stays a reasonable size. Under it: the
+acceptance summary and timing (speculative). No model is loaded: everything comes from the trace.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from pathlib import Path
+
+import plotly.io as pio
+
+from speclab.figures import acceptance_summary, n_steps, step_dict, timing
+from speclab.trace import Trace, TraceError
+
+PAGE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}} td{{padding:0 1em 0 0}}
+code{{background:#f3f3f3;padding:0 .3em}}</style></head>
+<body><h2>{title}</h2>{stats}{figures}</body></html>
+"""
+
+
+def animated(trace: Trace) -> dict:
+    """The step figure with one frame per step, a slider and play / pause buttons (a plain dict)."""
+    n = n_steps(trace)
+    if not n:
+        raise ValueError("this trace has no steps to show")
+    base = step_dict(trace, 0)
+    steps = [step_dict(trace, k, static=False) for k in range(n)]
+    # traces identical in every step stay out of the frames (the token strip's cells, legend entries)
+    moving = [i for i, t in enumerate(steps[0]["data"]) if t is not None]
+    keys = [k for k in base["layout"] if k in ("title", "annotations", "xaxis2", "yaxis2", "meta")]
+    frames = [dict(name=str(k), traces=moving, data=[s["data"][i] for i in moving],
+                   layout={key: s["layout"][key] for key in keys if key in s["layout"]})
+              for k, s in enumerate(steps)]
+    go_to = lambda names, dur: [names, dict(mode="immediate", frame=dict(duration=dur, redraw=True),
+                                            transition=dict(duration=0))]
+    label = "round" if trace.engine == "speculative" else "strategy"
+    names = [str(k + 1) for k in range(n)] if trace.engine == "speculative" else list(trace.dag.paths)
+    layout = dict(base["layout"])
+    layout["height"] = layout.get("height", 400) + 90
+    layout["margin"] = dict(layout.get("margin", {}), b=140)
+    layout["sliders"] = [dict(active=0, y=0, yanchor="top", pad=dict(t=60), currentvalue=dict(prefix=f"{label} "),
+                              steps=[dict(method="animate", label=nm, args=go_to([str(k)], 0))
+                                     for k, nm in enumerate(names)])]
+    layout["updatemenus"] = [dict(type="buttons", direction="left", x=0, y=0, yanchor="top", xanchor="right",
+                                  pad=dict(t=60, r=10), showactive=False, buttons=[
+                                      dict(label="play", method="animate", args=go_to(None, 700)),
+                                      dict(label="pause", method="animate", args=go_to([None], 0))])]
+    return dict(data=base["data"], layout=layout, frames=frames)
+
+
+def stats_table(trace: Trace) -> str:
+    t = trace.totals
+    prompt = "".join(trace.text_of(i) for i in trace.prompt_ids)
+    output = "".join(trace.text_of(i) for i in trace.output_ids)
+    rows = [("prompt", f"<code>{html.escape(prompt)}</code>"), ("output", f"<code>{html.escape(output)}</code>"),
+            ("models", ", ".join(f"{role}: {html.escape(m.name)} ({m.params:,} params)" for role, m in trace.models.items())),
+            ("params", html.escape(json.dumps(trace.params))),
+            ("totals", f"{t.new_tokens} new tokens, {t.target_forwards} target forwards, tau {t.tau:.2f}, "
+                       f"wall {t.wall_s:.2f} s")]
+    return "<table>" + "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows) + "</table>"
+
+
+def to_html(trace: Trace, path: str | Path) -> Path:
+    """Write the run as ONE self-contained HTML file (plotly.js inline) and return its path."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"cannot write {path}: the folder {path.parent} does not exist")
+    figs = [animated(trace)]
+    if trace.engine == "speculative":
+        figs += [acceptance_summary(trace), timing(trace)]
+    divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, auto_play=False,
+                        config=dict(displaylogo=False)) for i, f in enumerate(figs)]
+    title = html.escape(f"speclab: {trace.engine} / {trace.method}")
+    path.write_text(PAGE.format(title=title, stats=stats_table(trace), figures="\n".join(divs)), encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`speclab export run.json --html out.html` (argv without the `export` word)."""
+    ap = argparse.ArgumentParser(prog="speclab export", description="Write a saved trace as one offline HTML file.")
+    ap.add_argument("trace", help="a trace saved with Trace.save / speclab run --trace")
+    ap.add_argument("--html", help="output file (default: the trace's name with .html)")
+    a = ap.parse_args(argv)
+    src = Path(a.trace)
+    if src.is_dir():
+        raise TraceError(f"{src} is a folder, not a trace file: give the .json a run saved")
+    trace = Trace.load(src)
+    out = to_html(trace, a.html or src.with_suffix(".html"))
+    print(f"wrote {out} ({n_steps(trace)} steps, {out.stat().st_size / 1e6:.1f} MB); open it in any browser, offline")
+    return 0

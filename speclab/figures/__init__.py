@@ -1,0 +1,22 @@
+"""Figures: pure functions (trace, step, options) -> plotly Figure, shared by every view.
+
+No UI toolkit here: the Jupyter widgets, the Panel app and the HTML export all call these. Every
+figure draws with traces only (no layout shapes) and keeps the same number of traces for every
+step, so a player can update a figure in place and an export can animate it with frames.
+
+    token_strip(trace, step)       the output coloured by origin; `step` outlines one round
+    draft_tree(trace, step)        one round's draft tree, decisions and accepted path
+    step_figure(trace, step)       token strip over draft tree (speculative) or the DAG (dag)
+    round_strip(trace, step)       tokens per round for the whole run, `step` marked
+    acceptance_summary(trace)      accepted length strip, histogram, per-position acceptance
+    timing(trace)                  draft vs verify seconds per round
+    dag_figure(trace, step)        a DAG run with each strategy's path; `step` highlights one
+"""
+from speclab.figures.compose import n_steps, step_dict, step_figure
+from speclab.figures.dag import dag_figure
+from speclab.figures.summary import acceptance_summary, per_position, round_strip, timing
+from speclab.figures.tokens import cells, token_strip
+from speclab.figures.tree import draft_tree
+
+__all__ = ["token_strip", "draft_tree", "step_figure", "round_strip", "acceptance_summary", "timing",
+           "dag_figure", "per_position", "cells", "n_steps", "step_dict"]

@@ -1,0 +1,44 @@
+"""Small helpers the figure modules share: token display, number formatting, hover text, axes."""
+from __future__ import annotations
+
+import html
+
+from speclab.trace import Trace
+
+
+def show_token(text: str) -> str:
+    """A token as it should look in a cell: whitespace made visible, never empty."""
+    t = text.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·")
+    return t or "∅"
+
+
+def tok(trace: Trace, token: int) -> str:
+    return html.escape(show_token(trace.text_of(token)))
+
+
+def num(x) -> str:
+    """p, q, u for hover: 4 significant digits, '—' when not recorded."""
+    if x is None or x != x:      # None or NaN
+        return "—"
+    return f"{x:.4g}"
+
+
+def topk_text(trace: Trace, topk) -> str:
+    if not topk:
+        return ""
+    return ", ".join(f"{tok(trace, t)} {p:.3f}" for t, p in topk)
+
+
+def bare_axis(**kw) -> dict:
+    return dict(showgrid=False, zeroline=False, showticklabels=False, **kw)
+
+
+def check_step(trace: Trace, step: int | None, n: int) -> int | None:
+    """Step -1 means the last one, like a list index; out of range is a clear error."""
+    if step is None:
+        return None
+    if not n:
+        raise ValueError(f"this {trace.engine} trace has no steps to show")
+    if not -n <= step < n:
+        raise ValueError(f"step {step} is out of range: this trace has {n} steps (0..{n - 1})")
+    return step % n

@@ -1,0 +1,31 @@
+"""The colours every speclab view shares, in one place, so a token, a node and a legend agree."""
+
+# where an output token came from (token strip, summary strip)
+ORIGIN = {
+    "prompt": "#d9d9d9",
+    "accepted": "#8fd19e",      # a draft token the target accepted
+    "correction": "#f4a259",    # the target's token after a rejection
+    "bonus": "#7fb3ff",         # the target's extra token after a fully accepted path
+    "target": "#c9b6e4",        # a plain target step: nothing was drafted
+}
+ORIGIN_LABEL = {"prompt": "prompt", "accepted": "accepted draft", "correction": "correction",
+                "bonus": "bonus", "target": "target (no draft)"}
+
+# what the acceptance rule decided for a draft node (draft tree)
+DECISION = {"accepted": "#2ca02c", "rejected": "#d62728", "not_reached": "#bbbbbb"}
+DECISION_LABEL = {"accepted": "accepted", "rejected": "rejected", "not_reached": "not reached"}
+
+CONTEXT = "#555555"             # the committed token a draft hangs from
+EDGE = "#c8c8c8"
+PATH = "#2ca02c"                # the accepted path's edges
+CURRENT = "#222222"             # outline of the current step in strips
+DRAFT_TIME, VERIFY_TIME = "#9ecae1", "#3182bd"
+
+# one colour per DAG decoding strategy, stable across figures
+STRATEGY = {"greedy": "#1f77b4", "lookahead": "#ff7f0e", "viterbi": "#2ca02c", "sample": "#d62728",
+            "beam": "#9467bd", "vanilla": "#8c564b"}
+_EXTRA = ["#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def strategy_color(name: str, i: int = 0) -> str:
+    return STRATEGY.get(name, _EXTRA[i % len(_EXTRA)])

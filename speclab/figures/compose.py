@@ -1,0 +1,65 @@
+"""The one-step view shared by the Jupyter player and the HTML export.
+
+Speculative: the token strip (current round outlined) above the round's draft tree, one figure
+with two rows so a FigureWidget or a frame updates both at once. DAG: the DAG figure, a step per
+strategy. Heights are fixed over the run so stepping never makes the page jump.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from speclab.figures.dag import dag_figure, strategies
+from speclab.figures.tokens import strip_parts
+from speclab.figures.tree import tree_parts
+from speclab.trace import Trace
+
+
+def n_steps(trace: Trace) -> int:
+    """How many steps a player walks through: rounds (speculative) or strategies (dag)."""
+    if trace.engine == "speculative":
+        return len(trace.rounds)
+    if trace.engine == "dag":
+        return len(strategies(trace))
+    raise ValueError(f"no step view for the {trace.engine!r} engine yet (speculative and dag are supported)")
+
+
+def tree_rows(trace: Trace) -> int:
+    """The most leaves any round's tree has (+1 for the emitted token): sizes the tree panel."""
+    most = 1
+    for r in trace.rounds:
+        ids, parents = {n.id for n in r.nodes}, {n.parent for n in r.nodes}
+        most = max(most, len(ids - parents) + 1)
+    return most
+
+
+def step_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
+    """step_figure as a plain {"data", "layout"} dict, unvalidated: what export frames are made of.
+    static=False puts None for traces that are the same at every step (a long run's token strip),
+    so players and frames skip them."""
+    n = n_steps(trace)
+    if trace.engine == "dag":
+        d = dag_figure(trace, step).to_plotly_json()
+        d["layout"].pop("template", None)      # the default template is large and never changes
+        d["layout"]["meta"] = dict(step=step % n, steps=n, engine=trace.engine)
+        return d
+    strip, tree = strip_parts(trace, step, static=static), tree_parts(trace, step)
+    h1, h2, gap = strip["height"], max(200, 45 * tree_rows(trace)), 70
+    area = h1 + gap + h2
+    for t in tree["data"]:
+        t.update(xaxis="x2", yaxis="y2")
+    layout = dict(
+        title=dict(text=strip["title"]), height=area + 110, plot_bgcolor="white", barmode="overlay",
+        margin=dict(l=10, r=10, t=60, b=50), legend=dict(orientation="h", y=0, yanchor="top"),
+        xaxis=dict(strip["xaxis"], domain=[0, 1], anchor="y"),
+        yaxis=dict(strip["yaxis"], domain=[(h2 + gap) / area, 1], anchor="x"),
+        xaxis2=dict(tree["xaxis"], domain=[0, 1], anchor="y2"),
+        yaxis2=dict(tree["yaxis"], domain=[0, h2 / area], anchor="x2"),
+        annotations=[dict(text=tree["title"], x=0, y=h2 / area, xref="paper", yref="paper",
+                          xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=14))],
+        meta=dict(step=step % n, steps=n, engine=trace.engine))
+    return dict(data=strip["data"] + tree["data"], layout=layout)
+
+
+def step_figure(trace: Trace, step: int = 0) -> go.Figure:
+    """Everything about one step in one figure (see the module docstring)."""
+    return go.Figure(step_dict(trace, step))

@@ -1,0 +1,99 @@
+"""Whole-run figures: accepted length per round, its histogram, per-position acceptance, timing.
+
+Accepted length of a round = draft tokens the target accepted (the emitted token not counted).
+Per-position acceptance at depth d, over rounds that drafted something:
+  unconditional  P(the first d draft tokens were all accepted)
+  conditional    P(depth d accepted | depths 1..d-1 accepted and something was drafted at depth d)
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from speclab.figures import colors
+from speclab.figures._util import check_step
+from speclab.trace import Trace
+
+
+def draft_depth(r) -> int:
+    """How deep a round's draft went. Without per-node records (record=None) only `drafted` is
+    known, which is exact for chains and an upper bound for trees."""
+    return max((n.depth for n in r.nodes), default=r.drafted)
+
+
+def per_position(trace: Trace) -> tuple[list[int], list[float], list[float]]:
+    """(depths 1..D, conditional acceptance, unconditional acceptance)."""
+    rounds = [r for r in trace.rounds if r.drafted]
+    D = max((draft_depth(r) for r in rounds), default=0)
+    depths, cond, uncond = list(range(1, D + 1)), [], []
+    for d in depths:
+        reached = [r for r in rounds if len(r.accepted) >= d - 1 and draft_depth(r) >= d]
+        cond.append(sum(len(r.accepted) >= d for r in reached) / len(reached) if reached else 0.0)
+        uncond.append(sum(len(r.accepted) >= d for r in rounds) / len(rounds))
+    return depths, cond, uncond
+
+
+def round_strip(trace: Trace, step: int | None = None) -> go.Figure:
+    """Accepted length per round as stacked bars (accepted draft + the emitted token); `step` marked.
+    Meant for long runs: the whole run at a glance under the detailed view of one round."""
+    step = check_step(trace, step, len(trace.rounds)) if step is not None else None
+    xs = list(range(len(trace.rounds)))
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=xs, y=[len(r.accepted) for r in trace.rounds], name="accepted draft",
+                         marker_color=colors.ORIGIN["accepted"],
+                         hovertemplate="round %{x}: %{y} accepted of %{customdata} drafted<extra></extra>",
+                         customdata=[r.drafted for r in trace.rounds]))
+    fig.add_trace(go.Bar(x=xs, y=[1 if r.kept > len(r.accepted) else 0 for r in trace.rounds],
+                         name="emitted", marker_color=[colors.ORIGIN[r.emitted_kind] for r in trace.rounds],
+                         customdata=[r.emitted_kind for r in trace.rounds],
+                         hovertemplate="round %{x}: %{customdata}<extra></extra>"))
+    top = max((r.drafted for r in trace.rounds), default=1) + 1
+    fig.add_trace(go.Scatter(x=[step, step] if step is not None else [None], y=[0, top] if step is not None else [None],
+                             mode="lines", line=dict(color=colors.CURRENT, width=2), name="current",
+                             hoverinfo="skip", showlegend=False))
+    fig.update_layout(barmode="stack", bargap=0.05, height=170, margin=dict(l=40, r=10, t=30, b=30),
+                      title=f"tokens per round (tau {trace.totals.tau:.2f})", plot_bgcolor="white",
+                      legend=dict(orientation="h", y=1.15, x=1, xanchor="right"),
+                      xaxis=dict(title=None, range=[-0.6, len(xs) - 0.4]), yaxis=dict(range=[0, top]))
+    return fig
+
+
+def acceptance_summary(trace: Trace) -> go.Figure:
+    """Accepted length per round, its histogram, and per-position acceptance."""
+    lengths = [len(r.accepted) for r in trace.rounds]
+    depths, cond, uncond = per_position(trace)
+    t = trace.totals
+    alpha = f"{t.alpha:.2f}" if t.alpha is not None else "—"
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.45, 0.25, 0.3], subplot_titles=(
+        "accepted length per round", "histogram", "acceptance by draft position"))
+    fig.add_trace(go.Bar(x=list(range(len(lengths))), y=lengths, marker_color=colors.ORIGIN["accepted"],
+                         name="accepted length", showlegend=False,
+                         hovertemplate="round %{x}: %{y}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Histogram(x=lengths, xbins=dict(start=-0.5, size=1), marker_color=colors.ORIGIN["accepted"],
+                               name="rounds", showlegend=False), row=1, col=2)
+    fig.add_trace(go.Scatter(x=depths, y=cond, mode="lines+markers", name="conditional",
+                             line=dict(color=colors.DECISION["accepted"])), row=1, col=3)
+    fig.add_trace(go.Scatter(x=depths, y=uncond, mode="lines+markers", name="unconditional",
+                             line=dict(color=colors.VERIFY_TIME, dash="dot")), row=1, col=3)
+    fig.update_yaxes(range=[0, 1.05], row=1, col=3)
+    fig.update_xaxes(title_text="round", row=1, col=1)
+    fig.update_xaxes(title_text="accepted length", row=1, col=2)
+    fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=3)
+    fig.update_layout(title=f"{trace.method}: tau {t.tau:.2f}, alpha {alpha} "
+                            f"({t.accepted}/{t.drafted} drafted tokens accepted)",
+                      height=320, margin=dict(l=40, r=10, t=70, b=40), plot_bgcolor="white",
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def timing(trace: Trace) -> go.Figure:
+    """Draft vs verify seconds per round, stacked."""
+    xs = list(range(len(trace.rounds)))
+    fig = go.Figure([
+        go.Bar(x=xs, y=[r.draft_s for r in trace.rounds], name="draft", marker_color=colors.DRAFT_TIME),
+        go.Bar(x=xs, y=[r.verify_s for r in trace.rounds], name="verify", marker_color=colors.VERIFY_TIME)])
+    t = trace.totals
+    fig.update_layout(barmode="stack", height=260, plot_bgcolor="white", margin=dict(l=50, r=10, t=50, b=40),
+                      title=f"time per round: draft {t.draft_s:.2f} s, verify {t.verify_s:.2f} s, wall {t.wall_s:.2f} s",
+                      xaxis_title="round", yaxis_title="seconds")
+    return fig

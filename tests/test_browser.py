@@ -1,0 +1,202 @@
+"""Browser tests: the served dashboard driven by Playwright in Debian's Chromium.
+
+One server (`python -m speclab.apps.serve`) on a free loopback port and one page for the module;
+the tests run in file order on that page, the way a user would: load, run, step, compare, save,
+open, open a bad file. A failing test leaves a screenshot in test-artifacts/.
+Never `playwright install`: the browser is /usr/bin/chromium (`apt-get install chromium`).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run"]
+RUN_S = 240_000     # ms; the machine may be busy, and a run queues behind other sessions' runs
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` to run the browser tests",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def dashboard_server(log_path: Path):
+    """`speclab serve` on a free loopback port as a subprocess; stopped by its own pid."""
+    port = free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "speclab.apps.serve", "serve", "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        for _ in range(240):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(url, timeout=5).read()
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError(f"the server did not answer at {url}")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+@contextlib.contextmanager
+def chromium(tmp_path: Path):
+    """Debian's Chromium, headless, with a throwaway profile (Playwright takes the profile as
+    user_data_dir rather than a --user-data-dir argument)."""
+    with sync_api.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+                                                   headless=True, args=ARGS, accept_downloads=True,
+                                                   viewport={"width": 1400, "height": 1000})
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("browser")
+    with dashboard_server(tmp / "server.log") as url, chromium(tmp) as ctx:
+        pg = ctx.new_page()
+        pg.dashboard_url = url
+        pg.tmp = tmp
+        yield pg
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(page, name: str):
+    try:
+        yield
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        raise
+
+
+def alert_text(page) -> str:
+    a = page.locator(".speclab-alert .alert")
+    return a.first.text_content() or "" if a.count() else ""
+
+
+def step_title(page) -> str:
+    return page.locator(".speclab-step .annotation-text").first.text_content() or ""
+
+
+# -- the tests, in the order a user works ---------------------------------------------------------
+def test_page_loads(page):
+    with screenshot_on_failure(page, "page_loads"):
+        # the URL prefills a small run: a draft model with k=2, 8 tokens, and two methods to compare
+        page.goto(page.dashboard_url + "?method=draft-model&k=2&max_new_tokens=8&prompt=def%20parse(line):"
+                  "&compare=prompt-lookup,draft-model")
+        page.locator(".speclab-status").wait_for(timeout=60_000)
+        page.locator(".speclab-run button").wait_for(timeout=60_000)
+        assert "No run yet" in page.locator(".speclab-status div").last.text_content()
+        assert page.locator(".speclab-player button.next").count() == 1
+
+
+def test_run_completes(page):
+    with screenshot_on_failure(page, "run_completes"):
+        page.locator(".speclab-run button").click()
+        page.locator(".speclab-output").wait_for(state="attached", timeout=RUN_S)
+        assert page.locator(".speclab-prompt-echo").text_content() == "def parse(line):"
+        status = page.locator(".speclab-status div").last.text_content()
+        assert "draft-model" in status and "8 new tokens" in status
+        page.wait_for_function("() => true")
+        page.locator(".speclab-step .annotation-text").first.wait_for(state="attached", timeout=30_000)
+        assert step_title(page).startswith("round 1/")
+
+
+def test_player_steps_and_tree_changes(page):
+    with screenshot_on_failure(page, "player_steps"):
+        before = step_title(page)
+        page.locator(".speclab-player button.next").click()
+        page.wait_for_function(
+            "() => { const a = [];"
+            "  const walk = r => r.querySelectorAll('*').forEach(e => { if (e.classList && e.classList.contains('annotation-text')) a.push(e.textContent); if (e.shadowRoot) walk(e.shadowRoot); });"
+            "  walk(document); return a.some(t => t.startsWith('round 2/')); }", timeout=30_000)
+        assert step_title(page) != before
+        assert "round 2 of" in page.locator(".speclab-detail b").first.text_content()
+
+
+def test_compare_table_appears(page):
+    with screenshot_on_failure(page, "compare"):
+        page.get_by_role("tab", name="Compare").click()
+        page.locator(".speclab-compare button").click()
+        table = page.locator(".speclab-compare-table")
+        table.wait_for(state="attached", timeout=RUN_S)
+        text = table.text_content()
+        for col in ("tau", "alpha", "target fwd", "wall s", "identical to greedy ar"):
+            assert col in text
+        assert "prompt-lookup" in text and "draft-model" in text
+        # greedy speculative decoding is lossless: both rows must match plain greedy decoding
+        assert text.count("yes") == 2, text
+
+
+def test_save_then_open_trace(page):
+    with screenshot_on_failure(page, "save_open"):
+        page.get_by_role("tab", name="Traces").click()
+        with page.expect_download(timeout=60_000) as dl:
+            page.locator(".speclab-download a, .speclab-download button").first.click()
+        saved = page.tmp / "saved.json"
+        dl.value.save_as(saved)
+        d = json.loads(saved.read_text())
+        assert d["schema"] == "speclab.trace/1" and d["method"] == "draft-model"
+        # open a different trace so the page visibly changes: same data, another method name
+        d["method"] = "uploaded-copy"
+        page.locator(".speclab-upload input[type=file]").set_input_files(
+            files=[{"name": "copy.json", "mimeType": "application/json", "buffer": json.dumps(d).encode()}])
+        page.wait_for_function(
+            "() => { let ok = false;"
+            "  const walk = r => r.querySelectorAll('*').forEach(e => { if (e.tagName === 'B' && e.textContent === 'uploaded-copy') ok = true; if (e.shadowRoot) walk(e.shadowRoot); });"
+            "  walk(document); return ok; }", timeout=30_000)
+        assert page.locator(".speclab-prompt-echo").text_content() == "def parse(line):"
+        assert step_title(page).startswith("round 1/")
+
+
+def test_bad_upload_shows_message(page):
+    with screenshot_on_failure(page, "bad_upload"):
+        page.get_by_role("tab", name="Traces").click()
+        page.locator(".speclab-upload input[type=file]").set_input_files(
+            files=[{"name": "notes.json", "mimeType": "application/json", "buffer": b"this is not json"}])
+        page.locator(".speclab-alert .alert").first.wait_for(state="visible", timeout=30_000)
+        assert "not a speclab trace" in alert_text(page)
+        # a wrong-schema file: valid JSON, wrong contract
+        page.locator(".speclab-upload input[type=file]").set_input_files(
+            files=[{"name": "other.json", "mimeType": "application/json", "buffer": b'{"schema": "other/1"}'}])
+        page.wait_for_function(
+            "() => { let ok = false;"
+            "  const walk = r => r.querySelectorAll('*').forEach(e => { if (e.classList && e.classList.contains('alert') && e.textContent.includes('unknown trace schema')) ok = true; if (e.shadowRoot) walk(e.shadowRoot); });"
+            "  walk(document); return ok; }", timeout=30_000)
+        # the session goes on working: the previous trace is still shown and stepping still works
+        assert page.locator(".speclab-output").count() == 1

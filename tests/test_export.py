@@ -1,0 +1,84 @@
+"""The static export: one self-contained HTML file with frames and a slider, no model needed."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import speclab
+from speclab.export import animated, main, to_html
+from speclab.trace import TraceError
+
+
+@pytest.fixture(scope="module")
+def trace(target, draft):
+    return speclab.generate(target, "import os\n", method="draft-model", draft=draft, k=3,
+                            max_new_tokens=12, record="light").trace
+
+
+def frames_in(page: str) -> list[dict]:
+    """The frames plotly's HTML passes to Plotly.addFrames, parsed back."""
+    i = page.index("Plotly.addFrames(")
+    start = page.index("[", i)
+    return json.JSONDecoder().raw_decode(page[start:])[0]
+
+
+def test_html_is_self_contained_with_frames_and_slider(trace, tmp_path):
+    out = to_html(trace, tmp_path / "run.html")
+    page = out.read_text(encoding="utf-8")
+    assert not re.search(r"<script[^>]+src=", page) and not re.search(r"<link[^>]+href=", page)
+    assert "plotly.js v" in page and len(page) > 3_000_000          # plotly.js inline, not fetched
+    frames = frames_in(page)
+    assert [f["name"] for f in frames] == [str(k) for k in range(len(trace.rounds))]
+    assert 0 not in frames[0]["traces"]              # the big token-strip trace is not repeated per frame
+    assert '"sliders"' in page and len(animated(trace)["layout"]["sliders"][0]["steps"]) == len(trace.rounds)
+    assert page.count("Plotly.newPlot(") == 3        # the step view, acceptance summary, timing
+
+
+def test_cli_exports_a_saved_trace_in_a_fresh_process_without_loading_a_model(trace, tmp_path):
+    src = trace.save(tmp_path / "run.json")
+    code = ("import sys; from speclab.export import main; from speclab.models.zoo import load_shared\n"
+            f"main([{str(src)!r}, '--html', {str(tmp_path / 'out.html')!r}])\n"
+            "assert load_shared.cache_info().currsize == 0")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "wrote" in done.stdout and (tmp_path / "out.html").stat().st_size > 3_000_000
+    main([str(src)])                                  # default output: run.html beside the trace
+    assert (tmp_path / "run.html").exists()
+
+
+@pytest.mark.parametrize("content, match", [
+    (None, "not found"),
+    ("this is not json", "not valid JSON"),
+    ('{"engine": "speculative"}', "no 'schema'"),
+    ('{"schema": "speclab.trace/99"}', "newer"),
+    ('{"schema": "other/1"}', "unknown trace schema"),
+])
+def test_bad_traces_give_one_line_errors(tmp_path, content, match):
+    src = tmp_path / "run.json"
+    if content is not None:
+        src.write_text(content)
+    with pytest.raises(TraceError, match=match) as e:
+        main([str(src), "--html", str(tmp_path / "out.html")])
+    assert "\n" not in str(e.value)
+    with pytest.raises(TraceError, match="folder"):
+        main([str(tmp_path)])
+
+
+def test_unwritable_output_is_a_value_error(trace, tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        to_html(trace, tmp_path / "nowhere" / "out.html")
+
+
+def test_dag_export_has_a_frame_per_strategy(tmp_path):
+    from speclab.decoding.dag import run_dag
+    from speclab.models.dag import load_dag
+    model = load_dag(Path(speclab.__file__).parent / "zoo" / "numwords-dat")
+    dag = run_dag(model, "1205", strategy="all", record="light")
+    page = to_html(dag, tmp_path / "dag.html").read_text(encoding="utf-8")
+    frames = frames_in(page)
+    assert len(frames) == len(dag.dag.paths) and page.count("Plotly.newPlot(") == 1

@@ -1,0 +1,82 @@
+"""The Jupyter player: step through a run with Play and a slider; the figure updates in place.
+
+    view = speclab.widgets.show(result)   # a Result, a Trace, or the path of a saved trace
+    view.update(3)                        # what moving the slider to step 3 does (testable)
+
+One `go.FigureWidget` (token strip over draft tree, or the DAG) is created once and updated in a
+`batch_update` per step, so the page never re-renders the whole figure. Under it: a detail panel
+for the step and, for speculative runs, the whole run as a strip of tokens per round.
+No model is needed: everything comes from the trace.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from speclab.figures import n_steps, round_strip, step_dict
+from speclab.trace import Trace
+from speclab.widgets.detail import detail_html
+
+LAYOUT_KEYS = ("title", "annotations", "xaxis", "yaxis", "xaxis2", "yaxis2", "meta")
+
+
+def as_trace(obj) -> Trace:
+    """A Trace from a Trace, a Result (anything with .trace), a saved trace's path, or its dict."""
+    if isinstance(obj, Trace):
+        return obj
+    if isinstance(getattr(obj, "trace", None), Trace):
+        return obj.trace
+    if isinstance(obj, (str, Path)):
+        return Trace.load(obj)
+    if isinstance(obj, dict):
+        return Trace.from_dict(obj)
+    raise TypeError(f"show() takes a Trace, a Result, a trace file path or a trace dict, got {type(obj).__name__}")
+
+
+class Player(widgets.VBox):
+    """Play + slider, the step figure, the detail panel and the summary strip."""
+
+    def __init__(self, trace: Trace, interval_ms: int = 900):
+        self.trace = trace
+        n = n_steps(trace)
+        if not n:
+            raise ValueError("this trace has no steps to show")
+        label = "round" if trace.engine == "speculative" else "strategy"
+        self.play = widgets.Play(value=0, min=0, max=n - 1, interval=interval_ms, description="play")
+        self.slider = widgets.IntSlider(value=0, min=0, max=n - 1, description=label,
+                                        layout=widgets.Layout(width="60%"))
+        widgets.jslink((self.play, "value"), (self.slider, "value"))   # in the browser, no kernel round trip
+        self.figure = go.FigureWidget(step_dict(trace, 0))
+        self.detail = widgets.HTML(detail_html(trace, 0))
+        self.strip = go.FigureWidget(round_strip(trace, 0)) if trace.engine == "speculative" else None
+        self.step = 0
+        self.slider.observe(lambda change: self.update(change["new"]), names="value")
+        parts = [widgets.HBox([self.play, self.slider]), self.figure, self.detail]
+        super().__init__(parts + ([self.strip] if self.strip is not None else []))
+
+    def update(self, step: int) -> None:
+        """Show `step`: the slider calls this; so can a test or a notebook cell."""
+        d = step_dict(self.trace, step, static=False)     # None for traces no step changes
+        with self.figure.batch_update():
+            if len(d["data"]) == len(self.figure.data):
+                for old, new in zip(self.figure.data, d["data"]):
+                    if new is not None:
+                        old.update({k: v for k, v in new.items() if k != "type"}, overwrite=True)
+            else:   # never for the figures shipped here (fixed trace counts), kept for custom ones
+                self.figure.data = []
+                self.figure.add_traces(step_dict(self.trace, step)["data"])
+            self.figure.layout.update({k: d["layout"][k] for k in LAYOUT_KEYS if k in d["layout"]})
+        if self.strip is not None:
+            with self.strip.batch_update():
+                self.strip.data[2].update(x=[step, step], y=list(self.strip.layout.yaxis.range))
+        self.detail.value = detail_html(self.trace, step)
+        self.step = step
+        if self.slider.value != step:
+            self.slider.value = step
+
+
+def show(trace_or_result, interval_ms: int = 900) -> Player:
+    """An ipywidgets view of a run: display it (last expression of a cell) to step through."""
+    return Player(as_trace(trace_or_result), interval_ms)

@@ -38,9 +38,14 @@ chromium:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+PORT ?= 5006
+
 demo: setup
+	@echo "== a real decoding on the embedded zoo models (green: accepted drafts, yellow: from the target)"
 	$(VENV)/bin/speclab run --target code-target --draft code-draft --method draft-model --k 4 \
-	  --prompt "def read_config(path):" --max-new-tokens 96 --check --color always
+	  --prompt "def read_config(path):" --max-new-tokens 64 --check --color always
+	@echo "== the dashboard (Ctrl-C to stop)"
+	$(VENV)/bin/speclab serve --port $(PORT)
 
 test: setup-dev
 	$(PY) -m pytest -q

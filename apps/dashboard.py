@@ -8,8 +8,9 @@ worker thread (apps/runs.py says why), awaited from an async callback so the pag
 the progress bar moves while the model works. Figures come from speclab.figures, the step detail
 table from speclab.widgets, exactly as in the notebook.
 
-URL arguments prefill the form and can start a run, so a link reproduces a run:
-    /dashboard?prompt=def%20f(x):&method=prompt-lookup&max_new_tokens=8&run=1
+URL arguments prefill the form and can start a run, so a link reproduces a run (`speclab serve`
+serves it at /, `panel serve apps/dashboard.py` at /dashboard):
+    /?prompt=def%20f(x):&method=prompt-lookup&max_new_tokens=8&compare=ar,suffix&run=1
 """
 from __future__ import annotations
 
@@ -203,13 +204,14 @@ class Dashboard:
         self.progress.visible = self.queue_note.visible = on
         self.progress.max, self.progress.value = max(total, 1), 0
         if on:
-            self.alert.visible = False
+            self.clear_error()
 
     def _tick(self, done: int) -> None:
         ahead = runs.queued()
         with pn.io.hold():
             self.progress.value = min(done, self.progress.max)
-            self.queue_note.object = (f"waiting for {ahead} other run(s) to finish" if ahead and not done
+            # `ahead` counts runs not yet started, this one included while it waits
+            self.queue_note.object = (f"queued: {ahead} run(s) waiting to start" if ahead and not done
                                       else f"{done} of {self.progress.max} tokens")
 
     # -- showing ----------------------------------------------------------------------------------
@@ -230,7 +232,7 @@ class Dashboard:
             self.error("this trace has no steps to show (recorded with record=None and no rounds?)")
             return
         self.trace = trace
-        self.alert.visible = False
+        self.clear_error()
         self.status.object = status_html(trace)
         self.download.disabled = False
         self.download.filename = runs.default_path(trace).name
@@ -255,6 +257,12 @@ class Dashboard:
             pane.visible = spec
             pane.object = make(trace) if spec else None
         self.summary_note.visible = not spec
+
+    def clear_error(self) -> None:
+        # emptied as well as hidden, so what the page holds is what the user sees
+        with pn.io.hold():
+            self.alert.visible = False
+            self.alert.object = ""
 
     def error(self, e) -> None:
         with pn.io.hold():
@@ -315,7 +323,7 @@ class Dashboard:
         if errors:
             self.error("; ".join(f"{m}: {e}" for m, e in errors.items()))
         else:
-            self.alert.visible = False
+            self.clear_error()
         return self.compare_table
 
     # -- traces in and out -------------------------------------------------------------------------
@@ -361,7 +369,7 @@ def _pick(options: list[str], preferred: str) -> str | None:
     return preferred if preferred in options else (options[0] if options else None)
 
 
-def _visible(text: str) -> str:
+def visible_text(text: str) -> str:
     """Line breaks and tabs as marks, so an output of blank lines still shows on one line."""
     return html.escape(text.replace("\n", "⏎").replace("\t", "⇥")) or "∅"
 
@@ -372,8 +380,8 @@ def status_html(trace: Trace) -> str:
     alpha = "-" if t.alpha is None else f"{t.alpha:.2f}"
     models = ", ".join(f"{role} {m.name}" for role, m in trace.models.items())
     return (f"<b>{html.escape(trace.method)}</b> ({html.escape(models)}): "
-            f"prompt <code class='speclab-prompt-echo'>{_visible(runs.prompt_text(trace))}</code> &rarr; "
-            f"<code class='speclab-output'>{_visible(runs.output_text(trace))}</code><br>"
+            f"prompt <code class='speclab-prompt-echo'>{visible_text(runs.prompt_text(trace))}</code> &rarr; "
+            f"<code class='speclab-output'>{visible_text(runs.output_text(trace))}</code><br>"
             f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha}, target forwards {t.target_forwards}, "
             f"draft forwards {t.draft_forwards}, wall {t.wall_s:.2f} s, {trace.steps} step(s)")
 

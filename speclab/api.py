@@ -6,9 +6,9 @@ from dataclasses import dataclass
 import torch
 
 from speclab.decoding.acceptance import Sampler
-from speclab.decoding.registry import Method, get_method, method_params
+from speclab.decoding.registry import Method, get_method, method_params, takes_backend
 from speclab.decoding.speculative import Drafter, decode
-from speclab.models.causal import CausalLM, param_count
+from speclab.models.causal import make_lm, param_count
 from speclab.models.zoo import load_shared
 from speclab.trace import RECORD_LEVELS, ModelInfo, Sampling, Trace, replay
 
@@ -72,10 +72,13 @@ def model_info(model, name: str) -> ModelInfo:
 def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, record: str | None = "light", device=None, progress=None,
-             **method_params_) -> Result:
+             backend: str = "auto", **method_params_) -> Result:
     """Decode `prompt` with `method`; every decision goes into `result.trace`.
 
     target / draft: a zoo name ("code-target"), a local directory, a hub id, or (model, tokenizer).
+    backend: "auto" runs plain Llama models on speclab's lean forward (same weights, same logits
+    to fp32 rounding, preallocated cache) and anything else through transformers; "hf" forces
+    transformers for every model.
     """
     if isinstance(method, Drafter):                 # a user's own drafter plugs into the same slot
         custom, method = method, getattr(method, "name", type(method).__name__)
@@ -100,15 +103,17 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         check_vocab(tgt, dft)
     model, tok = tgt
     ids = encode_prompt(tok, prompt, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
-    drafter = custom or m.build(model, dft[0] if dft else None, **method_params_)
-    lm = CausalLM(model, "target")
+    extra = {"backend": backend} if custom is None and takes_backend(method) else {}
+    drafter = custom or m.build(model, dft[0] if dft else None, **method_params_, **extra)
+    lm = make_lm(model, "target", backend)
     new, rounds, totals = decode(lm, drafter, ids, max_new_tokens, sampler, seed, record,
                                  tok.eos_token_id, progress)
     models = {"target": model_info(model, getattr(model, "name_or_path", "target"))}
     if dft is not None:
         models["draft"] = model_info(dft[0], getattr(dft[0], "name_or_path", "draft"))
     table_ids = ids + new + [n.token for r in rounds for n in r.nodes] + [r.emitted for r in rounds]
-    trace = Trace(engine="speculative", method=method, params=dict(method_params_, max_new_tokens=max_new_tokens),
+    trace = Trace(engine="speculative", method=method,
+                  params=dict(method_params_, max_new_tokens=max_new_tokens, backend=type(lm).__name__),
                   models=models, sampling=Sampling(temperature, top_k, top_p, seed), record=record,
                   prompt_ids=ids, output_ids=new, token_text=token_table(tok, table_ids),
                   totals=totals, rounds=rounds)

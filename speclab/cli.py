@@ -198,6 +198,9 @@ def main(argv=None) -> int:
     from speclab.trace import TraceError
     ap = build_parser()
     a = ap.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()       # one-line errors stay one line; our own bars remain
+    hf_logging.set_verbosity_error()
     try:
         return a.func(a) or 0
     except (ValueError, ModelLoadError, TraceError, FileNotFoundError) as e:

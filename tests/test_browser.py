@@ -104,9 +104,30 @@ def screenshot_on_failure(page, name: str):
         raise
 
 
+# Panel draws every pane in a shadow root: collect the text under elements with a class, skipping
+# the stylesheets that each shadow root carries
+DEEP_TEXT = """cls => { const out = [];
+  const text = r => { const w = document.createTreeWalker(r, NodeFilter.SHOW_TEXT); let s = '', n;
+    while ((n = w.nextNode())) if (n.parentElement && n.parentElement.tagName !== 'STYLE') s += n.textContent;
+    return s; };
+  const walk = r => r.querySelectorAll('*').forEach(e => {
+    if (e.classList && e.classList.contains(cls)) out.push(text(e.shadowRoot || e));
+    if (e.shadowRoot) walk(e.shadowRoot); });
+  walk(document); return out.join(' | ').trim(); }"""
+
+
+def deep_text(page, cls: str) -> str:
+    return page.evaluate(DEEP_TEXT, cls)
+
+
+def wait_text(page, cls: str, needle: str, timeout: int = 30_000) -> str:
+    page.wait_for_function(f"cls => ({DEEP_TEXT})(cls).includes({json.dumps(needle)})", arg=cls,
+                           timeout=timeout)
+    return deep_text(page, cls)
+
+
 def alert_text(page) -> str:
-    a = page.locator(".speclab-alert .alert")
-    return a.first.text_content() or "" if a.count() else ""
+    return deep_text(page, "speclab-alert")
 
 
 def step_title(page) -> str:
@@ -151,7 +172,7 @@ def test_player_steps_and_tree_changes(page):
 
 def test_compare_table_appears(page):
     with screenshot_on_failure(page, "compare"):
-        page.get_by_role("tab", name="Compare").click()
+        page.locator(".bk-tab", has_text="Compare").first.click()
         page.locator(".speclab-compare button").click()
         table = page.locator(".speclab-compare-table")
         table.wait_for(state="attached", timeout=RUN_S)
@@ -165,7 +186,7 @@ def test_compare_table_appears(page):
 
 def test_save_then_open_trace(page):
     with screenshot_on_failure(page, "save_open"):
-        page.get_by_role("tab", name="Traces").click()
+        page.locator(".bk-tab", has_text="Traces").first.click()
         with page.expect_download(timeout=60_000) as dl:
             page.locator(".speclab-download a, .speclab-download button").first.click()
         saved = page.tmp / "saved.json"
@@ -186,17 +207,18 @@ def test_save_then_open_trace(page):
 
 def test_bad_upload_shows_message(page):
     with screenshot_on_failure(page, "bad_upload"):
-        page.get_by_role("tab", name="Traces").click()
+        page.locator(".bk-tab", has_text="Traces").first.click()
         page.locator(".speclab-upload input[type=file]").set_input_files(
             files=[{"name": "notes.json", "mimeType": "application/json", "buffer": b"this is not json"}])
-        page.locator(".speclab-alert .alert").first.wait_for(state="visible", timeout=30_000)
-        assert "not a speclab trace" in alert_text(page)
+        assert "not a speclab trace" in wait_text(page, "speclab-alert", "not a speclab trace")
         # a wrong-schema file: valid JSON, wrong contract
         page.locator(".speclab-upload input[type=file]").set_input_files(
             files=[{"name": "other.json", "mimeType": "application/json", "buffer": b'{"schema": "other/1"}'}])
-        page.wait_for_function(
-            "() => { let ok = false;"
-            "  const walk = r => r.querySelectorAll('*').forEach(e => { if (e.classList && e.classList.contains('alert') && e.textContent.includes('unknown trace schema')) ok = true; if (e.shadowRoot) walk(e.shadowRoot); });"
-            "  walk(document); return ok; }", timeout=30_000)
-        # the session goes on working: the previous trace is still shown and stepping still works
-        assert page.locator(".speclab-output").count() == 1
+        wait_text(page, "speclab-alert", "unknown trace schema")
+        # the session goes on working: the previous trace is still shown, and a good file clears the alert
+        assert "uploaded-copy" in deep_text(page, "speclab-status")
+        good = json.loads((page.tmp / "saved.json").read_text())
+        page.locator(".speclab-upload input[type=file]").set_input_files(
+            files=[{"name": "good.json", "mimeType": "application/json", "buffer": json.dumps(good).encode()}])
+        page.wait_for_function(f"() => ({DEEP_TEXT})('speclab-alert') === ''", timeout=30_000)
+        assert "draft-model" in deep_text(page, "speclab-status")

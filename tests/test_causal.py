@@ -79,3 +79,30 @@ def test_early_exit_rejects_unsupported_architecture():
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50))
     with pytest.raises(ValueError, match="layer-skip needs a Llama-style decoder"):
         early_exit_view(gpt2, 1)
+
+
+def test_fast_llama_matches_transformers(tiny):
+    """The lean forward (fused ops, preallocated cache) gives transformers' logits: prefill, decode,
+    trees, early exits and cache edits."""
+    from speclab.models.fast_llama import FastLlama, supports
+    assert supports(tiny)
+    hf, fast = CausalLM(tiny), FastLlama(tiny)
+    prefix = torch.tensor([5, 9, 11, 3, 40, 41])
+    assert torch.allclose(hf.forward(prefix), fast.forward(prefix), atol=TOL)
+    parents, tokens = [-1, -1, 0, 0, 1], torch.tensor([20, 21, 22, 23, 24])
+    assert torch.allclose(hf.forward(tokens, parents=parents), fast.forward(tokens, parents=parents), atol=TOL)
+    hf.keep_positions(6, [1, 4]); fast.keep_positions(6, [1, 4])
+    nxt = torch.tensor([7, 8])
+    assert torch.allclose(hf.forward(nxt), fast.forward(nxt), atol=TOL)
+    hf.keep(7); fast.keep(7)
+    ex_hf, ex_fast = hf.exit_lm(2), fast.exit_lm(2)
+    assert torch.allclose(ex_hf.forward(torch.tensor([9])), ex_fast.forward(torch.tensor([9])), atol=TOL)
+    assert fast.forwards == hf.forwards == 3 and ex_fast.forwards == 1   # exit forwards are not target forwards
+
+
+def test_fast_backend_greedy_equals_transformers_backend(target, heldout_prompts):
+    import speclab
+    for p in heldout_prompts[:3]:
+        a = speclab.generate(target, p, "ar", max_new_tokens=48, backend="hf").ids
+        b = speclab.generate(target, p, "ar", max_new_tokens=48, backend="fast").ids
+        assert a == b

@@ -86,3 +86,19 @@ def test_bad_trace_files(tmp_path, content, words):
     f.write_text(content)
     with pytest.raises(TraceError, match=words):
         Trace.load(f)
+
+
+def test_run_dag_json(capsys):
+    code, out, _ = run(capsys, "run", "--target", "numwords-dat", "--method", "dag-viterbi", "--prompt", "305", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["text"].startswith("three hundred") and d["text"].endswith("five")
+    assert d["target_forwards"] == 1 and d["new_tokens"] == len(d["ids"])
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--target", "numwords-dat", "--method", "dag-viterbi", "--prompt", "abc"], "digits only"),
+    (["--target", "code-target", "--method", "dag-viterbi", "--prompt", "12"], "needs a DA-Transformer target"),
+])
+def test_dag_bad_input(capsys, args, words):
+    code, _, err = run(capsys, "run", *args)
+    assert code == 2 and words in err and err.count("\n") == 1

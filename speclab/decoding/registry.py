@@ -24,9 +24,9 @@ def _none(target, draft, **kw):
     return Drafter()
 
 
-def _draft_model(target, draft, k=4, threshold=None, max_k=8, schedule="fixed"):
+def _draft_model(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", backend="auto"):
     from speclab.decoding.drafters.model import DraftModelDrafter
-    return DraftModelDrafter(draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
+    return DraftModelDrafter(draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule, backend=backend)
 
 
 def _layer_skip(target, draft, exit_layer="auto", k=4, threshold=None, max_k=8, schedule="fixed"):
@@ -54,14 +54,14 @@ def _lookahead(target, draft, window=5, ngram=4, guesses=2, k=None):
     return LookaheadDrafter(window=k or window, ngram=ngram, guesses=guesses)
 
 
-def _tree_static(target, draft, paths=None):
+def _tree_static(target, draft, paths=None, backend="auto"):
     from speclab.decoding.drafters.trees import StaticTreeDrafter
-    return StaticTreeDrafter(draft, paths=paths)
+    return StaticTreeDrafter(draft, paths=paths, backend=backend)
 
 
-def _tree_dynamic(target, draft, budget=10, width=3, depth=5):
+def _tree_dynamic(target, draft, budget=10, width=3, depth=5, backend="auto"):
     from speclab.decoding.drafters.trees import DynamicTreeDrafter
-    return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth)
+    return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth, backend=backend)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in [
@@ -110,7 +110,12 @@ def method_params(name: str) -> list[str]:
         from dataclasses import fields
         from speclab.decoding.dag import DecodeConfig
         return [f.name for f in fields(DecodeConfig)]
-    return [p for p in inspect.signature(m.build).parameters if p not in ("target", "draft")]
+    return [p for p in inspect.signature(m.build).parameters if p not in ("target", "draft", "backend")]
+
+
+def takes_backend(name: str) -> bool:
+    m = get_method(name)
+    return m.build is not None and "backend" in inspect.signature(m.build).parameters
 
 
 def methods() -> list[dict]:

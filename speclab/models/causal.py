@@ -26,6 +26,37 @@ class CausalLM:
         self.device = next(model.parameters()).device
         self.cache = cache
         self.forwards = 0
+        self.captured: dict[int, torch.Tensor] = {}
+        self._hooks = []
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        return tuple(self._capture)  if self._hooks else ()
+
+    @capture_layers.setter
+    def capture_layers(self, layers):
+        """Keep the hidden state (1, T, C) after these decoder layers (1-based) of each forward."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._capture = [], tuple(layers)
+        for l in self._capture:
+            def hook(_m, _i, out, l=l):
+                if self._capturing:
+                    self.captured[l] = out[0] if isinstance(out, tuple) else out
+            self._hooks.append(self.model.model.layers[l - 1].register_forward_hook(hook))
+
+    _capturing = False
+
+    def exit_lm(self, n_layers: int) -> "CausalLM":
+        """The first n_layers through the shared head, writing into THIS cache (LayerSkip)."""
+        if not hasattr(self, "_views"):
+            self._views = {}
+        if n_layers not in self._views:
+            self._views[n_layers] = early_exit_view(self.model, n_layers)
+        return CausalLM(self._views[n_layers], f"exit{n_layers}", cache=self.cache)
+
+    def final_norm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(self.model.model.norm(h))
 
     @property
     def length(self) -> int:
@@ -59,9 +90,13 @@ class CausalLM:
                                     n_prefix - 1 + depth.to(self.device)])
         else:
             pos = torch.arange(past, past + T, device=self.device)
-        out = self.model(input_ids=ids.view(1, T), position_ids=pos.view(1, T),
-                         past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1 if last_only else 0, **kw)
+        self.captured, self._capturing = {}, True
+        try:
+            out = self.model(input_ids=ids.view(1, T), position_ids=pos.view(1, T),
+                             past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=1 if last_only else 0, **kw)
+        finally:
+            self._capturing = False
         self.forwards += 1
         return out.logits[0].float()
 
@@ -89,6 +124,18 @@ class CausalLM:
                 layer.crop(-drop)
 
 
+def make_lm(model, name: str = "", backend: str = "auto", max_len: int | None = None):
+    """The fast path for plain Llama models ("auto" / "fast"), else the transformers path ("hf")."""
+    if backend not in ("auto", "fast", "hf"):
+        raise ValueError(f"backend must be 'auto', 'fast' or 'hf', got {backend!r}")
+    from speclab.models.fast_llama import FastLlama, supports
+    if backend == "hf" or (backend == "auto" and not supports(model)):
+        return CausalLM(model, name)
+    if not supports(model):
+        raise ValueError(f"the fast backend supports plain Llama models; {type(model).__name__} needs backend='hf'")
+    return FastLlama(model, name, max_len)
+
+
 def is_chain(parents: list[int]) -> bool:
     return all(p == i - 1 for i, p in enumerate(parents))
 
@@ -99,6 +146,14 @@ def tree_attention(parents: list[int], n_prefix: int, past: int, device):
     Rows: n_prefix causal tokens, then N tree nodes. A node sees the cache, the prefix and its
     ancestors (and itself); 0 = visible, -inf = hidden.
     """
+    depth, visible = tree_depths_and_visibility(parents, n_prefix, past)
+    T = visible.shape[0]
+    mask = torch.full(visible.shape, NEG_INF).masked_fill(visible, 0.0)
+    return depth, mask.view(1, 1, T, -1).to(device)
+
+
+def tree_depths_and_visibility(parents: list[int], n_prefix: int, past: int):
+    """Depth (N,) per tree node and the boolean visibility (P+N, past+P+N): True = may attend."""
     N = len(parents)
     depth = torch.zeros(N, dtype=torch.long)
     see = torch.eye(N, dtype=torch.bool)
@@ -116,8 +171,7 @@ def tree_attention(parents: list[int], n_prefix: int, past: int, device):
     visible[:P, past:past + P] = torch.tril(torch.ones(P, P, dtype=torch.bool))
     visible[P:, past:past + P] = True
     visible[P:, past + P:] = see
-    mask = torch.full((T, past + T), NEG_INF).masked_fill(visible, 0.0)
-    return depth, mask.view(1, 1, T, past + T).to(device)
+    return depth, visible
 
 
 def early_exit_view(model, n_layers: int):

@@ -18,7 +18,7 @@ import torch
 from speclab.decoding.acceptance import sample, warp
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
-from speclab.models.causal import CausalLM, early_exit_view
+from speclab.models.causal import early_exit_view, make_lm
 
 
 def check_k(k: int, name: str = "k"):
@@ -47,7 +47,7 @@ class ChainDrafter(Drafter):
     def draft_length(self) -> int:
         return self.max_k if self.threshold is not None else self.k
 
-    def run_chain(self, lm: CausalLM, pending: list[int], device) -> tuple[list[int], list, torch.Tensor | None]:
+    def run_chain(self, lm, pending: list[int], device) -> tuple[list[int], list, torch.Tensor | None]:
         """Draft up to draft_length() tokens. Returns tokens, their q, and q dists (k, V) if sampling."""
         inp = torch.tensor(pending, device=device)
         toks, dists, confs = [], [], []
@@ -80,9 +80,9 @@ class ChainDrafter(Drafter):
 class DraftModelDrafter(ChainDrafter):
     name = "draft-model"
 
-    def __init__(self, draft_model, **kw):
+    def __init__(self, draft_model, backend: str = "auto", **kw):
         super().__init__(**kw)
-        self.lm = CausalLM(draft_model, "draft")
+        self.lm = make_lm(draft_model, "draft", backend)
 
     @property
     def forwards(self):
@@ -120,56 +120,38 @@ class LayerSkipDrafter(ChainDrafter):
         trained = getattr(target_model.config, "speclab_exit_layers", None)
         self.candidates = list(candidates or trained or range(1, n))
         self.layer = (self.candidates[len(self.candidates) // 2] if self.auto else int(exit_layer))
-        self.views: dict[int, torch.nn.Module] = {}
         self.forwards = 0
-
-    def view(self, layer: int):
-        if layer not in self.views:
-            self.views[layer] = early_exit_view(self.model, layer)
-        return self.views[layer]
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
         self.matches = {l: 1.0 for l in self.candidates}  # running acceptance estimate per exit
-        self.captured, self.capturing, self.hooks = {}, False, []
-        if self.auto:
-            for l in self.candidates:
-                self.hooks.append(self.model.model.layers[l - 1].register_forward_hook(self._hook(l)))
-
-    def _hook(self, layer):
-        def hook(_m, _i, output):
-            if self.capturing:
-                self.captured[layer] = output[0] if isinstance(output, tuple) else output
-        return hook
+        if self.auto:   # every verify also keeps the hidden state after each candidate exit
+            target.capture_layers = self.candidates
 
     def end(self):
-        for h in self.hooks:
-            h.remove()
-        self.hooks = []
+        self.target.capture_layers = ()
 
     def propose(self, ctx: Context) -> DraftTree:
         L = self.layer
-        lm = CausalLM(self.view(L), f"exit{L}", cache=self.target.cache)   # shares the target cache
+        lm = self.target.exit_lm(L)                                         # shares the target cache
         pending = ctx.ids[len(ctx.ids) - ctx.pending:]
         tokens, q_tok, dists = self.run_chain(lm, pending, ctx.device)
         self.forwards += lm.forwards
         self.target.drop_layers_tail(L, len(pending) + len(tokens) - 1)     # undo speculative KV
-        self.capturing = self.auto
         return DraftTree.chain(tokens, q_tok, f"exit{L}", dists, k=len(tokens), exit_layer=L)
 
     @torch.inference_mode()
     def observe(self, out: Outcome):
-        self.capturing = False
         self.adapt(out)
+        self.captured = self.target.captured
         if not self.auto or not self.captured:
             return
         # rows of the verify forward that predicted each committed token: the last pending token,
         # then each accepted node
         rows = [out.n_pending - 1] + [out.n_pending + i for i in out.path]
         want = torch.tensor(out.accepted_tokens + [out.emitted], device=out.logits.device)
-        head, norm = self.model.lm_head, self.model.model.norm
         for l, h in self.captured.items():
-            hit = (head(norm(h[0, rows])).argmax(-1) == want).float().mean().item()
+            hit = (self.target.final_norm_head(h[0, rows]).argmax(-1) == want).float().mean().item()
             self.matches[l] = 0.9 * self.matches[l] + 0.1 * hit
         self.captured = {}
         self.layer = max(self.candidates, key=self.expected_speed)

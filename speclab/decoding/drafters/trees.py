@@ -19,7 +19,7 @@ import torch
 from speclab.decoding.drafters.model import check_k
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
-from speclab.models.causal import CausalLM
+from speclab.models.causal import make_lm
 
 DEFAULT_PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0, 0]]
 
@@ -27,9 +27,9 @@ DEFAULT_PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0
 class TreeDrafterBase(Drafter):
     point_mass = True
 
-    def __init__(self, draft_model):
+    def __init__(self, draft_model, backend: str = "auto"):
         super().__init__()
-        self.lm = CausalLM(draft_model, "draft")
+        self.lm = make_lm(draft_model, "draft", backend)
 
     @property
     def forwards(self):
@@ -68,8 +68,8 @@ class TreeDrafterBase(Drafter):
 class StaticTreeDrafter(TreeDrafterBase):
     name = "tree-static"
 
-    def __init__(self, draft_model, paths=None):
-        super().__init__(draft_model)
+    def __init__(self, draft_model, paths=None, backend: str = "auto"):
+        super().__init__(draft_model, backend)
         paths = DEFAULT_PATHS if paths is None else [list(p) for p in paths]
         if not paths:
             raise ValueError("tree-static needs at least one path, e.g. [[0], [1], [0, 0]]")
@@ -99,8 +99,8 @@ class StaticTreeDrafter(TreeDrafterBase):
 class DynamicTreeDrafter(TreeDrafterBase):
     name = "tree-dynamic"
 
-    def __init__(self, draft_model, budget: int = 10, width: int = 3, depth: int = 5):
-        super().__init__(draft_model)
+    def __init__(self, draft_model, budget: int = 10, width: int = 3, depth: int = 5, backend: str = "auto"):
+        super().__init__(draft_model, backend)
         if not isinstance(budget, int) or budget < 1:
             raise ValueError(f"node budget must be an integer >= 1, got {budget!r}")
         check_k(width, "width")

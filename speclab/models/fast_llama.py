@@ -1,0 +1,159 @@
+"""A lean inference path over a Hugging Face Llama's own weights (gpt-fast style).
+
+Why: on a CPU, small models spend most of a forward in per-module Python overhead, not in
+arithmetic. This runs the same math as `LlamaForCausalLM.forward` with a handful of fused tensor
+ops per layer, and a PREALLOCATED KV cache that is simply overwritten: keeping a prefix after a
+rejected draft is `self.n = n`, with nothing copied (gpt-fast's trick, no rollback needed).
+
+Same interface as `CausalLM` (forward / keep / keep_positions / exit_lm / capture). Logits equal
+the transformers forward to fp32 rounding (tests/test_fast_llama.py pins it). Used for plain Llama
+configs (no attention / MLP bias, default or linear-style static RoPE); anything else falls back to
+the transformers path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from speclab.models.causal import is_chain, tree_depths_and_visibility
+
+
+def supports(model) -> bool:
+    cfg = model.config
+    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+    return (cfg.model_type == "llama" and not getattr(cfg, "attention_bias", False)
+            and not getattr(cfg, "mlp_bias", False) and rope in ("default", "linear", "llama3")
+            and getattr(cfg, "pretraining_tp", 1) == 1)
+
+
+class FastLlama:
+    def __init__(self, model, name: str = "", max_len: int | None = None):
+        cfg = model.config
+        self.model, self.name, self.config = model.eval(), name, cfg
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        inner = model.model
+        self.Hq, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq
+        self.eps = cfg.rms_norm_eps
+        with torch.no_grad():
+            self.layers = [dict(
+                ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight,
+                wqkv=torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight]),
+                wo=l.self_attn.o_proj.weight,
+                w13=torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]),
+                w2=l.mlp.down_proj.weight) for l in inner.layers]
+            self.embed, self.norm, self.head = inner.embed_tokens.weight, inner.norm.weight, model.lm_head.weight
+            # + room for draft-tree nodes verified past the last committed position
+            self.max_len = max_len or cfg.max_position_embeddings + 64
+            pos = torch.arange(self.max_len, device=self.device)[None]
+            cos, sin = inner.rotary_emb(self.embed[None, :1], pos)           # (1, S, D) each
+            self.cos, self.sin = cos[0], sin[0]
+        L = len(self.layers)
+        # (layers, 2, Hkv, S, D): written in place, never reallocated
+        self.kv = torch.zeros(L, 2, self.Hkv, self.max_len, self.D, device=self.device, dtype=self.dtype)
+        self.n = 0
+        self.forwards = 0
+        self.capture_layers: tuple[int, ...] = ()
+        self.captured: dict[int, torch.Tensor] = {}
+
+    @property
+    def length(self) -> int:
+        return self.n
+
+    def reset(self):
+        self.n = 0
+
+    def _rms(self, x, w):
+        x32 = x.float()
+        return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, parents: list[int] | None = None, n_prefix: int = 0,
+                last_only: bool = False, n_layers: int | None = None) -> torch.Tensor:
+        """Logits (T, V) for ids (T,) after the first `self.n` cached tokens (see CausalLM.forward).
+        n_layers < all: an early exit through the shared final norm and head."""
+        T, past = ids.shape[0], self.n
+        if past + T > self.max_len:
+            raise ValueError(f"sequence of {past + T} tokens exceeds the context window of {self.max_len}")
+        mask = None
+        if parents is not None and not is_chain(parents):
+            depth, vis = tree_depths_and_visibility(parents, n_prefix, past)
+            pos = past + torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth]).to(self.device)
+            mask = vis.to(self.device)                                        # (T, past+T) bool
+        else:
+            pos = torch.arange(past, past + T, device=self.device)
+            if T > 1:
+                mask = torch.ones(T, past + T, dtype=torch.bool, device=self.device).tril(past)
+        cos, sin = self.cos[pos][None], self.sin[pos][None]                    # (1, T, D)
+        x = F.embedding(ids, self.embed)                                      # (T, C)
+        Hq, Hkv, D = self.Hq, self.Hkv, self.D
+        use = self.layers[: n_layers or len(self.layers)]
+        self.captured = {}
+        for i, w in enumerate(use):
+            h = self._rms(x, w["ln1"])
+            qkv = F.linear(h, w["wqkv"])                                      # (T, (Hq + 2 Hkv) D)
+            q, k, v = qkv.split([Hq * D, Hkv * D, Hkv * D], -1)
+            q = _rope(q.view(T, Hq, D).transpose(0, 1), cos, sin)             # (Hq, T, D)
+            k = _rope(k.view(T, Hkv, D).transpose(0, 1), cos, sin)
+            self.kv[i, 0, :, past:past + T] = k
+            self.kv[i, 1, :, past:past + T] = v.view(T, Hkv, D).transpose(0, 1)
+            K, V = self.kv[i, 0, :, : past + T], self.kv[i, 1, :, : past + T]  # (Hkv, S, D)
+            a = F.scaled_dot_product_attention(q[None], K[None], V[None], attn_mask=mask,
+                                               enable_gqa=Hq != Hkv)[0]      # (Hq, T, D)
+            x = x + F.linear(a.transpose(0, 1).reshape(T, Hq * D), w["wo"])
+            h = self._rms(x, w["ln2"])
+            g, u = F.linear(h, w["w13"]).chunk(2, -1)
+            x = x + F.linear(F.silu(g) * u, w["w2"])
+            if i + 1 in self.capture_layers:
+                self.captured[i + 1] = x[None]
+        if last_only:
+            x = x[-1:]
+        self.n = past + T
+        self.forwards += 1
+        return F.linear(self._rms(x, self.norm), self.head).float()
+
+    def keep(self, n: int):
+        if n > self.n:
+            raise ValueError(f"cannot keep {n} tokens: the cache holds {self.n}")
+        self.n = n                      # later writes overwrite the rest: nothing to copy
+
+    def keep_positions(self, start: int, idx: list[int]):
+        if idx != list(range(len(idx))):
+            src = torch.tensor([start + i for i in idx], device=self.device)
+            self.kv[:, :, :, start:start + len(idx)] = self.kv[:, :, :, src]
+        self.n = start + len(idx)
+
+    def drop_layers_tail(self, n_layers: int, drop: int):
+        self.n -= drop                  # early-exit drafts wrote slots the verify overwrites
+
+    def exit_lm(self, n_layers: int):
+        return _ExitLM(self, n_layers)
+
+    def final_norm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(self._rms(h, self.norm), self.head)
+
+
+class _ExitLM:
+    """The first n_layers of a FastLlama, sharing its cache (the LayerSkip draft)."""
+
+    def __init__(self, base: FastLlama, n_layers: int):
+        self.base, self.n_layers, self.forwards = base, n_layers, 0
+        self.device = base.device
+
+    @property
+    def length(self):
+        return self.base.n
+
+    def forward(self, ids, parents=None, n_prefix=0, last_only=False):
+        self.forwards += 1
+        saved = self.base.forwards
+        out = self.base.forward(ids, parents, n_prefix, last_only, n_layers=self.n_layers)
+        self.base.forwards = saved      # a draft forward, not a target forward
+        return out
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rot * sin

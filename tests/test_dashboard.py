@@ -1,0 +1,161 @@
+"""The dashboard's callbacks, in-process with no browser: a run fills the player and figures, bad
+input shows an alert and the session keeps working, and two sessions never share state.
+Decodes are tiny (a few tokens) on the zoo models."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+import pytest
+
+pn = pytest.importorskip("panel")
+
+from speclab.apps import runs                      # noqa: E402
+from speclab.apps.dashboard import Dashboard       # noqa: E402
+from speclab.apps.serve import add_serve           # noqa: E402
+from speclab.trace import DraftNode, Round, Totals, Trace  # noqa: E402
+
+
+def small(d: Dashboard, method="draft-model", prompt="def parse(line):", n=6) -> Dashboard:
+    d.method.value, d.prompt.value, d.max_new_tokens.value, d.k.value = method, prompt, n, 2
+    return d
+
+
+def tiny_trace(method="hand-made") -> Trace:
+    """A two-round speculative trace written by hand: opens with no model loaded."""
+    r1 = Round(nodes=[DraftNode(0, -1, 5, 1, q=0.9, p=0.8, decision="accepted", rule="greedy"),
+                      DraftNode(1, 0, 6, 2, q=0.7, p=0.1, decision="rejected", rule="greedy")],
+               accepted=[0], path_tokens=[5], emitted=7, emitted_kind="correction", kept=2, drafted=2)
+    r2 = Round(emitted=8, emitted_kind="target", kept=1)
+    return Trace(engine="speculative", method=method, prompt_ids=[1, 2], output_ids=[5, 7, 8],
+                 token_text={1: "def", 2: " f", 5: "(", 6: "[", 7: "x", 8: ")"},
+                 totals=Totals(target_forwards=2, new_tokens=3, drafted=2, accepted=1), rounds=[r1, r2])
+
+
+def test_run_fills_player_and_figures():
+    d = small(Dashboard())
+    trace = asyncio.run(d.run_async())          # what the Run button awaits, decode on the worker
+    assert trace is not None and not d.alert.visible
+    assert trace.prompt_ids and runs.prompt_text(trace) == "def parse(line):"
+    assert len(trace.output_ids) == 6
+    n = len(trace.rounds)
+    assert d.player.end == max(n - 1, 1) and d.player.value == 0
+    assert d.step_fig.object is not None and d.step_fig.object.layout.annotations[0].text.startswith("round 1/")
+    assert "round 1 of" in d.detail.object
+    assert all(p.object is not None for p in d.summary_figs)
+    assert "draft-model" in d.status.object and not d.download.disabled
+    if n > 1:                                   # moving the player redraws the tree for that round
+        d.player.value = 1
+        assert d.step_fig.object.layout.annotations[0].text.startswith("round 2/")
+        assert "round 2 of" in d.detail.object
+    saved = json.loads(d._download().read())    # what the Save button hands the browser
+    assert saved["schema"] == "speclab.trace/1" and saved["output_ids"] == trace.output_ids
+
+
+def test_compare_rows_and_lossless_check():
+    d = small(Dashboard(), n=5)
+    d.compare_methods.value = ["prompt-lookup", "draft-model"]
+    rows = d.compare_now()
+    assert [r["method"] for r in rows] == ["prompt-lookup", "draft-model"]
+    assert all(r["identical to greedy ar"] == "yes" for r in rows)   # greedy speculation is lossless
+    assert all(r["new tokens"] == 5 and r["target fwd"] >= 1 for r in rows)
+    assert "speclab-compare-table" in d.compare_out.object and "tau" in d.compare_out.object
+
+
+@pytest.mark.parametrize("data, needle", [
+    (b"", "is empty"),
+    (b"not json at all", "not valid JSON"),
+    (b'{"schema": "other/1"}', "unknown trace schema"),
+    (b'{"schema": "speclab.trace/99"}', "newer than this speclab"),
+    (b'{"schema": "speclab.trace/1", "engine": "speculative"}', "corrupted trace"),
+    (None, "over the"),                        # None: a file one byte over the limit
+])
+def test_bad_upload_shows_alert_and_session_goes_on(data, needle):
+    good = tiny_trace()
+    good_bytes = json.dumps(good.to_dict()).encode()
+    d = Dashboard(upload_limit=len(good_bytes) + 100)
+    data = b"x" * (d.upload_limit + 1) if data is None else data
+    d.show_trace(good)
+    assert d.open_upload(data, "t.json") is None
+    assert d.alert.visible and needle in d.alert.object
+    assert d.trace is good                      # what was shown stays shown
+    assert d.open_upload(good_bytes, "good.json") is not None
+    assert not d.alert.visible and d.alert.object == ""
+
+
+def test_upload_opens_a_trace_without_models():
+    d = Dashboard()
+    t = d.open_upload(json.dumps(tiny_trace("uploaded").to_dict()).encode(), "t.json")
+    assert t.method == "uploaded" and d.player.end == 1
+    assert "uploaded" in d.status.object and "round 1 of 2" in d.detail.object
+    d.player.value = 1
+    assert "round 2 of 2" in d.detail.object
+
+
+@pytest.mark.parametrize("setup, needle", [
+    (dict(prompt="   "), "empty prompt"),
+    (dict(extra="bogus=3"), "does not take ['bogus']"),
+    (dict(extra="no-equals-sign"), "name=value"),
+])
+def test_bad_form_input_shows_alert(setup, needle):
+    d = small(Dashboard(), method="prompt-lookup", n=3)
+    for k, v in setup.items():
+        getattr(d, k).value = v
+    assert asyncio.run(d.run_async()) is None
+    assert d.alert.visible and needle in d.alert.object.replace("&#x27;", "'")
+    assert not d.run_button.disabled            # the session can run again
+    d.prompt.value, d.extra.value = "x = 1", ""
+    assert d.run_now() is not None and not d.alert.visible
+
+
+def test_parameter_out_of_range_is_a_message():
+    d = small(Dashboard(), method="layer-skip", n=3)
+    d.extra.value = "exit_layer=99"             # beyond the target's layers: generate's ValueError
+    assert d.run_now() is None and d.alert.visible and "exit layer" in d.alert.object
+
+
+def test_form_shows_only_the_knobs_a_method_takes():
+    d = Dashboard()
+    d.method.value = "layer-skip"
+    assert d.exit_layer.visible and not d.draft.visible and not d.budget.visible
+    d.method.value = "tree-dynamic"
+    assert d.budget.visible and d.draft.visible and not d.k.visible
+    d.method.value = "dag-viterbi"
+    assert d.target.value in runs.zoo_models()["dag"] and not d.k.visible
+
+
+def test_dag_run_steps_through_strategies():
+    d = Dashboard()
+    d.method.value = "dag-all"
+    t = d.run_now()
+    assert t is not None and t.engine == "dag" and d.player.end >= 1
+    assert not any(p.visible for p in d.summary_figs) and d.summary_note.visible
+
+
+def test_two_sessions_do_not_share_state():
+    a, b = small(Dashboard(), method="prompt-lookup", prompt="def alpha(x):", n=3), Dashboard()
+    b.prompt.value = "class Beta:"
+    b.show_trace(tiny_trace("b-only"))
+    ta = a.run_now()
+    assert runs.prompt_text(a.trace) == "def alpha(x):" and b.trace.method == "b-only"
+    assert a.trace is ta and b.prompt.value == "class Beta:" and a.prompt.value == "def alpha(x):"
+    b.open_upload(b"junk", "junk.json")
+    assert b.alert.visible and not a.alert.visible
+    assert a.player is not b.player and a.step_fig is not b.step_fig
+
+
+def test_url_arguments_prefill_the_form():
+    d = Dashboard()
+    run = d.apply_args({"method": [b"prompt-lookup"], "prompt": [b"def f(x):"], "max_new_tokens": [b"5"],
+                        "compare": [b"ar,suffix"], "run": [b"1"]})
+    assert run and d.method.value == "prompt-lookup" and d.prompt.value == "def f(x):"
+    assert d.max_new_tokens.value == 5 and d.compare_methods.value == ["ar", "suffix"]
+    assert not d.apply_args({"k": [b"lots"]}) and d.alert.visible
+
+
+def test_add_serve_wires_a_subcommand():
+    ap = argparse.ArgumentParser()
+    add_serve(ap.add_subparsers(dest="command"))
+    a = ap.parse_args(["serve", "--port", "6123"])
+    assert a.port == 6123 and a.host == "127.0.0.1" and callable(a.func)

@@ -7,6 +7,7 @@ verify time, and for greedy runs the share of outputs identical to `ar`.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 
@@ -35,7 +36,8 @@ def parse_methods(s: str) -> list[MethodSpec]:
                 if "=" not in kv:
                     raise ValueError(f"bad method parameter {kv!r} in {item!r}: use param=value")
                 k, v = kv.split("=", 1)
-                params[k.strip().replace("-", "_")] = _num(v.strip())
+                v = v.strip()
+                params[k.strip().replace("-", "_")] = json.loads(v) if v.startswith("[") else _num(v)
         out.append(MethodSpec(item, name.strip(), params))
     return out
 
@@ -74,8 +76,12 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
                      exit_layer=spec.params.get("exit_layer", exit_layer))
         return dict(ids=r["ids"], wall_s=r["wall_s"], target_forwards=r["target_forwards"], draft_forwards=None,
                     drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=None)
+    params = dict(spec.params)
+    if "record" in params:                      # per-method recording level, e.g. ar[record=none]
+        record = None if params["record"] in ("none", None) else params.pop("record")
+        params.pop("record", None)
     res = speclab.generate(target, prompt_ids, spec.method, draft=draft, max_new_tokens=max_new_tokens,
-                           record=record, **spec.params)
+                           record=record, **params)
     t = res.trace.totals
     return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=t.draft_forwards,
                 drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s, verify_s=t.verify_s,

@@ -71,3 +71,33 @@ def whatif_table(traces: list[Trace], ks=range(1, 9), thresholds=(0.2, 0.4, 0.6,
         rounds = sum(len(o) / r["tau"] for o, r in zip(outs, res) if r["tau"])
         rows.append(dict(k=max(ks), threshold=th, tau=round(T / rounds, 3)))
     return rows
+
+
+def forward_costs(target_model, draft_model, k: int, ctx_len: int = 256, reps: int = 30,
+                  backend: str = "auto") -> dict:
+    """Median seconds of one bare forward, measured alone at a `ctx_len`-token context:
+    c_target(1) (one token), c_verify (k + 1 tokens), c_draft (one draft token)."""
+    import statistics
+    import time
+
+    import torch
+
+    from speclab.models.causal import make_lm
+
+    def timed(model, T):
+        lm = make_lm(model, "cost", backend)
+        lm.reset()
+        lm.forward(torch.arange(ctx_len, device=lm.device) % 100 + 10)
+        ids = torch.arange(T, device=lm.device) + 7
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            lm.forward(ids)
+            out.append(time.perf_counter() - t0)
+            lm.keep(ctx_len)
+        return statistics.median(out[reps // 5:])   # the first calls warm caches up
+
+    costs = {"c_target1": timed(target_model, 1), "c_verify": timed(target_model, k + 1), "k": k}
+    if draft_model is not None:
+        costs["c_draft"] = timed(draft_model, 1)
+    return costs

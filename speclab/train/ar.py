@@ -144,6 +144,8 @@ def train_lm(out_dir, tokenizer_dir, shape: dict, cfg: TrainConfig, resume: bool
     if cfg.distill_from:
         teacher = LlamaForCausalLM.from_pretrained(cfg.distill_from, dtype=torch.float32).eval()
     capture = ExitCapture(model, cfg.exit_layers) if cfg.exit_layers else None
+    if cfg.exit_layers:
+        model.config.speclab_exit_layers = list(cfg.exit_layers)   # layer-skip's default candidates
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)
     if resume and (ckpt / "optimizer.pt").exists():

@@ -77,16 +77,15 @@ class ChainDrafter(Drafter):
             self.k = min(self.max_k, self.k + 2) if len(out.path) == drafted else max(1, self.k - 1)
 
 
-class DraftModelDrafter(ChainDrafter):
-    name = "draft-model"
+class OwnDraftLM:
+    """Mixin for drafters with their own draft LM and KV cache: its calls are the draft forwards."""
 
-    def __init__(self, draft_model, backend: str = "auto", **kw):
-        super().__init__(**kw)
+    def attach_lm(self, draft_model, backend: str):
         self.lm = make_lm(draft_model, "draft", backend)
 
     @property
     def forwards(self):
-        return self.lm.forwards
+        return self.lm.forwards if hasattr(self, "lm") else 0
 
     @forwards.setter
     def forwards(self, v):
@@ -95,6 +94,14 @@ class DraftModelDrafter(ChainDrafter):
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
         self.lm.reset()
+
+
+class DraftModelDrafter(OwnDraftLM, ChainDrafter):
+    name = "draft-model"
+
+    def __init__(self, draft_model, backend: str = "auto", **kw):
+        super().__init__(**kw)
+        self.attach_lm(draft_model, backend)
 
     def propose(self, ctx: Context) -> DraftTree:
         pending = ctx.ids[self.lm.length:]          # the draft cache holds a prefix of ctx.ids

@@ -16,32 +16,19 @@ from __future__ import annotations
 
 import torch
 
-from speclab.decoding.drafters.model import check_k
+from speclab.decoding.drafters.model import OwnDraftLM, check_k
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
-from speclab.models.causal import make_lm
 
 DEFAULT_PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0, 0]]
 
 
-class TreeDrafterBase(Drafter):
+class TreeDrafterBase(OwnDraftLM, Drafter):
     point_mass = True
 
     def __init__(self, draft_model, backend: str = "auto"):
         super().__init__()
-        self.lm = make_lm(draft_model, "draft", backend)
-
-    @property
-    def forwards(self):
-        return self.lm.forwards
-
-    @forwards.setter
-    def forwards(self, v):
-        pass
-
-    def begin(self, ctx, target, sampler, gen, record="light"):
-        super().begin(ctx, target, sampler, gen, record)
-        self.lm.reset()
+        self.attach_lm(draft_model, backend)
 
     def dists(self, pending: list[int], tree: DraftTree, device) -> torch.Tensor:
         """Draft probabilities (1 + N, V): after the committed prefix, then after each node.

@@ -48,7 +48,7 @@ demo: setup
 	$(VENV)/bin/speclab serve --port $(PORT)
 
 test: setup-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 train-zoo-ar: setup
 	$(VENV)/bin/speclab train zoo-ar --out zoo-retrained --minutes 100

@@ -52,26 +52,51 @@ class CallCounter:
         self.h.remove()
 
 
-@pytest.mark.parametrize("method,params", CONFIGS[:1] + CONFIGS[3:], ids=IDS[:1] + IDS[3:])
-def test_trace_is_faithful(method, params, target, draft, heldout_prompts, tmp_path):
-    """Replay of the saved trace equals the output; recorded forwards equal real model calls."""
-    prompt = heldout_prompts[1]
-    tgt_calls = CallCounter(target[0])
-    embed_calls = CallCounter(target[0].model.embed_tokens)  # target + early-exit views
-    dft_calls = CallCounter(draft[0])
-    try:
-        r = speclab.generate(target, prompt, method, draft=draft, max_new_tokens=48, record="full", **params)
-    finally:
-        for c in (tgt_calls, embed_calls, dft_calls):
-            c.remove()
+def _check_trace(r, tmp_path, target_calls, draft_calls):
     t = Trace.load(r.trace.save(tmp_path / "t.json"))
     assert replay(t) == r.ids == t.output_ids
-    assert t.totals.target_forwards == tgt_calls.n == len(t.rounds)
-    draft_calls = dft_calls.n if method == "draft-model" else embed_calls.n - tgt_calls.n
+    assert t.totals.target_forwards == target_calls == len(t.rounds)
     assert t.totals.draft_forwards == draft_calls
     assert t.totals.accepted == sum(len(rd.accepted) for rd in t.rounds)
     assert t.totals.new_tokens == sum(rd.kept for rd in t.rounds) == len(r.ids)
     assert t.totals.tau == pytest.approx(len(r.ids) / len(t.rounds))
+
+
+@pytest.mark.parametrize("method,params", CONFIGS[:1] + CONFIGS[3:], ids=IDS[:1] + IDS[3:])
+def test_trace_is_faithful_fast_backend(method, params, target, draft, heldout_prompts, tmp_path, monkeypatch):
+    """Replay of the saved trace equals the output; recorded forwards equal the forwards that ran
+    (counted by wrapping the lean forward itself: full-depth calls on the target, everything else
+    on the draft model or early exits)."""
+    from speclab.models.fast_llama import FastLlama
+    calls = {"target": 0, "draft": 0}
+    real = FastLlama.forward
+
+    def counted(self, ids, parents=None, n_prefix=0, last_only=False, n_layers=None):
+        full_target = self.name == "target" and n_layers is None
+        calls["target" if full_target else "draft"] += 1
+        return real(self, ids, parents, n_prefix, last_only, n_layers)
+
+    monkeypatch.setattr(FastLlama, "forward", counted)
+    r = speclab.generate(target, heldout_prompts[1], method, draft=draft, max_new_tokens=48, record="full", **params)
+    assert r.trace.params["backend"] == "FastLlama"
+    _check_trace(r, tmp_path, calls["target"], calls["draft"])
+
+
+@pytest.mark.parametrize("method,params", [CONFIGS[0], CONFIGS[4], CONFIGS[9], CONFIGS[11]],
+                         ids=[IDS[0], IDS[4], IDS[9], IDS[11]])
+def test_trace_is_faithful_transformers_backend(method, params, target, draft, heldout_prompts, tmp_path):
+    """The same on the transformers path, counting real module calls with forward hooks."""
+    tgt_calls = CallCounter(target[0])
+    embed_calls = CallCounter(target[0].model.embed_tokens)  # target + early-exit views
+    dft_calls = CallCounter(draft[0])
+    try:
+        r = speclab.generate(target, heldout_prompts[1], method, draft=draft, max_new_tokens=48, record="full",
+                             backend="hf", **params)
+    finally:
+        for c in (tgt_calls, embed_calls, dft_calls):
+            c.remove()
+    draft_calls = dft_calls.n if method.startswith(("draft-model", "tree")) else embed_calls.n - tgt_calls.n
+    _check_trace(r, tmp_path, tgt_calls.n, draft_calls)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

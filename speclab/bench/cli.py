@@ -51,8 +51,11 @@ def cmd_bench(a):
                 record, keep_traces=a.whatif)
     add_efficiency(res, target[0], draft[0] if draft else None, a.k)
     if a.whatif:
-        traces = [t for label, ts in res.pop("traces").items() if label.startswith("draft-model") for t in ts]
-        res["whatif"] = whatif_table([t for t in traces if t is not None]) if traces else []
+        # one fixed-k, recorded draft-model run: mixing length policies would blur "tau at k"
+        fixed = [s for s in specs if s.method == "draft-model" and set(s.params) <= {"k"}]
+        traces = res.pop("traces")[fixed[0].label] if fixed and record else []
+        res["whatif"] = whatif_table(traces) if traces else []
+        res["whatif_from"] = fixed[0].label if traces else None
     print(markdown(res))
     for k_, c in res.get("forward_costs", {}).items():
         print(f"bare forward ms (k={k_}): target(1) {c['c_target1']}, verify(k+1) {c['c_verify']}, draft {c.get('c_draft')}")

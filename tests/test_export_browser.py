@@ -1,0 +1,48 @@
+"""The exported HTML in Debian's Chromium (Playwright, no download): it renders with no network,
+and moving the slider changes the view."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import speclab
+
+pytestmark = pytest.mark.browser
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run"]
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (make test installs it)")
+def test_exported_html_renders_and_slider_moves(tmp_path, target, draft):
+    r = speclab.generate(target, "    def keys(self):\n        return", "draft-model", draft=draft, k=3,
+                         max_new_tokens=24, record="full")
+    page_file = r.trace.to_html(tmp_path / "run.html")
+    assert len(r.trace.rounds) >= 2
+    with sync_api.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+                                                   headless=True, args=FLAGS)
+        page = ctx.new_page()
+        blocked = []
+        page.on("request", lambda req: blocked.append(req.url) if not req.url.startswith(("file:", "data:", "blob:", "about:")) else None)
+        try:
+            page.goto(Path(page_file).as_uri())
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+            state = "() => JSON.stringify(document.querySelector('.js-plotly-plot').data.map(t => [t.x, t.y, t.text]))"
+            before = page.evaluate(state)
+            rail = page.locator(".slider-rail-rect").first
+            box = rail.bounding_box()
+            page.mouse.click(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)   # the last round
+            page.wait_for_function(f"() => ({state})() !== {json.dumps(before)}", timeout=10_000)
+            assert page.evaluate(state) != before
+            assert not blocked, f"the export fetched {blocked[:3]}: it must work offline"
+        except Exception:
+            Path("test-artifacts").mkdir(exist_ok=True)
+            page.screenshot(path="test-artifacts/export_browser.png")
+            raise
+        finally:
+            ctx.close()

@@ -74,7 +74,7 @@ def _tree_first_token_counts(p_row, children_q, sampler, point_mass, g):
     """First committed token from a root with 3 children: i.i.d. from q, or distinct point masses."""
     V = p_row.shape[0]
     counts = torch.zeros(V)
-    for _ in range(N_DRAWS // 4):
+    for _ in range(N_DRAWS):
         if point_mass:
             toks = torch.randperm(V, generator=g)[:3].tolist()
             qmap = {}

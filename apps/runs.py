@@ -17,6 +17,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from speclab.cli import _num  # the same NAME=VALUE parsing as --param
 from speclab.decoding.registry import get_method, method_params, methods
 from speclab.models.zoo import ZOO_DIR, zoo_names
 from speclab.trace import Trace, TraceError
@@ -66,17 +67,8 @@ def method_kwargs(method: str, knobs: dict, extra: str = "") -> dict:
         if "=" not in item:
             raise ValueError(f"extra parameter {item!r} needs the form name=value, e.g. schedule=heuristic")
         name, value = (s.strip() for s in item.split("=", 1))
-        kw[name.replace("-", "_")] = _value(value)
+        kw[name.replace("-", "_")] = _num(value)
     return kw
-
-
-def _value(s: str):
-    for cast in (int, float):
-        try:
-            return cast(s)
-        except ValueError:
-            pass
-    return {"none": None, "true": True, "false": False}.get(s.lower(), s)
 
 
 # -- running --------------------------------------------------------------------------------------

@@ -15,13 +15,13 @@ COLORS = {"prompt": "\033[2m", "draft": "\033[32m", "target": "\033[33m", "reset
 
 
 def _num(s: str):
-    """Method parameter values: int, float, or string."""
+    """Method parameter values: int, float, none / true / false, or string."""
     for cast in (int, float):
         try:
             return cast(s)
         except ValueError:
             pass
-    return s
+    return {"none": None, "true": True, "false": False}.get(s.lower(), s)
 
 
 def add_run(sub):

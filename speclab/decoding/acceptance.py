@@ -111,20 +111,21 @@ class Tried:
 
 
 def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_at, sampler: Sampler,
-              gen: torch.Generator | None, draw) -> tuple[list[int], int, torch.Tensor | None, list[Tried]]:
+              gen: torch.Generator | None, draw, argmax_at=None) -> tuple[list[int], int, torch.Tensor | None, list[Tried]]:
     """Walk a draft tree from the root (-1) with the greedy or the recursive-rejection rule.
 
     children: node -> its children in try order; tokens: node -> token; q_at: node -> draft dist
     (V,) its children were sampled from, or absent for point-mass children; p_at(node) -> target
     logits (V,) after that node (node -1 = after the committed prefix); draw() -> a uniform float.
+    argmax_at(node) -> int, optional: the target's greedy token there, precomputed for the whole
+    tree (one host transfer per round instead of one per node).
     Returns (accepted node path, emitted token, distribution it came from or None, tries in order).
     """
     node, path, tries = -1, [], []
     while True:
-        logits = p_at(node)
         kids = children.get(node, [])
         if sampler.greedy:
-            best = int(logits.argmax())
+            best = argmax_at(node) if argmax_at is not None else int(p_at(node).argmax())
             nxt = next((c for c in kids if tokens[c] == best), None)
             for c in kids:
                 tries.append(Tried(c, c == nxt, None, float("nan"), None))
@@ -135,7 +136,7 @@ def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_a
             path.append(nxt)
             node = nxt
             continue
-        p = warp(logits, sampler)
+        p = warp(p_at(node), sampler)
         q = q_at.get(node)  # (V,) or None for point-mass children
         nxt = None
         for c in kids:

@@ -102,10 +102,15 @@ def speculative_round(s: RunState, ctx: Context) -> tuple[Round, list[int]]:
     logits = s.target.forward(torch.tensor(inputs, device=ctx.device),               # 2. verify
                               parents=tree.parents, n_prefix=len(pending))          # (P+N, V)
     row0 = len(pending) - 1
-    p_at = lambda node: logits[row0 + (node + 1 if node >= 0 else 0)]
+    row = lambda node: row0 + (node + 1 if node >= 0 else 0)
+    p_at = lambda node: logits[row(node)]
     draw = lambda: torch.rand((), generator=s.gen, device=s.gen.device).item()
+    argmax_at = None
+    if s.sampler.greedy:                      # one host transfer per round, not one per node
+        top = logits[row0:].argmax(-1).tolist()
+        argmax_at = lambda node: top[row(node) - row0]
     path, emitted, dist, tries = walk_tree(tree.children(), tree.tokens, tree.q_map(), p_at,  # 3. accept
-                                           s.sampler, s.gen, draw)
+                                           s.sampler, s.gen, draw, argmax_at)
     s.target.keep_positions(base + len(pending), path)                              # 4. commit
     out = Outcome(tree, path, emitted, len(ctx.ids) - ctx.pending + len(pending), logits, inputs, len(pending))
     t2 = time.perf_counter()

@@ -127,6 +127,9 @@ def run(target, prompt, method: str = "ar", **kw) -> Result:
         return generate(target, prompt, method, **kw)
     if m.engine == "dag":
         return _run_dag(target, prompt, m.name.removeprefix("dag-"), **kw)
+    if m.engine == "diffusion":
+        from speclab.decoding.dllm_run import run_dllm
+        return run_dllm(target, prompt, m.name, **kw)
     raise ValueError(f"method {method!r}: the {m.engine} engine is not available in this version")
 
 

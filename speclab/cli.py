@@ -41,6 +41,9 @@ def add_run(sub):
     p.add_argument("--k", type=int, help="draft length (draft-model, layer-skip, prompt-lookup, recycling)")
     p.add_argument("--threshold", type=float, help="draft-confidence stop threshold (adaptive length)")
     p.add_argument("--exit-layer", help="layer-skip exit layer, or 'auto'")
+    p.add_argument("--gen-length", type=int, help="dllm-*: generation slots (default: --max-new-tokens)")
+    p.add_argument("--block-length", type=int, help="dllm-*: semi-autoregressive block (must divide --gen-length)")
+    p.add_argument("--steps", type=int, help="dllm-lowconf / prophet / sched: total denoising steps")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="any other method parameter, e.g. --param schedule=heuristic")
     p.add_argument("--record", choices=["none", "light", "full"], default="light")
@@ -59,6 +62,9 @@ def method_kwargs(a) -> dict:
         kw["k"] = a.k
     if a.threshold is not None:
         kw["threshold"] = a.threshold
+    for name in ("gen_length", "block_length", "steps"):
+        if getattr(a, name, None) is not None:
+            kw[name] = getattr(a, name)
     if a.exit_layer is not None:
         kw["exit_layer"] = a.exit_layer if a.exit_layer == "auto" else _num(a.exit_layer)
     for item in a.param:
@@ -94,6 +100,8 @@ def cmd_run(a):
         print(json.dumps(out) if a.json else f"{prompt} -> {r.text}" + "".join(
             f"\n  {k:<10} {v}" for k, v in out.get("outputs", {}).items()))
         return 0
+    if get_method(a.method).engine == "diffusion":
+        return _run_dllm(a, prompt, record)
     r = speclab.generate(a.target, prompt, a.method, draft=a.draft, max_new_tokens=a.max_new_tokens,
                          temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
                          record=record, device=a.device, **method_kwargs(a))
@@ -116,6 +124,26 @@ def cmd_run(a):
     if color:
         print(f"{COLORS['prompt']}prompt{COLORS['reset']}  {COLORS['draft']}accepted draft{COLORS['reset']}  "
               f"{COLORS['target']}from the target{COLORS['reset']}")
+    return 0
+
+
+def _run_dllm(a, prompt, record):
+    import speclab
+    kw = method_kwargs(a)
+    kw.setdefault("gen_length", a.max_new_tokens if a.max_new_tokens != 128 else 64)
+    r = speclab.run(a.target, prompt, a.method, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                    seed=a.seed, record=record, device=a.device, draft=a.draft, **kw)
+    t = r.trace.totals
+    out = dict(text=r.text, ids=r.ids, method=a.method, new_tokens=t.new_tokens, target_forwards=t.target_forwards,
+               tokens_per_forward=round(t.tau, 3), wall_s=t.wall_s)
+    if a.trace:
+        r.trace.save(a.trace)
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(prompt + r.text)
+        print(f"\n[{a.method}] {t.new_tokens} tokens in {t.target_forwards} forwards "
+              f"({t.tau:.2f} tokens per forward), {t.wall_s:.2f} s")
     return 0
 
 
@@ -148,7 +176,12 @@ def cmd_methods(a):
 
 
 def cmd_train(a):
-    from speclab.train.zoo import main as train_main
+    if a.rest and a.rest[0] in ("digits-dllm", "code-dllm"):
+        from speclab.train.dllm import main as train_main
+    elif a.rest and a.rest[0] in ("numwords", "dates"):
+        from speclab.train.dag import main as train_main
+    else:
+        from speclab.train.zoo import main as train_main
     train_main(a.rest)
     return 0
 

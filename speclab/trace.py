@@ -235,10 +235,25 @@ def replay(trace: Trace) -> list[int]:
     if trace.engine == "speculative":
         return [t for r in trace.rounds for t in r.tokens]
     if trace.engine == "diffusion":
-        return _strip_after_eos(trace.denoise[-1].tokens, trace.params.get("eos_id")) if trace.denoise else []
+        return _replay_denoise(trace)
     if trace.engine == "dag":
         return list(trace.dag.outputs[trace.dag.chosen]) if trace.dag else []
     raise TraceError(f"unknown engine {trace.engine!r}")
+
+
+def _replay_denoise(trace: Trace) -> list[int]:
+    """Fill the canvas with every committed position's proposed token, step by step."""
+    canvas: list[int | None] = [None] * int(trace.params.get("gen_length", 0))
+    for s in trace.denoise:
+        proposed = dict(zip(s.masked, s.top1))
+        for pos in s.committed:
+            if canvas[pos] is not None:
+                raise TraceError(f"position {pos} committed twice (a diffusion trace never re-commits)")
+            canvas[pos] = proposed[pos]
+    out = _strip_after_eos(canvas, trace.params.get("eos_id"))
+    if None in out:
+        raise TraceError(f"position {out.index(None)} was never committed before the end of text")
+    return out
 
 
 def _strip_after_eos(tokens: list[int], eos: int | None) -> list[int]:

@@ -98,6 +98,18 @@ for _s, _d in DAG_SUMMARY.items():
     METHODS[f"dag-{_s}"] = Method(f"dag-{_s}", "dag", "dag", _s != "sample", False, _d, None)
 
 
+DLLM_SUMMARY = {
+    "dllm-lowconf": "LLaDA: fixed steps per block, commit the most confident (or random) masked positions",
+    "dllm-threshold": "Fast-dLLM: commit every position above a confidence threshold (or the factor rule)",
+    "dllm-prophet": "Prophet: low-confidence steps, commit everything once the top-2 logit gap is large",
+    "dllm-sched": "SchED: low-confidence steps, exit when the margin passes a progress-aware threshold",
+    "dllm-localleap": "LocalLeap: high-confidence anchors relax the threshold around them",
+}
+for _n, _d in DLLM_SUMMARY.items():
+    METHODS[_n] = Method(_n, "diffusion", "diffusion", False, False, _d, None)
+DLLM_RUN_PARAMS = ["gen_length", "block_length", "eos_stop"]
+
+
 def get_method(name: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
@@ -110,6 +122,10 @@ def method_params(name: str) -> list[str]:
         from dataclasses import fields
         from speclab.decoding.dag import DecodeConfig
         return [f.name for f in fields(DecodeConfig)]
+    if m.engine == "diffusion":
+        from dataclasses import fields
+        from speclab.decoding.dllm_policies import POLICIES
+        return DLLM_RUN_PARAMS + [f.name for f in fields(POLICIES[name])]
     return [p for p in inspect.signature(m.build).parameters if p not in ("target", "draft", "backend")]
 
 

@@ -1,0 +1,117 @@
+"""The masked-diffusion step loop (reference note A.13): one engine, many commit policies.
+
+State: the canvas x = prompt + G generation slots, initially all <|mask|>, cut into blocks of
+`block_length` decoded left to right (semi-autoregressive; block_length = G is one block). Each
+step is ONE forward over the whole canvas; per generation position it gives the proposed token
+x0 (argmax, or Gumbel-max at temperature T), its probability, and the top-1/top-2 margins; the
+policy picks which masked positions of the active block to commit. Stop: every slot committed,
+or (eos_stop) a finished block contains <|endoftext|>: everything after it is end of text.
+
+Positions in the trace are generation coordinates (0 .. G-1); the output is the canvas up to and
+including the first <|endoftext|>.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from speclab.decoding.dllm_policies import Choice, View
+from speclab.trace import DenoiseStep, Totals
+
+
+def check_shape(gen_length: int, block_length: int | None) -> int:
+    if not isinstance(gen_length, int) or gen_length < 1:
+        raise ValueError(f"gen_length must be an integer >= 1, got {gen_length!r}")
+    block_length = block_length or gen_length
+    if not isinstance(block_length, int) or block_length < 1 or gen_length % block_length:
+        raise ValueError(f"block_length={block_length!r} must divide gen_length={gen_length} "
+                         "(e.g. gen_length 64 with block_length 64, 32, 16 or 8)")
+    return block_length
+
+
+def propose(logits: torch.Tensor, temperature: float, gen: torch.Generator):
+    """logits (G, V) -> x0, conf = p(x0), prob margin p1-p2, logit margin l1-l2, entropy; all (G,)."""
+    p = logits.softmax(-1)
+    top = logits.topk(2, dim=-1)
+    if temperature > 0:                          # Gumbel-max in float64 (low precision hurts, A.0)
+        u = torch.rand(logits.shape, generator=gen, dtype=torch.float64, device=logits.device)
+        x0 = (logits.double() / temperature - torch.log(-torch.log(u.clamp_min(1e-300)))).argmax(-1)
+    else:
+        x0 = top.indices[:, 0]
+    conf = p.gather(-1, x0[:, None])[:, 0]
+    p2 = p.gather(-1, top.indices)
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
+    return x0, conf, p2[:, 0] - p2[:, 1], top.values[:, 0] - top.values[:, 1], entropy
+
+
+def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: int | None = None,
+            temperature: float = 0.0, seed: int = 0, record: str | None = "light",
+            eos_id: int | None = None, eos_stop: bool = True, progress=None):
+    """Run one decode. den: models.dllm.Denoiser. Returns (output ids, DenoiseSteps, Totals)."""
+    block_length = check_shape(gen_length, block_length)
+    n_blocks = gen_length // block_length
+    total_steps = policy.plan(gen_length, n_blocks)
+    dev = next(den.model.parameters()).device
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    P, G, MASK = len(prompt_ids), gen_length, den.mask_id
+    x = torch.tensor(list(prompt_ids) + [MASK] * G, device=dev)
+    steps: list[DenoiseStep] = []
+    t0, f0, step, prev_x0, done = time.perf_counter(), den.forwards, 0, None, False
+    for b in range(n_blocks):
+        lo, hi = b * block_length, (b + 1) * block_length
+        policy.start_block(int((x[P + lo:P + hi] == MASK).sum()))
+        i = 0
+        while not done and bool((x[P + lo:P + hi] == MASK).any()):
+            logits = den.logits(x)[P:]                                   # (G, V): one forward
+            x0, conf, margin, lmargin, entropy = propose(logits, temperature, gen)
+            masked = x[P:] == MASK
+            eligible = masked.clone()
+            eligible[:lo] = eligible[hi:] = False
+            rand = torch.rand(G, generator=gen, device=dev)
+            ch: Choice = policy.select(View(step, total_steps, (lo, hi), i, eligible, masked, x0, conf,
+                                            lmargin, rand, prev_x0))
+            commit = ch.commit & (masked if ch.finish else eligible)
+            if not commit.any():                                        # every step commits something
+                commit[torch.where(eligible, conf, torch.full_like(conf, -1.0)).argmax()] = True
+            x[P:][commit] = x0[commit]
+            if record:
+                steps.append(_record(record, (lo, hi), masked, x0, conf, margin, entropy, commit, ch, x[P:]))
+            prev_x0, step, i = x0, step + 1, i + 1
+            if progress:
+                progress(int((x[P:] != MASK).sum()), G)
+            done = ch.finish or (eos_stop and eos_id is not None and _block_has_eos(x[P:], hi, MASK, eos_id))
+        if done:
+            break
+    out = _output(x[P:].tolist(), MASK, eos_id)
+    totals = Totals(wall_s=time.perf_counter() - t0, target_forwards=den.forwards - f0, new_tokens=len(out),
+                    verify_s=time.perf_counter() - t0)
+    return out, steps, totals
+
+
+def _block_has_eos(gen_x: torch.Tensor, hi: int, mask_id: int, eos_id: int) -> bool:
+    """Everything up to hi is committed and contains EOS: the answer has ended."""
+    head = gen_x[:hi]
+    return not bool((head == mask_id).any()) and bool((head == eos_id).any())
+
+
+def _output(tokens: list[int], mask_id: int, eos_id: int | None) -> list[int]:
+    if eos_id is not None and eos_id in tokens:
+        tokens = tokens[: tokens.index(eos_id) + 1]
+    if mask_id in tokens:
+        raise RuntimeError("diffusion decode ended with masked positions before the end of text")
+    return tokens
+
+
+def _record(level, block, masked, x0, conf, margin, entropy, commit, ch: Choice, gen_x) -> DenoiseStep:
+    """One DenoiseStep; per-position lists follow the order of `masked` (positions masked before)."""
+    pos = masked.nonzero().flatten()
+    info = dict(ch.info)
+    if ch.finish:
+        info["finish"] = True
+    if level == "full":
+        info["entropy"] = [round(float(e), 4) for e in entropy[pos]]
+    return DenoiseStep(block=block, masked=pos.tolist(), top1=x0[pos].tolist(),
+                       conf=[round(float(c), 5) for c in conf[pos]], margin=[round(float(m), 5) for m in margin[pos]],
+                       committed=commit.nonzero().flatten().tolist(), threshold=ch.threshold,
+                       tokens=gen_x.tolist(), info=info)

@@ -1,0 +1,214 @@
+"""Commit policies of the diffusion engine (reference note A.2, A.4, A.6, A.7, A.8).
+
+A policy sees one step's `View` (per generation position: the proposed token x0, its probability,
+the top-1/top-2 probability and logit margins, which positions are eligible) and returns a
+`Choice`: the positions to commit, the threshold or score it used, and `finish=True` when it
+decides to commit every remaining mask at once (Prophet / SchED early exit). Knobs are dataclass
+fields so sliders can bind to them. Committed tokens are never re-masked ("unmask-only").
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class View:
+    step: int                      # global step (0-based)
+    total_steps: int               # planned steps for fixed-step policies (gen_length otherwise)
+    block: tuple[int, int]         # [lo, hi) of the active block, generation coordinates
+    step_in_block: int
+    eligible: torch.Tensor         # (G,) bool: masked and inside the block
+    masked: torch.Tensor           # (G,) bool: masked anywhere
+    x0: torch.Tensor               # (G,) proposed token
+    conf: torch.Tensor             # (G,) p(x0)
+    logit_margin: torch.Tensor     # (G,) l1 - l2 (Prophet / SchED units)
+    rand: torch.Tensor             # (G,) U(0,1) from the run's generator (random remasking)
+    prev_x0: torch.Tensor | None   # (G,) the previous step's proposal
+
+
+@dataclass
+class Choice:
+    commit: torch.Tensor                    # (G,) bool
+    threshold: float | None = None
+    finish: bool = False
+    info: dict = field(default_factory=dict)
+
+
+def num_transfer(n: int, steps: int) -> list[int]:
+    """LLaDA's schedule: n tokens over `steps` steps, the remainder going to the early steps."""
+    base, r = divmod(n, steps)
+    return [base + 1] * r + [base] * (steps - r)
+
+
+def top_k_commit(score: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
+    s = torch.where(eligible, score, torch.full_like(score, -math.inf))
+    k = max(1, min(int(k), int(eligible.sum())))
+    out = torch.zeros_like(eligible)
+    out[s.topk(k).indices] = True
+    return out
+
+
+@dataclass
+class LowConfidence:
+    """LLaDA: a fixed number of steps per block, each committing the k_sched[i] most confident
+    (remasking="low_confidence") or random (remasking="random") masked positions of the block.
+    steps=None means one token per step (steps = gen_length)."""
+    steps: int | None = None
+    remasking: str = "low_confidence"
+
+    def plan(self, gen_length: int, n_blocks: int) -> int:
+        steps = self.steps or gen_length
+        if self.remasking not in ("low_confidence", "random"):
+            raise ValueError(f"remasking must be 'low_confidence' or 'random', got {self.remasking!r}")
+        if steps < n_blocks or steps % n_blocks:
+            raise ValueError(f"steps={steps} must be a positive multiple of the number of blocks ({n_blocks}): "
+                             "each block gets steps / blocks steps")
+        self._per_block = steps // n_blocks
+        return steps
+
+    def start_block(self, n_masked: int):
+        self._sched = num_transfer(n_masked, self._per_block)
+
+    def select(self, v: View) -> Choice:
+        i = min(v.step_in_block, len(self._sched) - 1)
+        k = self._sched[i] if v.step_in_block < len(self._sched) else int(v.eligible.sum())
+        score = v.conf if self.remasking == "low_confidence" else v.rand
+        return Choice(top_k_commit(score, v.eligible, k), None, info={"k": k})
+
+
+@dataclass
+class Threshold:
+    """Fast-dLLM: commit every eligible position with p(x0) >= threshold, always at least the best.
+    factor=f instead: the n-th best token (1-based) needs (n + 1)(1 - c_n) < f."""
+    threshold: float = 0.9
+    factor: float | None = None
+
+    def plan(self, gen_length: int, n_blocks: int) -> int:
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.factor is not None and self.factor <= 0:
+            raise ValueError(f"factor must be > 0, got {self.factor}")
+        return gen_length
+
+    def start_block(self, n_masked: int):
+        pass
+
+    def select(self, v: View) -> Choice:
+        conf = torch.where(v.eligible, v.conf, torch.full_like(v.conf, -1.0))
+        order = conf.argsort(descending=True)[: int(v.eligible.sum())]
+        c = conf[order]
+        if self.factor is None:
+            keep = c >= self.threshold
+        else:                                         # rank j (0-based) needs c_j >= 1 - f / (j + 2)
+            keep = c >= 1 - self.factor / (torch.arange(len(c), dtype=c.dtype) + 2)
+            keep = torch.cumprod(keep.to(torch.int8), 0).bool()   # commit the longest passing prefix
+        keep[0] = True                                # at least one token per step
+        commit = torch.zeros_like(v.eligible)
+        commit[order[keep]] = True
+        return Choice(commit, self.threshold if self.factor is None else self.factor,
+                      info={"forced": [int(order[0])] if c[0] < self.threshold and self.factor is None else []})
+
+
+@dataclass
+class Prophet:
+    """LLaDA low-confidence decoding that commits EVERYTHING once the mean top-1/top-2 logit gap
+    over the first `answer_length` generation positions reaches early / mid / late thresholds
+    (by progress = step / total steps: < 1/3, < 2/3, else)."""
+    steps: int | None = None
+    early: float = 7.5
+    mid: float = 5.0
+    late: float = 2.5
+    answer_length: int = 5
+
+    def plan(self, gen_length, n_blocks):
+        self._base = LowConfidence(self.steps)
+        return self._base.plan(gen_length, n_blocks)
+
+    def start_block(self, n_masked):
+        self._base.start_block(n_masked)
+
+    def select(self, v: View) -> Choice:
+        progress = (v.step + 1) / v.total_steps
+        tau = self.early if progress < 1 / 3 else self.mid if progress < 2 / 3 else self.late
+        gap = float(v.logit_margin[: self.answer_length].mean())
+        if gap >= tau:
+            return Choice(v.masked.clone(), tau, finish=True, info={"gap": gap})
+        ch = self._base.select(v)
+        ch.threshold, ch.info["gap"] = tau, gap
+        return ch
+
+
+@dataclass
+class Sched:
+    """SchED: exit (commit every mask) when the mean logit margin over all masked positions reaches
+    a threshold that decays with step / (total - 1) from tau_high to tau_low (cosine, linear or
+    exp with rate k), and the proposals over the masked positions did not change since the last
+    step. Otherwise a low-confidence step."""
+    steps: int | None = None
+    tau_high: float = 7.5
+    tau_low: float = 2.5
+    schedule: str = "cosine"
+    k: float = 4.0
+
+    def plan(self, gen_length, n_blocks):
+        if self.schedule not in ("cosine", "linear", "exp"):
+            raise ValueError(f"schedule must be cosine, linear or exp, got {self.schedule!r}")
+        self._base = LowConfidence(self.steps)
+        return self._base.plan(gen_length, n_blocks)
+
+    def start_block(self, n_masked):
+        self._base.start_block(n_masked)
+
+    def tau(self, step: int, total: int) -> float:
+        u = step / max(total - 1, 1)
+        if self.schedule == "cosine":
+            return self.tau_low + (self.tau_high - self.tau_low) * 0.5 * (1 + math.cos(math.pi * u))
+        if self.schedule == "linear":
+            return self.tau_high + (self.tau_low - self.tau_high) * u
+        return self.tau_low + (self.tau_high - self.tau_low) * math.exp(-self.k * u)
+
+    def select(self, v: View) -> Choice:
+        tau = self.tau(v.step, v.total_steps)
+        g = float(v.logit_margin[v.masked].mean())
+        stable = v.prev_x0 is not None and bool((v.x0[v.masked] == v.prev_x0[v.masked]).all())
+        if g >= tau and stable:
+            return Choice(v.masked.clone(), tau, finish=True, info={"g": g})
+        ch = self._base.select(v)
+        ch.threshold, ch.info["g"] = tau, g
+        return ch
+
+
+@dataclass
+class LocalLeap:
+    """Anchors (eligible positions with p >= threshold) relax the threshold to `relaxed` for
+    positions within `radius` of any anchor; at least one token per step."""
+    threshold: float = 0.9
+    relaxed: float = 0.75
+    radius: int = 4
+
+    def plan(self, gen_length, n_blocks):
+        if not 0 < self.relaxed <= self.threshold <= 1:
+            raise ValueError(f"need 0 < relaxed <= threshold <= 1, got relaxed={self.relaxed}, "
+                             f"threshold={self.threshold}")
+        return gen_length
+
+    def start_block(self, n_masked):
+        pass
+
+    def select(self, v: View) -> Choice:
+        conf = torch.where(v.eligible, v.conf, torch.full_like(v.conf, -1.0))
+        anchors = (conf >= self.threshold).nonzero().flatten()
+        near = torch.zeros_like(v.eligible)
+        for a in anchors.tolist():
+            near[max(0, a - self.radius): a + self.radius + 1] = True
+        thr = torch.where(near, torch.full_like(conf, self.relaxed), torch.full_like(conf, self.threshold))
+        commit = v.eligible & (conf >= thr)
+        commit[conf.argmax()] = True
+        return Choice(commit, self.threshold, info={"anchors": anchors.tolist()})
+
+
+POLICIES = {"dllm-lowconf": LowConfidence, "dllm-threshold": Threshold, "dllm-prophet": Prophet,
+            "dllm-sched": Sched, "dllm-localleap": LocalLeap}

@@ -1,5 +1,6 @@
-"""The served dashboard: run a method on a prompt, step through its rounds, compare methods, and
-open or save traces. `panel serve apps/dashboard.py` or `speclab serve`.
+"""The served dashboard: run a method on a prompt, step through its rounds (speculative), denoising
+steps (diffusion) or strategies (DAG), compare methods, and open or save traces.
+`panel serve apps/dashboard.py` or `speclab serve`.
 
 One `Dashboard` per browser session holds everything that session sees (widgets, the current
 trace, the last comparison); nothing about a run lives in module globals, so two users never see
@@ -22,7 +23,8 @@ import json
 import panel as pn
 
 from speclab.apps import runs
-from speclab.figures import acceptance_summary, n_steps, round_strip, step_figure, timing
+from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, n_steps, round_strip,
+                             step_figure, timing)
 from speclab.models.zoo import ModelLoadError
 from speclab.trace import Trace, TraceError
 from speclab.widgets.detail import detail_html
@@ -31,6 +33,10 @@ pn.extension("plotly")
 
 DEFAULT_PROMPT = "def parse(line):"
 DAG_PROMPTS = {"dates-dat": "2024-03-05", "numwords-dat": "305"}
+DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):\n"}
+SUMMARY = {"speculative": (round_strip, acceptance_summary, timing),   # Summary tab figures by engine
+           "diffusion": (confidence_bands, decoding_order)}
+SUMMARY_HEIGHTS = (260, 380, 300)
 
 
 def _layers(model: str) -> int:
@@ -59,6 +65,8 @@ class Dashboard:
         self.threshold = w.FloatSlider(name="threshold (0 = off)", start=0.0, end=0.95, step=0.05, value=0.0)
         self.exit_layer = w.Select(name="exit layer", options=["auto"])
         self.budget = w.IntSlider(name="node budget", start=2, end=32, value=10)
+        self.gen_length = w.IntSlider(name="gen length (canvas slots)", start=8, end=128, step=8, value=32)
+        self.block_length = w.Select(name="block length", options=blocks(32), value=32)
         self.max_new_tokens = w.IntSlider(name="max new tokens", start=1, end=128, value=24)
         self.temperature = w.FloatSlider(name="temperature", start=0.0, end=1.5, step=0.05, value=0.0)
         self.seed = w.IntInput(name="seed", value=0, start=0)
@@ -76,12 +84,12 @@ class Dashboard:
         self.step_fig = pn.pane.Plotly(None, css_classes=["speclab-step"], sizing_mode="stretch_width")
         self.detail = pn.pane.HTML("", css_classes=["speclab-detail"])
         self.summary_figs = [pn.pane.Plotly(None, height=h, sizing_mode="stretch_width", visible=False)
-                             for h in (260, 380, 300)]
-        self.summary_note = pn.pane.Markdown("Summary figures are for speculative runs; the Step tab shows "
-                                             "every strategy of a DAG run.", visible=False)
+                             for h in SUMMARY_HEIGHTS]
+        self.summary_note = pn.pane.Markdown("Summary figures are for speculative and diffusion runs; the Step "
+                                             "tab shows every strategy of a DAG run.", visible=False)
         self.summary = pn.Column(self.summary_note, *self.summary_figs)
         # -- compare -----------------------------------------------------------------------------
-        spec = [m for m in runs.method_names() if not runs.is_dag(m)]
+        spec = [m for m in runs.method_names() if runs.engine(m) == "speculative"]
         self.compare_methods = w.MultiChoice(name="methods to compare", options=spec,
                                              value=[m for m in ("draft-model", "prompt-lookup") if m in spec])
         self.compare_button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
@@ -97,6 +105,7 @@ class Dashboard:
         self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
         self.method.param.watch(lambda e: self._fit_form(), "value")
         self.target.param.watch(lambda e: self._fit_form(), "value")
+        self.gen_length.param.watch(lambda e: self._fit_blocks(), "value")
         self._fit_form()
         self.view = self._layout()
 
@@ -104,7 +113,8 @@ class Dashboard:
     def _layout(self):
         form = pn.Column(
             "## speclab", self.method, self.target, self.draft, self.prompt,
-            self.k, self.threshold, self.exit_layer, self.budget, self.max_new_tokens, self.temperature,
+            self.k, self.threshold, self.exit_layer, self.budget, self.gen_length, self.block_length,
+            self.max_new_tokens, self.temperature,
             self.seed, self.extra, self.run_button, self.progress, self.queue_note, width=330)
         step = pn.Column(self.player, self.step_fig, self.detail)
         compare = pn.Column(
@@ -119,29 +129,44 @@ class Dashboard:
                       sizing_mode="stretch_width")
 
     def _fit_form(self) -> None:
-        """Show only the knobs the chosen method takes; DAG methods get DAG models."""
+        """Show only the knobs the chosen method takes; DAG and diffusion methods get their models."""
         m = self.method.value
-        dag = runs.is_dag(m)
-        models = self.kinds["dag"] if dag else self.kinds["causal"]
+        engine, dag = runs.engine(m), runs.is_dag(m)
+        models = self.kinds[runs.model_kind(m)]
         if list(self.target.options) != models:
             self.target.options = models
-            self.target.value = _pick(models, "code-target")
-            self.prompt.value = DAG_PROMPTS.get(self.target.value, "2024-03-05") if dag else DEFAULT_PROMPT
+            self.target.value = _pick(models, "code-dllm" if engine == "diffusion" else "code-target")
+            self.prompt.value = (DAG_PROMPTS.get(self.target.value, "2024-03-05") if dag
+                                 else DLLM_PROMPTS.get(self.target.value, DEFAULT_PROMPT))
         takes = runs.takes(m)
         for name in runs.KNOBS:
             getattr(self, name).visible = name in takes
         self.draft.visible = runs.needs_draft(m)
-        self.max_new_tokens.visible = self.seed.visible = not dag
-        self.extra.visible = not dag
-        n = _layers(self.target.value) if not dag else 0
+        self.max_new_tokens.visible = engine == "speculative"       # diffusion: gen length instead
+        self.seed.visible = self.extra.visible = not dag
+        n = _layers(self.target.value) if engine == "speculative" and self.target.value else 0
         opts = ["auto"] + [str(i) for i in range(1, n)]
         if list(self.exit_layer.options) != opts:
             self.exit_layer.options, self.exit_layer.value = opts, "auto"
 
+    def _fit_blocks(self) -> None:
+        """Block lengths must divide the gen length: offer only those, keeping the choice if it fits."""
+        opts = blocks(self.gen_length.value)
+        if list(self.block_length.options) != opts:
+            keep = self.block_length.value
+            self.block_length.options = opts
+            self.block_length.value = keep if keep in opts else opts[-1]
+
     # -- running ----------------------------------------------------------------------------------
     def _knobs(self) -> dict:
         return dict(k=self.k.value, threshold=self.threshold.value or None, budget=self.budget.value,
-                    exit_layer="auto" if self.exit_layer.value == "auto" else int(self.exit_layer.value))
+                    exit_layer="auto" if self.exit_layer.value == "auto" else int(self.exit_layer.value),
+                    gen_length=self.gen_length.value, block_length=int(self.block_length.value))
+
+    def _total(self) -> int:
+        """Tokens the progress bar counts to."""
+        engine = runs.engine(self.method.value)
+        return {"dag": 1, "diffusion": self.gen_length.value}.get(engine, self.max_new_tokens.value)
 
     def job(self, method: str | None = None, progress=None):
         """The decode the form describes, as a no-argument function for the worker. Raises
@@ -174,7 +199,7 @@ class Dashboard:
         except ValueError as e:
             self.error(e)
             return None
-        self._busy(True, self.max_new_tokens.value if not runs.is_dag(self.method.value) else 1)
+        self._busy(True, self._total())
         try:
             fut = asyncio.wrap_future(runs.submit(fn))
             while not fut.done():
@@ -225,7 +250,7 @@ class Dashboard:
     def _show_trace(self, trace: Trace) -> None:
         try:
             n = n_steps(trace)
-        except ValueError as e:     # e.g. a diffusion trace, before that engine has a step view
+        except ValueError as e:     # a trace of an engine with no step view
             self.error(e)
             return
         if n == 0:
@@ -252,11 +277,13 @@ class Dashboard:
             self.detail.object = detail_html(self.trace, step)
 
     def _show_summary(self, trace: Trace) -> None:
-        spec = trace.engine == "speculative"
-        for pane, make in zip(self.summary_figs, (round_strip, acceptance_summary, timing)):
-            pane.visible = spec
-            pane.object = make(trace) if spec else None
-        self.summary_note.visible = not spec
+        makers = SUMMARY.get(trace.engine, ())
+        for i, pane in enumerate(self.summary_figs):
+            fig = makers[i](trace) if i < len(makers) else None
+            pane.visible, pane.object = fig is not None, fig
+            # diffusion figures size themselves (the order map grows with the steps)
+            pane.height = SUMMARY_HEIGHTS[i] if trace.engine != "diffusion" or fig is None else fig.layout.height + 20
+        self.summary_note.visible = not makers
 
     def clear_error(self) -> None:
         # emptied as well as hidden, so what the page holds is what the user sees
@@ -271,7 +298,7 @@ class Dashboard:
 
     # -- compare ----------------------------------------------------------------------------------
     def compare_job(self):
-        chosen = [m for m in self.compare_methods.value if not runs.is_dag(m)]
+        chosen = [m for m in self.compare_methods.value if runs.engine(m) == "speculative"]
         if not chosen:
             raise ValueError("choose at least one method to compare")
         jobs = {m: self.job(m) for m in chosen}                  # checks every method's extras now
@@ -354,15 +381,22 @@ class Dashboard:
                 if name in get:
                     getattr(self, name).value = get[name]
             for name, cast in (("k", int), ("max_new_tokens", int), ("seed", int), ("temperature", float),
-                               ("budget", int), ("threshold", float)):
+                               ("budget", int), ("threshold", float), ("gen_length", int)):
                 if name in get:
                     getattr(self, name).value = cast(get[name])
+            if "block_length" in get:
+                self.block_length.value = int(get["block_length"])
             if "compare" in get:
                 self.compare_methods.value = [m for m in get["compare"].split(",") if m]
         except (ValueError, TypeError) as e:
             self.error(f"could not use the URL arguments: {e}")
             return False
         return get.get("run") == "1"
+
+
+def blocks(gen_length: int) -> list[int]:
+    """Block lengths that divide gen_length (the last one is a single block)."""
+    return [b for b in range(1, gen_length + 1) if gen_length % b == 0 and (b >= 4 or b == gen_length)]
 
 
 def _pick(options: list[str], preferred: str) -> str | None:
@@ -379,11 +413,15 @@ def status_html(trace: Trace) -> str:
     t = trace.totals
     alpha = "-" if t.alpha is None else f"{t.alpha:.2f}"
     models = ", ".join(f"{role} {m.name}" for role, m in trace.models.items())
+    if trace.engine == "diffusion":     # no draft: one model checks its own parallel proposals
+        stats = f"{t.new_tokens} new tokens in {t.target_forwards} forwards ({t.tau:.2f} tokens per forward)"
+    else:
+        stats = (f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha}, target forwards {t.target_forwards}, "
+                 f"draft forwards {t.draft_forwards}")
     return (f"<b>{html.escape(trace.method)}</b> ({html.escape(models)}): "
             f"prompt <code class='speclab-prompt-echo'>{visible_text(runs.prompt_text(trace))}</code> &rarr; "
             f"<code class='speclab-output'>{visible_text(runs.output_text(trace))}</code><br>"
-            f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha}, target forwards {t.target_forwards}, "
-            f"draft forwards {t.draft_forwards}, wall {t.wall_s:.2f} s, {trace.steps} step(s)")
+            f"{stats}, wall {t.wall_s:.2f} s, {trace.steps} step(s)")
 
 
 def app():

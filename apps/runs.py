@@ -28,21 +28,35 @@ DAG_STRATEGIES = ("viterbi", "greedy", "lookahead", "beam", "sample", "vanilla",
 
 # -- what can be chosen ---------------------------------------------------------------------------
 def zoo_models() -> dict[str, list[str]]:
-    """Zoo names by kind: {"causal": [...], "dag": [...]} (a DA-Transformer says so in its config)."""
-    kinds = {"causal": [], "dag": []}
+    """Zoo names by kind: {"causal": [...], "dag": [...], "diffusion": [...]}; a DA-Transformer
+    and a masked-diffusion LM say so in their configs."""
+    kinds = {"causal": [], "dag": [], "diffusion": []}
     for name in zoo_names():
         cfg = json.loads((ZOO_DIR / name / "config.json").read_text())
-        kinds["dag" if cfg.get("model_type") == "da-transformer" else "causal"].append(name)
+        kind = ("dag" if cfg.get("model_type") == "da-transformer"
+                else "diffusion" if cfg.get("speclab_engine") == "diffusion" else "causal")
+        kinds[kind].append(name)
     return kinds
 
 
 def method_names() -> list[str]:
-    """Speculative methods from the registry, then one entry per DAG strategy."""
-    return [m["name"] for m in methods()] + [f"dag-{s}" for s in DAG_STRATEGIES]
+    """Every method of the registry (speculative, DAG strategies, diffusion policies), once each."""
+    names = [m["name"] for m in methods()]
+    return names + [f"dag-{s}" for s in DAG_STRATEGIES if f"dag-{s}" not in names]
 
 
 def is_dag(method: str) -> bool:
     return method.startswith("dag-")
+
+
+def engine(method: str) -> str:
+    """"speculative", "dag" or "diffusion": which models the method runs on and how it is shown."""
+    return "dag" if is_dag(method) else get_method(method).engine
+
+
+def model_kind(method: str) -> str:
+    """The zoo_models() kind a method needs."""
+    return {"dag": "dag", "diffusion": "diffusion"}.get(engine(method), "causal")
 
 
 def needs_draft(method: str) -> bool:
@@ -54,8 +68,9 @@ def takes(method: str) -> list[str]:
     return [] if is_dag(method) else method_params(method)
 
 
-# the dashboard's knobs -> the registry's parameter names (node budget is `budget`)
-KNOBS = ("k", "threshold", "exit_layer", "budget")
+# the dashboard's knobs -> the registry's parameter names (node budget is `budget`; the last two
+# are the diffusion canvas: gen_length slots decoded in blocks of block_length)
+KNOBS = ("k", "threshold", "exit_layer", "budget", "gen_length", "block_length")
 
 
 def method_kwargs(method: str, knobs: dict, extra: str = "") -> dict:
@@ -115,12 +130,32 @@ def run_one(target: str, prompt: str, method: str, draft: str | None = None, max
         cfg = DecodeConfig(temperature=temperature) if temperature > 0 else None
         return run_dag(load_dag_shared(target), prompt, method[len("dag-"):], record, seed, cfg)
     import speclab
-    if target in zoo_models()["dag"]:
+    kinds = zoo_models()
+    if engine(method) == "diffusion":
+        if target not in kinds["diffusion"]:
+            have = ", ".join(kinds["diffusion"]) or "none is in the zoo yet"
+            raise ValueError(f"{method} needs a masked-diffusion model ({have}), not {target!r}")
+        r = speclab.run(target, prompt, method, temperature=float(temperature), seed=int(seed), record=record,
+                        progress=_increments(progress) if progress else None, **kw)
+        return r.trace
+    if target in kinds["dag"]:
         raise ValueError(f"{target} is a DAG model: pick a dag-* method, or code-target for {method}")
+    if target in kinds["diffusion"]:
+        raise ValueError(f"{target} is a masked-diffusion model: pick a dllm-* method, or code-target for {method}")
     r = speclab.generate(target, prompt, method, draft=draft if needs_draft(method) else None,
                          max_new_tokens=int(max_new_tokens), temperature=float(temperature), seed=int(seed),
                          record=record, progress=progress, **kw)
     return r.trace
+
+
+def _increments(progress):
+    """The diffusion engine reports (positions committed so far, G); the dashboard counts new tokens."""
+    last = [0]
+
+    def report(committed: int, total: int) -> None:
+        progress(committed - last[0])
+        last[0] = committed
+    return report
 
 
 # -- comparing ------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@
 plotly.js is embedded inline (nothing is fetched from a CDN, so the file opens offline and years
 later). The step view is one figure with a frame per step and a slider (plus play / pause); frames
 carry only the traces that change, so a long run stays a reasonable size. Under it: the
-acceptance summary and timing (speculative). No model is loaded: everything comes from the trace.
+acceptance summary and timing (speculative), or the confidence bands and the decoding-order map
+(diffusion, whose slider steps through the denoising forwards). No model is loaded: everything
+comes from the trace.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import plotly.io as pio
 
-from speclab.figures import acceptance_summary, n_steps, step_dict, timing
+from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, n_steps, step_dict,
+                             step_label, step_names, timing)
 from speclab.trace import Trace, TraceError
 
 PAGE = """<!DOCTYPE html>
@@ -43,8 +46,7 @@ def animated(trace: Trace) -> dict:
               for k, s in enumerate(steps)]
     go_to = lambda names, dur: [names, dict(mode="immediate", frame=dict(duration=dur, redraw=True),
                                             transition=dict(duration=0))]
-    label = "round" if trace.engine == "speculative" else "strategy"
-    names = [str(k + 1) for k in range(n)] if trace.engine == "speculative" else list(trace.dag.paths)
+    label, names = step_label(trace), step_names(trace)
     layout = dict(base["layout"])
     layout["height"] = layout.get("height", 400) + 90
     layout["margin"] = dict(layout.get("margin", {}), b=140)
@@ -65,7 +67,8 @@ def stats_table(trace: Trace) -> str:
     rows = [("prompt", f"<code>{html.escape(prompt)}</code>"), ("output", f"<code>{html.escape(output)}</code>"),
             ("models", ", ".join(f"{role}: {html.escape(m.name)} ({m.params:,} params)" for role, m in trace.models.items())),
             ("params", html.escape(json.dumps(trace.params))),
-            ("totals", f"{t.new_tokens} new tokens, {t.target_forwards} target forwards, tau {t.tau:.2f}, "
+            ("totals", f"{t.new_tokens} new tokens, {t.target_forwards} target forwards, "
+                       + ("tokens per forward" if trace.engine == "diffusion" else "tau") + f" {t.tau:.2f}, "
                        f"wall {t.wall_s:.2f} s")]
     return "<table>" + "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows) + "</table>"
 
@@ -78,6 +81,8 @@ def to_html(trace: Trace, path: str | Path) -> Path:
     figs = [animated(trace)]
     if trace.engine == "speculative":
         figs += [acceptance_summary(trace), timing(trace)]
+    if trace.engine == "diffusion":
+        figs += [confidence_bands(trace), decoding_order(trace)]
     divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, auto_play=False,
                         config=dict(displaylogo=False)) for i, f in enumerate(figs)]
     title = html.escape(f"speclab: {trace.engine} / {trace.method}")

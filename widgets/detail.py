@@ -5,6 +5,7 @@ import html
 
 from speclab.figures._util import num, tok, topk_text
 from speclab.figures.dag import output_text
+from speclab.figures.diffusion import label, step_note
 from speclab.figures.tree import round_nodes
 from speclab.trace import Trace
 
@@ -42,7 +43,38 @@ def strategy_html(trace: Trace, step: int) -> str:
             f"vertex path: {run.paths[name]} ({len(run.paths[name])} of {run.num_vertices} vertices)")
 
 
+DENOISE_COLS = ("position", "proposal", "p", "margin", "entropy", "")
+
+
+def denoise_html(trace: Trace, step: int) -> str:
+    """One denoising step: what the policy did, then every masked position of the active block
+    (and any committed outside it, as an early exit does) with the model's proposal."""
+    s = trace.denoise[step]
+    lo, hi = s.block
+    canvas = "".join(label(trace, t) if t != trace.params.get("mask_id") else "_" for t in s.tokens)
+    note = step_note(trace, s)
+    head = (f"<b>step {step + 1} of {len(trace.denoise)}</b>: block [{lo}, {hi}), {len(s.masked)} masked before, "
+            f"committed {len(s.committed)} at {s.committed}" + (f"; {html.escape(note)}" if note else "")
+            + f"<br>canvas after: <code>{html.escape(canvas)}</code>")
+    rest = {k: v for k, v in s.info.items() if k not in ("forced", "finish", "gap", "g", "entropy")}
+    if rest:
+        head += "<br>policy: " + html.escape(", ".join(f"{k}={v}" for k, v in rest.items()))
+    entropy, now = s.info.get("entropy"), set(s.committed)
+    cell = "<td style='padding:0 .6em'>{}</td>"
+    rows = ["<tr>" + "".join(f"<th style='padding:0 .6em'>{c}</th>" for c in DENOISE_COLS) + "</tr>"]
+    for i, (p, t, c, m) in enumerate(zip(s.masked, s.top1, s.conf, s.margin)):
+        if not (lo <= p < hi or p in now):
+            continue
+        vals = (p, f"<code>{tok(trace, t)}</code>", num(c), num(m), num(entropy[i]) if entropy else "—",
+                "committed" if p in now else "")
+        bold = " style='font-weight:bold'" if p in now else ""
+        rows.append(f"<tr{bold}>" + "".join(cell.format(v) for v in vals) + "</tr>")
+    return head + "<table style='font-size:90%;margin-top:.4em'>" + "".join(rows) + "</table>"
+
+
 def detail_html(trace: Trace, step: int) -> str:
     if trace.engine == "dag":
         return strategy_html(trace, step)
+    if trace.engine == "diffusion":
+        return denoise_html(trace, step)
     return round_html(trace, step)

@@ -3,9 +3,10 @@
     view = speclab.widgets.show(result)   # a Result, a Trace, or the path of a saved trace
     view.update(3)                        # what moving the slider to step 3 does (testable)
 
-One `go.FigureWidget` (token strip over draft tree, or the DAG) is created once and updated in a
-`batch_update` per step, so the page never re-renders the whole figure. Under it: a detail panel
-for the step and, for speculative runs, the whole run as a strip of tokens per round.
+One `go.FigureWidget` (token strip over draft tree, the diffusion canvas, or the DAG) is created
+once and updated in a `batch_update` per step, so the page never re-renders the whole figure. Under
+it: a detail panel for the step and the whole run as a strip (tokens per round for speculative
+runs, confidence bands for diffusion runs) whose "current" marker follows the step.
 No model is needed: everything comes from the trace.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from speclab.figures import n_steps, round_strip, step_dict
+from speclab.figures import n_steps, run_strip, step_dict, step_label
 from speclab.trace import Trace
 from speclab.widgets.detail import detail_html
 
@@ -43,14 +44,15 @@ class Player(widgets.VBox):
         n = n_steps(trace)
         if not n:
             raise ValueError("this trace has no steps to show")
-        label = "round" if trace.engine == "speculative" else "strategy"
+        label = step_label(trace)
         self.play = widgets.Play(value=0, min=0, max=n - 1, interval=interval_ms, description="play")
         self.slider = widgets.IntSlider(value=0, min=0, max=n - 1, description=label,
                                         layout=widgets.Layout(width="60%"))
         widgets.jslink((self.play, "value"), (self.slider, "value"))   # in the browser, no kernel round trip
         self.figure = go.FigureWidget(step_dict(trace, 0))
         self.detail = widgets.HTML(detail_html(trace, 0))
-        self.strip = go.FigureWidget(round_strip(trace, 0)) if trace.engine == "speculative" else None
+        strip = run_strip(trace, 0)
+        self.strip = go.FigureWidget(strip) if strip is not None else None
         self.step = 0
         self.slider.observe(lambda change: self.update(change["new"]), names="value")
         parts = [widgets.HBox([self.play, self.slider]), self.figure, self.detail]
@@ -70,7 +72,9 @@ class Player(widgets.VBox):
             self.figure.layout.update({k: d["layout"][k] for k in LAYOUT_KEYS if k in d["layout"]})
         if self.strip is not None:
             with self.strip.batch_update():
-                self.strip.data[2].update(x=[step, step], y=list(self.strip.layout.yaxis.range))
+                # the strip's "current" marker, wherever that figure puts it for this step
+                mark = next(t for t in run_strip(self.trace, step).data if t.name == "current")
+                self.strip.update_traces(dict(x=mark.x, y=mark.y), selector=dict(name="current"))
         self.detail.value = detail_html(self.trace, step)
         self.step = step
         if self.slider.value != step:

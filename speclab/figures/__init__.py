@@ -11,12 +11,19 @@ step, so a player can update a figure in place and an export can animate it with
     acceptance_summary(trace)      accepted length strip, histogram, per-position acceptance
     timing(trace)                  draft vs verify seconds per round
     dag_figure(trace, step)        a DAG run with each strategy's path; `step` highlights one
+    canvas_figure(trace, step)     a diffusion canvas after one denoising step, over the confidence
+                                   of its masked positions (block shaded, threshold line)
+    decoding_order(trace, step)    position x step confidence heatmap, marked where committed
+    confidence_bands(trace, step)  min / median / max confidence and commits per denoising step
+    run_strip(trace, step)         the run at a glance under a step view (round strip or bands)
 """
-from speclab.figures.compose import n_steps, step_dict, step_figure
+from speclab.figures.compose import n_steps, run_strip, step_dict, step_figure, step_label, step_names
 from speclab.figures.dag import dag_figure
+from speclab.figures.diffusion import canvas_figure, confidence_bands, decoding_order
 from speclab.figures.summary import acceptance_summary, per_position, round_strip, timing
 from speclab.figures.tokens import cells, token_strip
 from speclab.figures.tree import draft_tree
 
 __all__ = ["token_strip", "draft_tree", "step_figure", "round_strip", "acceptance_summary", "timing",
-           "dag_figure", "per_position", "cells", "n_steps", "step_dict"]
+           "dag_figure", "per_position", "cells", "n_steps", "step_dict", "canvas_figure", "decoding_order",
+           "confidence_bands", "run_strip", "step_label", "step_names"]

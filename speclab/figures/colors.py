@@ -29,3 +29,10 @@ _EXTRA = ["#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
 def strategy_color(name: str, i: int = 0) -> str:
     return STRATEGY.get(name, _EXTRA[i % len(_EXTRA)])
+
+# a diffusion canvas position after a denoising step (canvas view, decoding-order map)
+CANVAS = {"earlier": "#8fd19e", "now": "#f4a259", "masked": "#e3e3e3"}
+CANVAS_LABEL = {"earlier": "committed earlier", "now": "committed this step", "masked": "still masked"}
+PROPOSAL = {"now": "#f4a259", "block": "#7fb3ff", "outside": "#cfdff5"}   # confidence bars
+BLOCK_FILL, BLOCK_LINE = "rgba(31,119,180,0.10)", "rgba(31,119,180,0.55)"
+THRESHOLD = "#d62728"

@@ -2,25 +2,58 @@
 
 Speculative: the token strip (current round outlined) above the round's draft tree, one figure
 with two rows so a FigureWidget or a frame updates both at once. DAG: the DAG figure, a step per
-strategy. Heights are fixed over the run so stepping never makes the page jump.
+strategy. Diffusion: the canvas over the confidence of its masked positions, a step per denoising
+forward. Heights are fixed over the run so stepping never makes the page jump.
+
+`run_strip` is the whole run at a glance under the step view (tokens per round, confidence bands);
+its "current" trace marks the step, so a player moves only that.
 """
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
 from speclab.figures.dag import dag_figure, strategies
+from speclab.figures.diffusion import canvas_dict, confidence_bands
+from speclab.figures.summary import round_strip
 from speclab.figures.tokens import strip_parts
 from speclab.figures.tree import tree_parts
 from speclab.trace import Trace
 
 
 def n_steps(trace: Trace) -> int:
-    """How many steps a player walks through: rounds (speculative) or strategies (dag)."""
+    """How many steps a player walks through: rounds (speculative), strategies (dag) or denoising
+    forwards (diffusion)."""
     if trace.engine == "speculative":
         return len(trace.rounds)
     if trace.engine == "dag":
         return len(strategies(trace))
-    raise ValueError(f"no step view for the {trace.engine!r} engine yet (speculative and dag are supported)")
+    if trace.engine == "diffusion":
+        return len(trace.denoise)
+    raise ValueError(f"no step view for the {trace.engine!r} engine (speculative, diffusion and dag are supported)")
+
+
+STEP_LABEL = {"speculative": "round", "dag": "strategy", "diffusion": "step"}
+
+
+def step_label(trace: Trace) -> str:
+    """What one step is called on a slider."""
+    return STEP_LABEL.get(trace.engine, "step")
+
+
+def step_names(trace: Trace) -> list[str]:
+    """Slider labels: strategy names for a DAG run, 1-based numbers otherwise."""
+    if trace.engine == "dag":
+        return strategies(trace)
+    return [str(k + 1) for k in range(n_steps(trace))]
+
+
+def run_strip(trace: Trace, step: int = 0) -> go.Figure | None:
+    """The whole run at a glance with `step` marked (None for DAG runs: the DAG is the whole run)."""
+    if trace.engine == "speculative":
+        return round_strip(trace, step)
+    if trace.engine == "diffusion":
+        return confidence_bands(trace, step)
+    return None
 
 
 def tree_rows(trace: Trace) -> int:
@@ -42,6 +75,8 @@ def step_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
         d["layout"].pop("template", None)      # the default template is large and never changes
         d["layout"]["meta"] = dict(step=step % n, steps=n, engine=trace.engine)
         return d
+    if trace.engine == "diffusion":
+        return canvas_dict(trace, step, static=static)
     strip, tree = strip_parts(trace, step, static=static), tree_parts(trace, step)
     h1, h2, gap = strip["height"], max(200, 45 * tree_rows(trace)), 70
     area = h1 + gap + h2

@@ -1,0 +1,271 @@
+"""Masked-diffusion runs: the canvas at one step, the order the text was written in, and the
+confidence over the whole run.
+
+Positions are generation coordinates 0..G-1 (G = params["gen_length"]). Each DenoiseStep lists
+the positions masked BEFORE the step with the model's proposal for each (top-1 token, its
+probability = "confidence", the top-1/top-2 margin) and the positions the policy committed.
+
+    canvas_figure(trace, step)     the canvas after `step`: a cell per position coloured by state
+                                   (committed earlier / this step / still masked), over the
+                                   confidence of every position masked before the step; the active
+                                   block shaded, the policy's threshold as a line
+    decoding_order(trace, step)    position x step heatmap of confidence with a marker where each
+                                   position was committed; `step` draws a line across that row
+    confidence_bands(trace, step)  min / median / max confidence over masked positions per step,
+                                   and tokens committed per step; `step` marked
+
+Like every speclab figure: traces only, and the same traces at every step (a player updates them
+in place, an export animates them). `step` arguments are 0-based indices into `trace.denoise`;
+what the figures show (titles, hovers, step axes) counts steps from 1, like the export's slider.
+"""
+from __future__ import annotations
+
+import statistics
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from speclab.figures import colors
+from speclab.figures._util import bare_axis, check_step, num, show_token, tok
+from speclab.trace import DenoiseStep, Trace, TraceError
+
+PROB_POLICIES = ("Threshold", "LocalLeap")   # policies whose threshold is a probability
+
+
+# -- reading a diffusion trace ---------------------------------------------------------------------
+def denoise_steps(trace: Trace) -> list[DenoiseStep]:
+    if trace.engine != "diffusion":
+        raise TraceError(f"this is a {trace.engine} trace; diffusion figures need a diffusion trace")
+    return trace.denoise
+
+
+def gen_length(trace: Trace) -> int:
+    G = trace.params.get("gen_length")
+    return int(G) if G else (len(trace.denoise[0].tokens) if trace.denoise else 0)
+
+
+def prob_threshold(trace: Trace, s: DenoiseStep) -> float | None:
+    """The step's threshold when it is on the confidence scale, else None: Prophet and SchED
+    threshold a logit gap, and Fast-dLLM's factor rule a bound that depends on the rank."""
+    policy = trace.params.get("policy")
+    if s.threshold is None or trace.params.get("factor") is not None:
+        return None
+    if policy is not None and policy not in PROB_POLICIES:
+        return None
+    return s.threshold if 0 < s.threshold <= 1 else None
+
+
+def commit_steps(trace: Trace) -> list[int | None]:
+    """Per position, the step that committed it (None: never, e.g. after the end of text)."""
+    at: list[int | None] = [None] * gen_length(trace)
+    for i, s in enumerate(trace.denoise):
+        for p in s.committed:
+            at[p] = i
+    return at
+
+
+def label(trace: Trace, token: int) -> str:
+    """A cell's text: whitespace visible, end of text short enough to fit a cell."""
+    return "EOS" if token == trace.params.get("eos_id") else show_token(trace.text_of(token))
+
+
+def rotated(trace: Trace) -> bool:
+    """Vertical cell text for long canvases of multi-character tokens (fixed for the whole run)."""
+    final = trace.denoise[-1].tokens if trace.denoise else []
+    return gen_length(trace) > 12 and max((len(label(trace, t)) for t in final), default=0) > 2
+
+
+def step_note(trace: Trace, s: DenoiseStep) -> str:
+    """What the policy decided, in a few words: threshold, forced or early-exit commits, gaps."""
+    parts = []
+    if s.threshold is not None:
+        parts.append(f"threshold {s.threshold:.3g}")
+    if s.info.get("forced"):
+        parts.append("forced (nothing passed)")
+    if s.info.get("finish"):
+        parts.append("early exit: every mask committed")
+    for key, name in (("gap", "gap"), ("g", "mean margin")):
+        if key in s.info:
+            parts.append(f"{name} {s.info[key]:.3g}")
+    return ", ".join(parts)
+
+
+# -- (a) the canvas at one step --------------------------------------------------------------------
+def cell_hover(trace: Trace, s: DenoiseStep, p: int, state: str, at: int | None, prop: dict) -> str:
+    head = f"position {p}"
+    if state == "masked":
+        t, c, m = prop[p]
+        where = "" if s.block[0] <= p < s.block[1] else " (outside the active block)"
+        return f"{head}: still masked{where}<br>proposal <b>{tok(trace, t)}</b> p={num(c)} margin={num(m)}"
+    text = f"{head}: <b>{tok(trace, s.tokens[p])}</b> (id {s.tokens[p]})"
+    if state == "now":
+        _, c, m = prop[p]
+        return text + f"<br>committed this step, p={num(c)} margin={num(m)}"
+    return text + (f"<br>committed at step {at + 1}" if at is not None else "")
+
+
+def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
+    """The canvas view as a plain {"data", "layout"} dict. Traces: 0 block shade (cells), 1 the
+    cells, 2 block shade (bars), 3 confidence bars, 4 threshold, 5.. legend entries (None when
+    static=False: they never change)."""
+    steps = denoise_steps(trace)
+    step = check_step(trace, step, len(steps))
+    s, G, n = steps[step], gen_length(trace), len(steps)
+    (lo, hi), at = s.block, commit_steps(trace)
+    prop = {p: (t, c, m) for p, t, c, m in zip(s.masked, s.top1, s.conf, s.margin)}
+    now, before = set(s.committed), set(s.masked)
+    state = ["now" if p in now else "masked" if p in before else "earlier" for p in range(G)]
+    vertical = rotated(trace)
+    shade = lambda y0, y1, axes: dict(
+        type="scatter", x=[lo - 0.5, hi - 0.5, hi - 0.5, lo - 0.5, lo - 0.5], y=[y0, y0, y1, y1, y0],
+        mode="lines", fill="toself", fillcolor=colors.BLOCK_FILL, line=dict(color=colors.BLOCK_LINE, width=1),
+        name="active block", showlegend=axes == "", hoverinfo="skip",
+        xaxis="x" + axes, yaxis="y" + axes)
+    cells = dict(
+        type="bar", x=list(range(G)), y=[1] * G, width=0.92, name="canvas", showlegend=False,
+        text=["" if st == "masked" else label(trace, s.tokens[p]) for p, st in enumerate(state)],
+        textposition="inside", insidetextanchor="middle", textangle=-90 if vertical else 0,
+        textfont=dict(family="monospace", size=12),
+        marker=dict(color=[colors.CANVAS[st] for st in state], line=dict(width=0)),
+        hovertext=[cell_hover(trace, s, p, st, at[p], prop) for p, st in enumerate(state)],
+        hovertemplate="%{hovertext}<extra></extra>", customdata=state)
+    entropy = s.info.get("entropy")
+    bars = dict(
+        type="bar", x=list(s.masked), y=list(s.conf), width=0.8, name="confidence of masked positions",
+        text=[label(trace, t) for t in s.top1], textposition="auto", textangle=-90 if vertical else 0,
+        textfont=dict(family="monospace", size=11),
+        marker=dict(color=[colors.PROPOSAL["now" if p in now else "block" if lo <= p < hi else "outside"]
+                           for p in s.masked], line=dict(width=0)),
+        hovertext=[f"position {p}: proposal <b>{tok(trace, t)}</b><br>p={num(c)} margin={num(m)}"
+                   + (f" entropy={num(entropy[i])}" if entropy else "") + ("<br>committed" if p in now else "")
+                   for i, (p, t, c, m) in enumerate(zip(s.masked, s.top1, s.conf, s.margin))],
+        hovertemplate="%{hovertext}<extra></extra>", xaxis="x2", yaxis="y2")
+    thr = prob_threshold(trace, s)
+    line = dict(type="scatter", x=[-0.5, G - 0.5] if thr is not None else [None],
+                y=[thr, thr] if thr is not None else [None], mode="lines", name="threshold",
+                line=dict(color=colors.THRESHOLD, width=2, dash="dash"), showlegend=thr is not None,
+                hovertemplate="threshold %{y:.3g}<extra></extra>", xaxis="x2", yaxis="y2")
+    legend = [None if not static else dict(
+        type="scatter", x=[None], y=[None], mode="markers", name=colors.CANVAS_LABEL[k],
+        marker=dict(symbol="square", size=12, color=colors.CANVAS[k])) for k in colors.CANVAS]
+    h1, h2, gap = (110 if vertical else 50), 220, 45
+    area = h1 + gap + h2
+    note = step_note(trace, s)
+    title = (f"{trace.method}: step {step + 1}/{n}, block [{lo}, {hi}): committed {len(now)}, "
+             f"{len(before) - len(now)} still masked")
+    title += f"<br><span style='font-size:12px'>{note}</span>" if note else ""
+    xr = [-0.6, G - 0.4]
+    layout = dict(
+        title=dict(text=title), height=area + 180, plot_bgcolor="white", barmode="overlay",
+        margin=dict(l=55, r=10, t=80, b=100),       # each text shrinks to fit its own cell
+        legend=dict(orientation="h", y=-70 / area, yanchor="top", x=0),
+        xaxis=bare_axis(range=xr, domain=[0, 1], anchor="y"),
+        yaxis=bare_axis(range=[-0.15, 1.15], domain=[(h2 + gap) / area, 1], anchor="x"),
+        xaxis2=dict(range=xr, domain=[0, 1], anchor="y2", showgrid=False, zeroline=False,
+                    title=dict(text="position"), dtick=max(1, G // 16)),
+        yaxis2=dict(range=[0, 1.05], domain=[0, h2 / area], anchor="x2", gridcolor="#eeeeee",
+                    title=dict(text="confidence p(top-1)")),
+        meta=dict(step=step, steps=n, engine=trace.engine))
+    data = [shade(-0.12, 1.12, ""), cells, shade(0, 1.05, "2"), bars, line] + legend
+    return dict(data=data, layout=layout)
+
+
+def canvas_figure(trace: Trace, step: int = 0) -> go.Figure:
+    """The canvas after `step` over the confidence of the positions masked before it."""
+    return go.Figure(canvas_dict(trace, step))
+
+
+# -- (b) the decoding order ------------------------------------------------------------------------
+def decoding_order(trace: Trace, step: int | None = None) -> go.Figure:
+    """Confidence per (position, step) while the position is masked, blank once committed; a
+    marker where each position was committed, so the map reads as the order of writing.
+    x = position (as in the canvas view), y = step, downwards. Traces: 0 heatmap, 1 commits,
+    2 block bounds, 3 current step."""
+    steps = denoise_steps(trace)
+    step = check_step(trace, step, len(steps)) if step is not None else None
+    G, S = gen_length(trace), len(steps)
+    z: list[list[float | None]] = [[None] * G for _ in range(S)]     # (S, G)
+    for i, s in enumerate(steps):
+        for p, c in zip(s.masked, s.conf):
+            z[i][p] = c
+    marks = [(p, i + 1, s.tokens[p], dict(zip(s.masked, s.conf)).get(p))          # steps from 1
+             for i, s in enumerate(steps) for p in s.committed]
+    fig = go.Figure()
+    fig.add_trace(go.Heatmap(
+        x=list(range(G)), y=list(range(1, S + 1)), z=z, zmin=0, zmax=1, colorscale="Blues", name="confidence",
+        hoverongaps=False,
+        colorbar=dict(title=dict(text="p(top-1)"), thickness=12, len=0.8),
+        hovertemplate="position %{x}, step %{y}: masked, confidence %{z:.3f}<extra></extra>"))
+    fig.add_trace(go.Scatter(
+        x=[m[0] for m in marks], y=[m[1] for m in marks], mode="markers+text" if G <= 32 else "markers",
+        name="committed", text=[label(trace, m[2]) for m in marks], textposition="middle right",
+        textfont=dict(family="monospace", size=10),
+        marker=dict(symbol="circle", size=9 if G <= 64 else 5, color=colors.CANVAS["now"],
+                    line=dict(color="#333333", width=1)),
+        hovertext=[f"position {p} committed at step {i}: <b>{tok(trace, t)}</b> p={num(c)}" for p, i, t, c in marks],
+        hovertemplate="%{hovertext}<extra></extra>"))
+    B = int(trace.params.get("block_length") or G)
+    bx, by = [], []
+    for b in range(B, G, B):                                         # inner block boundaries
+        bx += [b - 0.5, b - 0.5, None]
+        by += [0.5, S + 0.5, None]
+    fig.add_trace(go.Scatter(x=bx or [None], y=by or [None], mode="lines", name="block boundary",
+                             line=dict(color=colors.BLOCK_LINE, width=1, dash="dot"), hoverinfo="skip",
+                             showlegend=bool(bx)))
+    fig.add_trace(go.Scatter(x=[-0.5, G - 0.5] if step is not None else [None],
+                             y=[step + 1, step + 1] if step is not None else [None], mode="lines", name="current",
+                             line=dict(color=colors.CURRENT, width=2), hoverinfo="skip", showlegend=False))
+    fig.update_layout(
+        title=f"decoding order: {len(marks)} positions committed in {S} steps", plot_bgcolor="white",
+        height=min(700, max(260, 120 + 16 * S)), margin=dict(l=50, r=10, t=50, b=40),
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+        xaxis=dict(title="position", range=[-0.5, G - 0.5], showgrid=False, zeroline=False),
+        yaxis=dict(title="step", range=[S + 0.5, 0.5], showgrid=False, zeroline=False))
+    return fig
+
+
+# -- (c) confidence over the run -------------------------------------------------------------------
+def confidence_bands(trace: Trace, step: int | None = None) -> go.Figure:
+    """Per step: min / median / max confidence over the positions masked before it (the band),
+    the threshold where it is a probability, and below, tokens committed. Traces: 0 max, 1 min
+    (filled to max), 2 median, 3 threshold, 4 current step, 5 commits per step."""
+    steps = denoise_steps(trace)
+    step = check_step(trace, step, len(steps)) if step is not None else None
+    xs = list(range(1, len(steps) + 1))                          # steps from 1
+    lo = [min(s.conf) if s.conf else None for s in steps]
+    hi = [max(s.conf) if s.conf else None for s in steps]
+    mid = [statistics.median(s.conf) if s.conf else None for s in steps]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.68, 0.32], vertical_spacing=0.06)
+    band = dict(color=colors.PROPOSAL["block"], width=0.5)
+    fig.add_trace(go.Scatter(x=xs, y=hi, mode="lines", line=band, name="max", showlegend=False,
+                             hovertemplate="step %{x}: max %{y:.3f}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=xs, y=lo, mode="lines", line=band, fill="tonexty",
+                             fillcolor="rgba(127,179,255,0.35)", name="min-max over masked",
+                             hovertemplate="step %{x}: min %{y:.3f}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=xs, y=mid, mode="lines+markers", name="median",
+                             line=dict(color=colors.VERIFY_TIME, width=2), marker=dict(size=4),
+                             hovertemplate="step %{x}: median %{y:.3f}<extra></extra>"), row=1, col=1)
+    thr = [prob_threshold(trace, s) for s in steps]
+    fig.add_trace(go.Scatter(x=xs, y=thr, mode="lines", name="threshold",
+                             showlegend=any(t is not None for t in thr),
+                             line=dict(color=colors.THRESHOLD, dash="dash", width=1.5),
+                             hovertemplate="step %{x}: threshold %{y:.3g}<extra></extra>"), row=1, col=1)
+    here = step is not None
+    fig.add_trace(go.Scatter(x=[step + 1, step + 1] if here else [None], y=[0, 1.05] if here else [None], mode="lines",
+                             line=dict(color=colors.CURRENT, width=2), name="current", hoverinfo="skip",
+                             showlegend=False), row=1, col=1)
+    fig.add_trace(go.Bar(x=xs, y=[len(s.committed) for s in steps], name="committed",
+                         marker_color=[colors.THRESHOLD if s.info.get("finish") else colors.CANVAS["now"]
+                                       for s in steps],       # red: an early exit committed every mask
+                         customdata=[", ".join(label(trace, s.tokens[p]) for p in s.committed) for s in steps],
+                         hovertemplate="step %{x}: %{y} committed: %{customdata}<extra></extra>"), row=2, col=1)
+    t = trace.totals
+    fig.update_yaxes(range=[0, 1.05], title_text="confidence", gridcolor="#eeeeee", row=1, col=1)
+    fig.update_yaxes(title_text="committed", gridcolor="#eeeeee", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(range=[0.4, len(xs) + 0.6], showgrid=False)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_layout(title=f"{trace.method}: {len(steps)} steps, {t.new_tokens} tokens "
+                            f"({t.tau:.2f} per forward)", height=360, plot_bgcolor="white", bargap=0.1,
+                      margin=dict(l=55, r=10, t=50, b=40),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
+    return fig

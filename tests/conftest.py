@@ -20,4 +20,4 @@ def draft():
 @pytest.fixture(scope="session")
 def heldout_prompts():
     from speclab.bench.prompts import load_prompts
-    return load_prompts("code-mixed", limit=20)
+    return load_prompts("code-mixed", limit=12)

@@ -8,7 +8,7 @@ import speclab
 from speclab.decoding.acceptance import Sampler, warp
 from speclab.trace import Trace, replay
 
-NEW = 128
+NEW = 96
 CONFIGS = [  # (method, params): every method and length policy, chains and trees
     ("draft-model", dict(k=4)),
     ("draft-model", dict(threshold=0.4, max_k=8)),

@@ -1,0 +1,111 @@
+"""Quality against parallelism for the diffusion policies, printed as Markdown tables.
+
+digits-dllm: N held-out ADD prompts (exact match) and N SUM prompts (valid = six digits summing to
+s), greedy, every policy on the same prompts; forwards per answer = model forwards per prompt.
+code-dllm: prompts from the code-complete set, forwards per generated token and agreement with
+the one-token-per-step output (share of positions equal, and share of outputs identical).
+
+  python -m speclab.bench.dllm_eval --n 500 --code-prompts 20 > dllm-eval.md
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+import speclab
+from speclab.train import digits
+
+ONE_PER_STEP = ("dllm-lowconf", {})
+
+DIGIT_POLICIES = [
+    ("one per step (lowconf, 8 steps)", "dllm-lowconf", {}),
+    ("two per step (lowconf, 4 steps)", "dllm-lowconf", {"steps": 4}),
+    ("random remasking, 8 steps", "dllm-lowconf", {"remasking": "random"}),
+    ("threshold 0.9", "dllm-threshold", {"threshold": 0.9}),
+    ("threshold 0.7", "dllm-threshold", {"threshold": 0.7}),
+    ("threshold 0.5", "dllm-threshold", {"threshold": 0.5}),
+    ("factor 1.0", "dllm-threshold", {"factor": 1.0}),
+    ("Prophet (7.5/5/2.5)", "dllm-prophet", {}),
+    ("SchED cosine 7.5->2.5", "dllm-sched", {}),
+    ("LocalLeap 0.9/0.75 r=4", "dllm-localleap", {}),
+]
+
+CODE_POLICIES = [
+    ("one per step", "dllm-lowconf", {}),
+    ("two per step", "dllm-lowconf", {"steps": 32}),
+    ("threshold 0.9", "dllm-threshold", {"threshold": 0.9}),
+    ("threshold 0.7", "dllm-threshold", {"threshold": 0.7}),
+    ("threshold 0.5", "dllm-threshold", {"threshold": 0.5}),
+    ("factor 1.0", "dllm-threshold", {"factor": 1.0}),
+    ("Prophet", "dllm-prophet", {}),
+    ("SchED", "dllm-sched", {}),
+    ("LocalLeap", "dllm-localleap", {}),
+]
+
+
+def digits_table(n: int, target: str = "digits-dllm") -> str:
+    model, tok = speclab.load(target)
+    prompts = digits.eval_prompts(n)
+    rows = []
+    for label, method, kw in tqdm(DIGIT_POLICIES, desc="digits policies"):
+        ok = {"ADD": 0, "SUM": 0}
+        fwd, t0 = 0, time.perf_counter()
+        for p in prompts:
+            r = speclab.run((model, tok), p["prompt"], method, gen_length=digits.ANSWER_LEN, record=None, **kw)
+            ok[p["task"]] += digits.check(p["prompt"], tok.decode(r.ids))
+            fwd += r.trace.totals.target_forwards
+        rows.append(f"| {label} | `{method}` {_kw(kw)} | {ok['ADD'] / n:.3f} | {ok['SUM'] / n:.3f} | "
+                    f"{fwd / len(prompts):.2f} | {time.perf_counter() - t0:.1f} |")
+    head = ("| policy | method | ADD exact | SUM valid | forwards / answer | wall s |\n"
+            "|---|---|---|---|---|---|")
+    return f"digits-dllm, {n} held-out ADD + {n} SUM prompts, greedy, gen_length 8\n\n{head}\n" + "\n".join(rows)
+
+
+def code_table(n: int, gen_length: int = 64, block_length: int = 32, target: str = "code-dllm") -> str:
+    from speclab.bench.prompts import load_prompts
+    model, tok = speclab.load(target)
+    prompts = [p[-600:] for p in load_prompts("code-complete", n)]
+    ref = [speclab.run((model, tok), p, ONE_PER_STEP[0], gen_length=gen_length, block_length=block_length,
+                       record=None).ids for p in tqdm(prompts, desc="reference")]
+    rows = []
+    for label, method, kw in tqdm(CODE_POLICIES, desc="code policies"):
+        fwd = toks = same_pos = n_pos = identical = 0
+        for p, want in zip(prompts, ref):
+            r = speclab.run((model, tok), p, method, gen_length=gen_length, block_length=block_length,
+                            record=None, **kw)
+            fwd, toks = fwd + r.trace.totals.target_forwards, toks + len(r.ids)
+            m = min(len(r.ids), len(want))
+            same_pos += sum(a == b for a, b in zip(r.ids[:m], want[:m]))
+            n_pos += max(len(r.ids), len(want))
+            identical += r.ids == want
+        rows.append(f"| {label} | `{method}` {_kw(kw)} | {fwd / toks:.3f} | {toks / fwd:.2f} | "
+                    f"{same_pos / n_pos:.3f} | {identical}/{n} |")
+    head = ("| policy | method | forwards / token | tokens / forward | positions equal to one-per-step "
+            "| identical outputs |\n|---|---|---|---|---|---|")
+    return (f"code-dllm, {n} code-complete prompts (last 600 characters), gen_length {gen_length}, "
+            f"block_length {block_length}, greedy\n\n{head}\n" + "\n".join(rows))
+
+
+def _kw(kw: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in kw.items())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=500, help="held-out prompts per digits task")
+    ap.add_argument("--code-prompts", type=int, default=20)
+    ap.add_argument("--threads", type=int)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    print(digits_table(a.n))
+    if a.code_prompts:
+        print()
+        print(code_table(a.code_prompts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The diffusion engine on the real zoo dLLMs: faithful traces, policy rules, quality, bad input."""
+import json
+
+import pytest
+import torch
+
+import speclab
+from speclab.cli import main
+from speclab.decoding.dllm_policies import POLICIES, LocalLeap, Threshold, View, num_transfer
+from speclab.models.dllm import Denoiser
+from speclab.trace import Trace, TraceError, replay
+from speclab.train import digits
+
+ALL = [("dllm-lowconf", {}), ("dllm-lowconf", {"steps": 4, "remasking": "random"}),
+       ("dllm-threshold", {"threshold": 0.9}), ("dllm-threshold", {"factor": 1.0}),
+       ("dllm-prophet", {"late": 0.5}), ("dllm-sched", {"tau_low": 0.5}), ("dllm-localleap", {})]
+CODE_PROMPT = "def read_config(path):\n    with open(path) as f:\n"
+
+
+@pytest.fixture(scope="module")
+def dig():
+    return speclab.models.zoo.load_shared("digits-dllm")
+
+
+@pytest.fixture(scope="module")
+def code():
+    return speclab.models.zoo.load_shared("code-dllm")
+
+
+def count_forwards(model):
+    """Forwards the network really ran, counted by a hook on the module itself."""
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    return calls, handle
+
+
+@pytest.mark.parametrize("method,kw", ALL)
+@pytest.mark.parametrize("record", ["light", "full"])
+def test_faithful_trace(dig, method, kw, record, tmp_path):
+    calls, h = count_forwards(dig[0])
+    try:
+        r = speclab.run(dig, "SUM 31=", method, gen_length=8, record=record, **kw)
+    finally:
+        h.remove()
+    t = r.trace
+    assert t.totals.target_forwards == len(calls) == len(t.denoise)
+    t.save(tmp_path / "t.json")
+    back = Trace.load(tmp_path / "t.json")
+    assert replay(back) == r.ids == back.output_ids
+    quiet = speclab.run(dig, "SUM 31=", method, gen_length=8, record=None, **kw)
+    assert quiet.ids == r.ids and quiet.trace.totals.target_forwards == t.totals.target_forwards
+
+
+@pytest.mark.parametrize("method,kw", ALL)
+def test_commits_stay_in_the_active_block_and_never_repeat(code, method, kw):
+    r = speclab.run(code, CODE_PROMPT, method, gen_length=32, block_length=8, record="light", **kw)
+    seen = set()
+    for s in r.trace.denoise:
+        lo, hi = s.block
+        assert s.committed, "every step commits at least one position"
+        assert set(s.committed) <= set(s.masked) and not seen & set(s.committed)
+        if not s.info.get("finish"):
+            assert all(lo <= p < hi for p in s.committed)
+        seen |= set(s.committed)
+    assert replay(r.trace) == r.ids
+
+
+def test_one_per_step_lowconf_equals_threshold_one(code):
+    """With threshold 1.0 nothing passes, so the forced best token alone is committed each step:
+    exactly LLaDA's one-token-per-step low-confidence decoding, token for token."""
+    a = speclab.run(code, CODE_PROMPT, "dllm-lowconf", gen_length=32, block_length=16, eos_stop=False)
+    b = speclab.run(code, CODE_PROMPT, "dllm-threshold", threshold=1.0, gen_length=32, block_length=16,
+                    eos_stop=False)
+    assert a.ids == b.ids and a.trace.totals.target_forwards == b.trace.totals.target_forwards == 32
+    assert all(len(s.committed) == 1 for s in a.trace.denoise)
+
+
+def test_fixed_steps_commit_the_llada_schedule(code):
+    r = speclab.run(code, CODE_PROMPT, "dllm-lowconf", steps=6, gen_length=32, block_length=16, eos_stop=False)
+    assert [len(s.committed) for s in r.trace.denoise] == num_transfer(16, 3) * 2 == [6, 5, 5] * 2
+
+
+def test_threshold_uses_fewer_forwards_on_code(code):
+    one = speclab.run(code, CODE_PROMPT, "dllm-lowconf", gen_length=32, eos_stop=False)
+    par = speclab.run(code, CODE_PROMPT, "dllm-threshold", threshold=0.5, gen_length=32, eos_stop=False)
+    assert par.trace.totals.target_forwards < one.trace.totals.target_forwards == 32
+
+
+def test_digits_quality(dig):
+    """The shipped model solves held-out ADD and makes valid SUM answers one token per step."""
+    prompts = digits.eval_prompts(40, seed=7)
+    ok = {"ADD": 0, "SUM": 0}
+    for p in prompts:
+        r = speclab.run(dig, p["prompt"], "dllm-lowconf", gen_length=8, record=None)
+        ok[p["task"]] += digits.check(p["prompt"], dig[1].decode(r.ids))
+    assert ok["ADD"] >= 36 and ok["SUM"] >= 34, ok
+
+
+def test_sampling_is_seeded(dig):
+    a = [speclab.run(dig, "SUM 27=", "dllm-lowconf", gen_length=8, temperature=1.0, seed=s).ids for s in range(6)]
+    b = [speclab.run(dig, "SUM 27=", "dllm-lowconf", gen_length=8, temperature=1.0, seed=s).ids for s in range(6)]
+    assert a == b and len({tuple(x) for x in a}) > 1
+
+
+def test_eos_stop_ends_early(dig):
+    r = speclab.run(dig, "ADD 001+002=", "dllm-lowconf", gen_length=8, block_length=2)
+    assert r.ids[-1] == dig[1].eos_token_id and r.trace.totals.target_forwards < 8
+
+
+def _view(conf, eligible=None):
+    conf = torch.tensor(conf)
+    el = torch.ones(len(conf), dtype=torch.bool) if eligible is None else torch.tensor(eligible)
+    z = torch.zeros(len(conf))
+    return View(0, 8, (0, len(conf)), 0, el, el.clone(), torch.arange(len(conf)), conf, z, z, None)
+
+
+def test_threshold_and_factor_rules():
+    v = _view([0.95, 0.5, 0.91, 0.2])
+    assert Threshold(0.9).select(v).commit.tolist() == [True, False, True, False]
+    assert Threshold(0.99).select(v).commit.tolist() == [True, False, False, False]   # at least one
+    # factor f=1: rank j (0-based) needs c >= 1 - 1/(j+2): 0.95 (needs 0.5), 0.91 (0.667), 0.5 (0.75) fails
+    assert Threshold(factor=1.0).select(v).commit.tolist() == [True, False, True, False]
+
+
+def test_localleap_relaxes_near_anchors():
+    v = _view([0.95, 0.8, 0.1, 0.1, 0.1, 0.1, 0.1, 0.8])
+    c = LocalLeap(0.9, 0.75, radius=2).select(v).commit.tolist()
+    assert c == [True, True, False, False, False, False, False, False]
+
+
+def test_replay_rejects_a_double_commit(dig):
+    t = speclab.run(dig, "SUM 12=", "dllm-lowconf", gen_length=8).trace
+    t.denoise[1].committed = list(t.denoise[0].committed)
+    with pytest.raises(TraceError, match="committed twice"):
+        replay(t)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(gen_length=0), "gen_length must be"),
+    (dict(gen_length=8, block_length=3), "must divide gen_length"),
+    (dict(gen_length=8, threshold=0.0), r"threshold must be in \(0, 1\]"),
+    (dict(gen_length=8, threshold=1.5), r"threshold must be in \(0, 1\]"),
+    (dict(gen_length=8, bogus=1), "does not take"),
+])
+def test_bad_input(dig, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        speclab.run(dig, "SUM 12=", "dllm-threshold", **kw)
+
+
+def test_steps_must_fit_the_blocks(dig):
+    with pytest.raises(ValueError, match="multiple of the number of blocks"):
+        speclab.run(dig, "SUM 12=", "dllm-lowconf", gen_length=8, block_length=2, steps=6)
+
+
+def test_causal_lm_is_refused():
+    with pytest.raises(ValueError, match="not a masked-diffusion LM"):
+        speclab.run("code-draft", "def ", "dllm-threshold", gen_length=8)
+    with pytest.raises(ValueError, match="not a masked-diffusion LM"):
+        Denoiser(speclab.models.zoo.load_shared("code-target")[0])
+
+
+def test_cli_json_and_errors(capsys):
+    code = main(["run", "--target", "digits-dllm", "--method", "dllm-threshold", "--threshold", "0.9",
+                 "--gen-length", "8", "--block-length", "8", "--prompt", "ADD 120+305=", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert code == 0 and {"text", "ids", "new_tokens", "target_forwards", "wall_s"} <= set(d)
+    assert d["target_forwards"] <= 8 and d["new_tokens"] == len(d["ids"])
+    code = main(["run", "--target", "digits-dllm", "--method", "dllm-threshold", "--gen-length", "8",
+                 "--block-length", "3", "--prompt", "ADD 1+2="])
+    err = capsys.readouterr().err
+    assert code == 2 and "must divide gen_length" in err and "Traceback" not in err
+
+
+def test_every_policy_is_registered():
+    from speclab.decoding.registry import METHODS, method_params
+    for name in POLICIES:
+        assert METHODS[name].engine == "diffusion" and "gen_length" in method_params(name)

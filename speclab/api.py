@@ -102,6 +102,10 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     if dft is not None:
         check_vocab(tgt, dft)
     model, tok = tgt
+    from speclab.models.dllm import is_dllm
+    if is_dllm(model) or (dft is not None and is_dllm(dft[0])):
+        raise ValueError(f"{getattr(model, 'name_or_path', 'the model')} is a masked-diffusion LM (bidirectional): "
+                         f"decode it with a dllm-* method (dllm-threshold, dllm-lowconf, ...), not {method!r}")
     ids = encode_prompt(tok, prompt, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     extra = {"backend": backend} if custom is None and takes_backend(method) else {}
     drafter = custom or m.build(model, dft[0] if dft else None, **method_params_, **extra)

@@ -175,3 +175,8 @@ def test_every_policy_is_registered():
     from speclab.decoding.registry import METHODS, method_params
     for name in POLICIES:
         assert METHODS[name].engine == "diffusion" and "gen_length" in method_params(name)
+
+
+def test_dllm_is_refused_by_causal_methods(dig):
+    with pytest.raises(ValueError, match="masked-diffusion LM"):
+        speclab.generate(dig, "ADD 001+002=", "ar", max_new_tokens=4)

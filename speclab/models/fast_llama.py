@@ -42,24 +42,14 @@ class FastLlama:
         # for 2-3 rows (7.1 ms against 9.4). So on a CPU the (out, in) copy is kept too and chosen
         # for 2-3 rows: twice the weight memory, which is small for the models this path serves.
         self.dual = self.device.type == "cpu"
-        with torch.no_grad():
-            self.layers = [_weights(self.dual,
-                                    wqkv=(l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight),
-                                    wo=(l.self_attn.o_proj.weight,), w13=(l.mlp.gate_proj.weight, l.mlp.up_proj.weight),
-                                    w2=(l.mlp.down_proj.weight,))
-                           | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight)
-                           for l in inner.layers]
-            self.embed, self.norm = inner.embed_tokens.weight, inner.norm.weight
-            self.head = _weights(self.dual, head=(model.lm_head.weight,))
-            # + room for draft-tree nodes verified past the last committed position
-            self.max_len = max_len or cfg.max_position_embeddings + 64
-            pos = torch.arange(self.max_len, device=self.device)[None]
-            cos, sin = inner.rotary_emb(self.embed[None, :1], pos)           # (1, S, D) each
-            half = self.D // 2                     # rotate_half(x) * sin == roll(x, half) * sin_signed
-            self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
+        self.layers, self.head = _packed(model, self.dual)
+        self.embed, self.norm = inner.embed_tokens.weight, inner.norm.weight
+        # + room for draft-tree nodes verified past the last committed position
+        self.max_len = max_len or cfg.max_position_embeddings + 64
+        self.cos, self.sin = _rope_tables(model, self.max_len, self.D)
         L = len(self.layers)
-        # (layers, 2, Hkv, S, D): written in place, never reallocated
-        self.kv = torch.zeros(L, 2, self.Hkv, self.max_len, self.D, device=self.device, dtype=self.dtype)
+        # (layers, 2, Hkv, S, D): written in place, never reallocated; slots are read only after a write
+        self.kv = torch.empty(L, 2, self.Hkv, self.max_len, self.D, device=self.device, dtype=self.dtype)
         self.n = 0
         self.forwards = 0
         self.capture_layers: tuple[int, ...] = ()
@@ -161,6 +151,37 @@ class _ExitLM:
         out = self.base.forward(ids, parents, n_prefix, last_only, n_layers=self.n_layers)
         self.base.forwards = saved      # a draft forward, not a target forward
         return out
+
+
+def _packed(model, dual: bool):
+    """The fused / transposed weights, built once per model and reused by every decode (building
+    them costs ~30 ms for the target). Rebuilt if any parameter was modified in place since."""
+    key = (dual, sum(p._version for p in model.parameters()), tuple(p.data_ptr() for p in model.parameters()))
+    cached = getattr(model, "_speclab_packed", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    with torch.no_grad():
+        layers = [_weights(dual, wqkv=(l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight),
+                           wo=(l.self_attn.o_proj.weight,), w13=(l.mlp.gate_proj.weight, l.mlp.up_proj.weight),
+                           w2=(l.mlp.down_proj.weight,))
+                  | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight)
+                  for l in model.model.layers]
+        head = _weights(dual, head=(model.lm_head.weight,))
+    model._speclab_packed = (key, (layers, head))
+    return layers, head
+
+
+def _rope_tables(model, max_len: int, D: int):
+    """cos and signed sin (S, D) for positions 0..max_len-1, computed once per model and length.
+    rotate_half(x) * sin == roll(x, D/2) * sin_signed, so RoPE is one roll and two products."""
+    tables = model.__dict__.setdefault("_speclab_rope", {})
+    if max_len not in tables:
+        with torch.no_grad():
+            inner = model.model
+            pos = torch.arange(max_len, device=inner.embed_tokens.weight.device)[None]
+            cos, sin = inner.rotary_emb(inner.embed_tokens.weight[None, :1], pos)   # (1, S, D) each
+            tables[max_len] = cos[0], torch.cat([-sin[0, :, : D // 2], sin[0, :, D // 2:]], -1)
+    return tables[max_len]
 
 
 def _weights(dual: bool, **groups) -> dict:

@@ -15,6 +15,10 @@ ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
 ZOO = {
     "code-target": "Llama causal LM, ~12.5M params, early-exit trained (LayerSkip losses at layers 2, 4, 6)",
     "code-draft": "Llama causal LM, ~1.8M params, trained on the corpus then distilled on code-target",
+    "code-dllm": "masked-diffusion LM (bidirectional Llama, ~1.8M params), adapted from code-draft",
+    "digits-dllm": "masked-diffusion LM, ~1.05M params, the two-task digits problem (ADD / SUM)",
+    "numwords-dat": "DA-Transformer: numbers to English words",
+    "dates-dat": "DA-Transformer: ISO dates to word orders",
 }
 
 

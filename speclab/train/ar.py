@@ -40,6 +40,7 @@ class TrainConfig:
     max_steps: int | None = None                         # for tests: stop after this many steps
     seed: int = 0
     threads: int | None = None
+    corpus: str = "stdlib"                               # or "stdlib+tests" (train side only)
     bf16: bool = False  # measured: bf16 autocast is 2-3x slower than fp32 on this CPU
 
 
@@ -128,7 +129,7 @@ def train_lm(out_dir, tokenizer_dir, shape: dict, cfg: TrainConfig, resume: bool
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    stream = token_stream(tokenizer, texts if texts is not None else iter_texts("train"))
+    stream = token_stream(tokenizer, texts if texts is not None else iter_texts("train", corpus=cfg.corpus))
     log(f"corpus: {len(stream):,} tokens")
 
     state = {"step": 0, "elapsed": 0.0}

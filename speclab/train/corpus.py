@@ -6,7 +6,11 @@ module name, so held-out prompts come from code the models never saw:
 
     held out  <=>  sha256(top_level_name) % 10 == HELD_OUT_BUCKET
 
-Test suites (test/, tests/, idle_test/) and site-packages are excluded.
+Test suites (test/, tests/, idle_test/) and site-packages are excluded, except that the
+`stdlib+tests` corpus adds the standard library's own test suite to the TRAINING side (about 3x
+the tokens; the held-out split is the same either way). Measured: on the 2.8M-token `stdlib`
+corpus the 12.5M-parameter target's training loss kept falling while its held-out loss stopped
+(4.80 -> 4.81 over 150 more steps): it had started to memorise, so it needs more text.
 """
 from __future__ import annotations
 
@@ -34,15 +38,22 @@ def is_held_out(module: str) -> bool:
     return int(hashlib.sha256(module.encode()).hexdigest(), 16) % 10 == HELD_OUT_BUCKET
 
 
-def source_files(split: str = "train", root: Path | None = None) -> list[SourceFile]:
+CORPORA = ("stdlib", "stdlib+tests")
+
+
+def source_files(split: str = "train", root: Path | None = None, corpus: str = "stdlib") -> list[SourceFile]:
     """All .py files of one split ("train", "heldout" or "all"), sorted for reproducibility."""
     if split not in ("train", "heldout", "all"):
         raise ValueError(f"unknown split {split!r}: use 'train', 'heldout' or 'all'")
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown corpus {corpus!r}: use one of {', '.join(CORPORA)}")
     root = Path(root) if root else stdlib_root()
     out = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if EXCLUDED_PARTS & set(rel.parts[:-1]):
+        parts = set(rel.parts[:-1])
+        tests_ok = corpus == "stdlib+tests" and split == "train" and rel.parts[0] == "test"
+        if EXCLUDED_PARTS & parts and not (tests_ok and not parts & {"site-packages", "__pycache__"}):
             continue
         module = rel.parts[0].removesuffix(".py")
         held = is_held_out(module)
@@ -56,8 +67,8 @@ def read_text(path: Path) -> str:
     return path.read_bytes().decode("utf-8", errors="replace")
 
 
-def iter_texts(split: str = "train", root: Path | None = None) -> Iterator[str]:
-    for f in source_files(split, root):
+def iter_texts(split: str = "train", root: Path | None = None, corpus: str = "stdlib") -> Iterator[str]:
+    for f in source_files(split, root, corpus):
         text = read_text(f.path)
         if text.strip():
             yield text

@@ -44,9 +44,11 @@ def main(argv=None):
     ap.add_argument("--threads", type=int)
     ap.add_argument("--max-steps", type=int)
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--corpus", choices=["stdlib", "stdlib+tests"], default="stdlib",
+                    help="stdlib+tests adds the standard library's test suite to the training side")
     a = ap.parse_args(argv)
     tok = a.tokenizer or a.out.parent / "tokenizer"
-    kw = dict(threads=a.threads, max_steps=a.max_steps, batch_size=a.batch_size)
+    kw = dict(threads=a.threads, max_steps=a.max_steps, batch_size=a.batch_size, corpus=a.corpus)
     if a.recipe == "tokenizer":
         train_tokenizer_recipe(a.out)
     elif a.recipe == "target":

@@ -46,3 +46,41 @@ def test_distill_step_runs(tmp_path):
     train_lm(tmp_path / "d", ZOO_DIR / "tokenizer", DRAFT_SHAPE, cfg, texts=texts, log=lambda *_: None,
              init_from=ZOO_DIR / "code-draft")
     assert (tmp_path / "d" / "model.safetensors").exists()
+
+
+def test_stdlib_tests_corpus_adds_training_text_only():
+    small, big = source_files("train"), source_files("train", corpus="stdlib+tests")
+    assert {f.path for f in small} < {f.path for f in big}
+    assert any(f.module == "test" for f in big) and not any(f.module == "test" for f in small)
+    assert source_files("heldout", corpus="stdlib+tests") == source_files("heldout")
+
+
+def test_masked_diffusion_loss_only_counts_maskable_positions():
+    from speclab.train.dllm import DIGITS_SHAPE, masked_diffusion_loss
+    from speclab.models.dllm import mark_dllm
+    from transformers import LlamaConfig, LlamaForCausalLM
+    model = LlamaForCausalLM(mark_dllm(LlamaConfig(vocab_size=17, **DIGITS_SHAPE), 13, shift=False))
+    x = torch.randint(0, 10, (4, 12))
+    g = torch.Generator().manual_seed(0)
+    none = torch.zeros_like(x, dtype=torch.bool)
+    assert masked_diffusion_loss(model, x, none, 13, g).item() == 0.0
+    some = none.clone()
+    some[:, -4:] = True
+    loss = masked_diffusion_loss(model, x, some, 13, g)
+    assert loss.item() > 0 and torch.isfinite(loss)
+
+
+def test_dllm_recipes_run_a_few_steps(tmp_path):
+    import speclab
+    from speclab.models.dllm import is_dllm
+    from speclab.train.dllm import DllmConfig, train_code, train_digits
+    train_digits(tmp_path / "dig", DllmConfig(max_steps=3, batch_size=8), log=lambda *_: None)
+    model, tok = speclab.load(tmp_path / "dig")
+    assert is_dllm(model) and model.config.mask_token_id == tok.mask_token_id and not model.config.speclab_shift
+    r = speclab.run((model, tok), "ADD 123+456=", "dllm-threshold", gen_length=8)
+    assert len(r.ids) >= 1 and r.trace.totals.target_forwards >= 1
+    texts = list(iter_texts("train"))[:5]
+    train_code(tmp_path / "code", ZOO_DIR / "tokenizer", ZOO_DIR / "code-draft",
+               DllmConfig(max_steps=2, batch_size=2, seq_len=64), log=lambda *_: None, texts=texts)
+    model, tok = speclab.load(tmp_path / "code")
+    assert is_dllm(model) and model.config.speclab_shift and model.config.mask_token_id == tok.mask_token_id

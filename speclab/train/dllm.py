@@ -7,7 +7,8 @@
 digits-dllm: the C.1 recipe (bidirectional, d=128, 4 layers, 4 heads, batch 128 half ADD half SUM,
 AdamW 1e-3, 200 warm-up steps then linear decay to 10%, 3000 steps); prompt never masked.
 code-dllm: AR-adapted (Dream / DiffuLLaMA style): starts from code-draft's weights, drops the
-causal mask and reads position i's prediction at i-1 (`speclab_shift`). Windows of the corpus;
+causal mask and reads position i's prediction at i-1 (`speclab_shift`). Windows of the corpus
+(stdlib+tests, see speclab.train.corpus);
 half of the batch keeps a random clean prefix (a prompt), the rest is masked anywhere.
 """
 from __future__ import annotations
@@ -127,7 +128,7 @@ def train_digits(out_dir, cfg: DllmConfig, log=print):
     return _loop(model, cfg, batch, out_dir, tok, log)
 
 
-def train_code(out_dir, tokenizer_dir, init_from, cfg: DllmConfig, log=print):
+def train_code(out_dir, tokenizer_dir, init_from, cfg: DllmConfig, log=print, texts=None):
     from transformers import AutoTokenizer, LlamaForCausalLM
     from speclab.train.ar import token_stream
     from speclab.train.corpus import iter_texts
@@ -138,7 +139,7 @@ def train_code(out_dir, tokenizer_dir, init_from, cfg: DllmConfig, log=print):
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     model = LlamaForCausalLM.from_pretrained(str(init_from), dtype=torch.float32)
     mark_dllm(model.config, tok.mask_token_id, shift=True)
-    stream = token_stream(tok, iter_texts("train"))
+    stream = token_stream(tok, texts if texts is not None else iter_texts("train", corpus="stdlib+tests"))
     log(f"code-dllm: {sum(p.numel() for p in model.parameters()):,} parameters, corpus {len(stream):,} tokens")
     L, B = cfg.seq_len, cfg.batch_size
 

@@ -4,6 +4,10 @@ Warm-up first, then `repeats` passes; within a pass, prompts are the outer loop 
 noise hits all methods alike. A row per method: wall time (median over repeats of the summed
 per-prompt wall time), tokens/s, speed-up over `ar`, tau, alpha, per-position acceptance, draft vs
 verify time, and for greedy runs the share of outputs identical to `ar`.
+
+A masked-diffusion target (code-dllm) takes dllm-* methods; its baseline is `dllm-lowconf` (one
+token per step), `--max-new-tokens` is the gen length, tau reads as tokens per forward, and
+identical_rate compares with the one-per-step output.
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from dataclasses import dataclass, field
 
 from speclab.bench.peers import PEERS, run_peer
 from speclab.bench.prompts import load_prompts
+from speclab.decoding.registry import get_method
+from speclab.models.dllm import is_dllm
 
 
 @dataclass
@@ -80,6 +86,11 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
     if "record" in params:                      # per-method recording level, e.g. ar[record=none]
         record = None if params["record"] in ("none", None) else params.pop("record")
         params.pop("record", None)
+    if get_method(spec.method).engine == "diffusion":   # gen_length = max_new_tokens slots
+        res = speclab.run(target, prompt_ids, spec.method, gen_length=max_new_tokens, record=record, **params)
+        t = res.trace.totals
+        return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=None,
+                    drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=res.trace)
     res = speclab.generate(target, prompt_ids, spec.method, draft=draft, max_new_tokens=max_new_tokens,
                            record=record, **params)
     t = res.trace.totals
@@ -97,8 +108,14 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     prompts = load_prompts(prompt_set, limit)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     prompt_ids = [encode_prompt(tok, p, max_new_tokens, max_pos) for p in prompts]
-    if not any(s.method == "ar" for s in specs):
-        specs = [MethodSpec("ar", "ar")] + specs             # the baseline is always measured
+    # the baseline, always measured: plain ar, or for a diffusion LM one token per step
+    base = "dllm-lowconf" if is_dllm(model) else "ar"
+    if is_dllm(model) and any(get_method(s.method).engine != "diffusion" for s in specs if s.method not in PEERS):
+        raise ValueError("a diffusion LM target takes dllm-* methods only")
+    if is_dllm(model) and any(s.method in PEERS for s in specs):
+        raise ValueError("transformers peers (hf-*) decode causal LMs: not available for a diffusion LM target")
+    if not any(s.label == base for s in specs):
+        specs = [MethodSpec(base, base)] + specs
     for s in specs:                                           # warm-up: every code path once
         run_one(s, target, draft, prompt_ids[0], 8, k, exit_layer, record)
     runs = {s.label: [[None] * len(prompts) for _ in range(repeats)] for s in specs}
@@ -109,10 +126,10 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                 runs[s.label][rep][i] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer, record)
                 bar.update(1)
     bar.close()
-    ar_ids = [r["ids"] for r in runs["ar"][0]]
-    ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs["ar"])
+    ar_ids = [r["ids"] for r in runs[base][0]]
+    ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs[base])
     rows = [summarise(s, runs[s.label], ar_ids, ar_wall, prompt_set, k) for s in specs]
-    out = {"rows": rows, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+    out = {"rows": rows, "baseline": base, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
            "repeats": repeats}
     if keep_traces:
         out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}

@@ -1,0 +1,72 @@
+"""`speclab bench` on the real zoo: the JSON rows, peers in the same run, what-if, diffusion
+targets, and one-line errors. Speed is not asserted here (that is BENCHMARKS.md's job)."""
+import json
+
+import pytest
+
+from speclab.bench.runner import parse_methods
+from speclab.bench.whatif import simulate_tau
+from speclab.cli import main
+
+BASE = ["bench", "--target", "code-target", "--limit", "2", "--max-new-tokens", "12"]
+
+
+def test_bench_rows_peers_and_whatif(capsys, tmp_path):
+    out = tmp_path / "b.json"
+    code = main(BASE + ["--draft", "code-draft", "--methods", "ar,draft-model[k=3],hf-greedy,hf-assisted,prompt-lookup",
+                        "--prompts", "code-complete", "--whatif", "--json", str(out), "--html", str(tmp_path / "b.html")])
+    assert code == 0 and "| draft-model[k=3] |" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    rows = {r["method"]: r for r in res["rows"]}
+    assert set(rows) == {"ar", "draft-model[k=3]", "hf-greedy", "hf-assisted", "prompt-lookup"}
+    for r in rows.values():
+        assert {"method", "prompt_set", "wall_s", "tokens_per_s", "speedup_vs_ar", "tau", "alpha",
+                "identical_rate"} <= set(r)
+        assert r["identical_rate"] == 1.0, r["method"]          # every greedy method and peer is lossless
+    assert rows["ar"]["tau"] == 1.0 and rows["ar"]["speedup_vs_ar"] == 1.0
+    dm = rows["draft-model[k=3]"]
+    assert 1.0 <= dm["tau"] <= 4.0 and 0.0 <= dm["alpha"] <= 1.0 and dm["draft_forwards"] > 0
+    assert len(dm["accept_unconditional"]) >= 3 and dm["efficiency"] > 0
+    assert [w["k"] for w in res["whatif"] if w["threshold"] is None][:3] == [1, 2, 3]
+    assert (tmp_path / "b.html").read_text().count("plotly") > 0
+
+
+def test_whatif_at_the_recorded_k_reproduces_the_run():
+    """Replaying a trace at the k it ran with must give back its own tau."""
+    import speclab
+    from speclab.bench.whatif import position_outcomes
+    from speclab.bench.prompts import load_prompts
+    r = speclab.generate("code-target", load_prompts("code-complete", 1)[0], "draft-model", draft="code-draft",
+                         k=3, max_new_tokens=40, record="full")
+    sim = simulate_tau(position_outcomes(r.trace), k=3)
+    assert sim["tau"] == pytest.approx(r.trace.totals.tau, abs=0.15)
+
+
+def test_bench_a_diffusion_target(capsys, tmp_path):
+    out = tmp_path / "d.json"
+    code = main(["bench", "--target", "code-dllm", "--limit", "2", "--max-new-tokens", "16", "--prompts",
+                 "code-complete", "--methods", "dllm-threshold[threshold=0.5],dllm-lowconf[steps=8]",
+                 "--json", str(out)])
+    assert code == 0
+    res = json.loads(out.read_text())
+    rows = {r["method"]: r for r in res["rows"]}
+    assert res["baseline"] == "dllm-lowconf" and rows["dllm-lowconf"]["identical_rate"] == 1.0
+    assert rows["dllm-lowconf[steps=8]"]["tau"] >= 1.0 and rows["dllm-threshold[threshold=0.5]"]["tau"] >= 1.0
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--methods", "ar,nonsense"], "unknown method 'nonsense'"),
+    (["--methods", "draft-model[k=3"], "bad method spec"),
+    (["--methods", "ar", "--repeats", "0"], "--repeats"),
+    (["--methods", "ar", "--prompts", "no-such-set"], "no-such-set"),
+])
+def test_bench_errors(capsys, args, msg):
+    code = main(BASE + args)
+    err = capsys.readouterr().err
+    assert code == 2 and msg in err and "Traceback" not in err
+
+
+def test_parse_methods_keeps_nested_lists():
+    s = parse_methods("ar,tree-static[paths=[[0],[1],[0,0]]],draft-model[k=6;threshold=0.5]")
+    assert [x.method for x in s] == ["ar", "tree-static", "draft-model"]
+    assert s[1].params["paths"] == [[0], [1], [0, 0]] and s[2].params == {"k": 6, "threshold": 0.5}

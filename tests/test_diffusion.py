@@ -13,7 +13,8 @@ from speclab.train import digits
 
 ALL = [("dllm-lowconf", {}), ("dllm-lowconf", {"steps": 4, "remasking": "random"}),
        ("dllm-threshold", {"threshold": 0.9}), ("dllm-threshold", {"factor": 1.0}),
-       ("dllm-prophet", {"late": 0.5}), ("dllm-sched", {"tau_low": 0.5}), ("dllm-localleap", {})]
+       ("dllm-prophet", {"late": 0.5}), ("dllm-sched", {"tau_low": 0.5}), ("dllm-localleap", {}),
+       ("dllm-freedave", {"draft_steps": 3})]
 CODE_PROMPT = "def read_config(path):\n    with open(path) as f:\n"
 
 
@@ -73,6 +74,24 @@ def test_one_per_step_lowconf_equals_threshold_one(code):
                     eos_stop=False)
     assert a.ids == b.ids and a.trace.totals.target_forwards == b.trace.totals.target_forwards == 32
     assert all(len(s.committed) == 1 for s in a.trace.denoise)
+
+
+@pytest.mark.parametrize("block", [8, 32])
+def test_freedave_is_lossless_against_one_per_step(code, dig, block):
+    """Token for token the one-per-step greedy output, in fewer forwards (each >= 1 token)."""
+    from speclab.bench.prompts import load_prompts
+    saved = 0
+    for p in load_prompts("code-mixed", 6):
+        p = p[-300:]
+        ref = speclab.run(code, p, "dllm-lowconf", gen_length=32, block_length=block, record=None)
+        fd = speclab.run(code, p, "dllm-freedave", gen_length=32, block_length=block, draft_steps=4)
+        assert fd.ids == ref.ids and replay(fd.trace) == fd.ids
+        assert fd.trace.totals.target_forwards <= ref.trace.totals.target_forwards
+        saved += ref.trace.totals.target_forwards - fd.trace.totals.target_forwards
+    assert saved > 0
+    for p in digits.eval_prompts(10, seed=3):
+        ref = speclab.run(dig, p["prompt"], "dllm-lowconf", gen_length=8, record=None)
+        assert speclab.run(dig, p["prompt"], "dllm-freedave", gen_length=8, record=None).ids == ref.ids
 
 
 def test_fixed_steps_commit_the_llada_schedule(code):
@@ -145,6 +164,13 @@ def test_replay_rejects_a_double_commit(dig):
 def test_bad_input(dig, kw, msg):
     with pytest.raises(ValueError, match=msg):
         speclab.run(dig, "SUM 12=", "dllm-threshold", **kw)
+
+
+def test_freedave_refuses_sampling_and_bad_draft_steps(dig):
+    with pytest.raises(ValueError, match="GREEDY"):
+        speclab.run(dig, "SUM 12=", "dllm-freedave", gen_length=8, temperature=1.0)
+    with pytest.raises(ValueError, match="draft_steps must be"):
+        speclab.run(dig, "SUM 12=", "dllm-freedave", gen_length=8, draft_steps=0)
 
 
 def test_steps_must_fit_the_blocks(dig):

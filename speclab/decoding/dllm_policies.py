@@ -43,11 +43,17 @@ def num_transfer(n: int, steps: int) -> list[int]:
     return [base + 1] * r + [base] * (steps - r)
 
 
-def top_k_commit(score: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
+def ranked(score: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """Eligible positions, best score first; ties go to the leftmost position (saturated
+    probabilities do tie, and FreeDave must pick exactly what one-per-step decoding picks)."""
     s = torch.where(eligible, score, torch.full_like(score, -math.inf))
+    return s.sort(descending=True, stable=True).indices[: int(eligible.sum())]
+
+
+def top_k_commit(score: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
     k = max(1, min(int(k), int(eligible.sum())))
     out = torch.zeros_like(eligible)
-    out[s.topk(k).indices] = True
+    out[ranked(score, eligible)[:k]] = True
     return out
 
 
@@ -210,5 +216,17 @@ class LocalLeap:
         return Choice(commit, self.threshold, info={"anchors": anchors.tolist()})
 
 
+@dataclass
+class FreeDave:
+    """Draft-and-verify, lossless against one-token-per-step greedy decoding: `draft_steps`
+    drafts checked in one batched forward (the loop lives in speclab.decoding.freedave)."""
+    draft_steps: int = 4
+
+    def plan(self, gen_length: int, n_blocks: int) -> int:
+        if not isinstance(self.draft_steps, int) or self.draft_steps < 1:
+            raise ValueError(f"draft_steps must be an integer >= 1, got {self.draft_steps!r}")
+        return gen_length
+
+
 POLICIES = {"dllm-lowconf": LowConfidence, "dllm-threshold": Threshold, "dllm-prophet": Prophet,
-            "dllm-sched": Sched, "dllm-localleap": LocalLeap}
+            "dllm-sched": Sched, "dllm-localleap": LocalLeap, "dllm-freedave": FreeDave}

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import fields
 
 from speclab.decoding.diffusion import denoise
-from speclab.decoding.dllm_policies import POLICIES
+from speclab.decoding.dllm_policies import POLICIES, FreeDave
+from speclab.decoding.freedave import freedave
 from speclab.trace import RECORD_LEVELS, Sampling, Trace
 
 
@@ -31,7 +32,8 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     model, tok = as_model(target, device)
     den = Denoiser(model)
     ids = encode_prompt(tok, prompt, gen_length, getattr(model.config, "max_position_embeddings", None))
-    new, steps, totals = denoise(den, ids, policy, gen_length, block_length, temperature, seed, record,
+    run = freedave if isinstance(policy, FreeDave) else denoise
+    new, steps, totals = run(den, ids, policy, gen_length, block_length, temperature, seed, record,
                                  tok.eos_token_id, eos_stop, progress)
     seen = ids + new + [den.mask_id] + [t for s in steps for t in s.top1]
     trace = Trace(engine="diffusion", method=method,

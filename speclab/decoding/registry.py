@@ -104,9 +104,10 @@ DLLM_SUMMARY = {
     "dllm-prophet": "Prophet: low-confidence steps, commit everything once the top-2 logit gap is large",
     "dllm-sched": "SchED: low-confidence steps, exit when the margin passes a progress-aware threshold",
     "dllm-localleap": "LocalLeap: high-confidence anchors relax the threshold around them",
+    "dllm-freedave": "FreeDave: K drafts verified in one batched forward; lossless vs one-token-per-step",
 }
 for _n, _d in DLLM_SUMMARY.items():
-    METHODS[_n] = Method(_n, "diffusion", "diffusion", False, False, _d, None)
+    METHODS[_n] = Method(_n, "diffusion", "diffusion", _n == "dllm-freedave", False, _d, None)
 DLLM_RUN_PARAMS = ["gen_length", "block_length", "eos_stop"]
 
 

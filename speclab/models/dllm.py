@@ -51,6 +51,12 @@ class Denoiser:
         self.forwards = 0
 
     @torch.inference_mode()
+    def logits_batch(self, xs: torch.Tensor) -> torch.Tensor:
+        """xs: (K, L) canvases -> (K, L, V): ONE network call (FreeDave verifies K drafts at once)."""
+        self.forwards += 1
+        return bidirectional_logits(self.model, xs).float()
+
+    @torch.inference_mode()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (L,) canvas ids -> (L, V) float32 logits."""
         self.forwards += 1

@@ -31,6 +31,7 @@ DIGIT_POLICIES = [
     ("Prophet (7.5/5/2.5)", "dllm-prophet", {}),
     ("SchED cosine 7.5->2.5", "dllm-sched", {}),
     ("LocalLeap 0.9/0.75 r=4", "dllm-localleap", {}),
+    ("FreeDave, 4 drafts (lossless)", "dllm-freedave", {}),
 ]
 
 CODE_POLICIES = [
@@ -43,6 +44,8 @@ CODE_POLICIES = [
     ("Prophet", "dllm-prophet", {}),
     ("SchED", "dllm-sched", {}),
     ("LocalLeap", "dllm-localleap", {}),
+    ("FreeDave, 4 drafts (lossless)", "dllm-freedave", {}),
+    ("FreeDave, 8 drafts (lossless)", "dllm-freedave", {"draft_steps": 8}),
 ]
 
 

@@ -206,3 +206,16 @@ def test_every_policy_is_registered():
 def test_dllm_is_refused_by_causal_methods(dig):
     with pytest.raises(ValueError, match="masked-diffusion LM"):
         speclab.generate(dig, "ADD 001+002=", "ar", max_new_tokens=4)
+
+
+def test_the_mask_token_is_never_proposed(dig):
+    """A model that prefers <|mask|> everywhere must still finish (it would loop forever)."""
+    model, tok = dig
+    mask_id = tok.mask_token_id
+    h = model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([mask_id]), 1e4))
+    try:
+        for method in ("dllm-lowconf", "dllm-threshold", "dllm-freedave"):
+            r = speclab.run(dig, "ADD 388+603=", method, gen_length=8)
+            assert mask_id not in r.ids and r.trace.totals.target_forwards <= 8
+    finally:
+        h.remove()

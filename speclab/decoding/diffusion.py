@@ -30,6 +30,13 @@ def check_shape(gen_length: int, block_length: int | None) -> int:
     return block_length
 
 
+def never_propose_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """<|mask|> is not a token to write: committing it would leave the slot masked forever
+    (a loop a weak model or a sampled draw can hit). Its probability goes to zero."""
+    logits[..., mask_id] = -float("inf")
+    return logits
+
+
 def propose(logits: torch.Tensor, temperature: float, gen: torch.Generator):
     """logits (G, V) -> x0, conf = p(x0), prob margin p1-p2, logit margin l1-l2, entropy; all (G,)."""
     p = logits.softmax(-1)
@@ -63,7 +70,7 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
         policy.start_block(int((x[P + lo:P + hi] == MASK).sum()))
         i = 0
         while not done and bool((x[P + lo:P + hi] == MASK).any()):
-            logits = den.logits(x)[P:]                                   # (G, V): one forward
+            logits = never_propose_mask(den.logits(x)[P:], MASK)           # (G, V): one forward
             x0, conf, margin, lmargin, entropy = propose(logits, temperature, gen)
             masked = x[P:] == MASK
             eligible = masked.clone()

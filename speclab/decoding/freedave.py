@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import torch
 
-from speclab.decoding.diffusion import _block_has_eos, _output, check_shape, propose
+from speclab.decoding.diffusion import _block_has_eos, _output, check_shape, never_propose_mask, propose
 from speclab.decoding.dllm_policies import FreeDave, ranked
 from speclab.trace import DenoiseStep, Totals
 
@@ -36,7 +36,7 @@ def freedave(den, prompt_ids: list[int], policy: FreeDave, gen_length: int, bloc
         hi = lo + block_length
         while not done and bool((x[P + lo:P + hi] == MASK).any()):
             if logits is None:
-                logits = den.logits(x)[P:]                                   # (G, V)
+                logits = never_propose_mask(den.logits(x)[P:], MASK)         # (G, V)
             x0, conf, margin, _, _ = propose(logits, 0.0, None)
             masked = x[P:] == MASK
             order = ranked(conf, _in_block(masked, lo, hi))                  # the sequential commit order
@@ -47,7 +47,7 @@ def freedave(den, prompt_ids: list[int], policy: FreeDave, gen_length: int, bloc
             if K == 1:                      # nothing to verify: the next state, logits come later
                 best, x, logits = 0, drafts[0], None
             else:
-                lg = den.logits_batch(drafts)[:, P:]                         # (K, G, V): one forward
+                lg = never_propose_mask(den.logits_batch(drafts)[:, P:], MASK)   # (K, G, V): one forward
                 best = 0
                 while best + 1 < K and _next_commit(lg[best], drafts[best, P:] == MASK, lo, hi) == \
                         (int(order[best + 1]), int(x0[order[best + 1]])):

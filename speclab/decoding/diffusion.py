@@ -33,8 +33,7 @@ def check_shape(gen_length: int, block_length: int | None) -> int:
 def never_propose_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     """<|mask|> is not a token to write: committing it would leave the slot masked forever
     (a loop a weak model or a sampled draw can hit). Its probability goes to zero."""
-    logits[..., mask_id] = -float("inf")
-    return logits
+    return logits.index_fill(-1, torch.tensor([mask_id], device=logits.device), -float("inf"))
 
 
 def propose(logits: torch.Tensor, temperature: float, gen: torch.Generator):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from speclab.decoding.diffusion import denoise
+from speclab.decoding.diffusion import check_shape, denoise
 from speclab.decoding.dllm_policies import POLICIES, FreeDave
 from speclab.decoding.freedave import freedave
 from speclab.trace import RECORD_LEVELS, Sampling, Trace
@@ -27,7 +27,8 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     if set(params) - set(known):
         raise ValueError(f"{method} does not take {sorted(set(params) - set(known))}; it takes "
                          f"gen_length, block_length, eos_stop, {', '.join(known)}")
-    gen_length = gen_length or max_new_tokens or 64
+    gen_length = gen_length if gen_length is not None else (max_new_tokens or 64)
+    check_shape(gen_length, block_length)          # before any model loads
     policy = POLICIES[method](**params)
     model, tok = as_model(target, device)
     den = Denoiser(model)

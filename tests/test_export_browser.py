@@ -35,6 +35,7 @@ def test_exported_html_renders_and_slider_moves(tmp_path, target, draft):
             state = "() => JSON.stringify(document.querySelector('.js-plotly-plot').data.map(t => [t.x, t.y, t.text]))"
             before = page.evaluate(state)
             rail = page.locator(".slider-rail-rect").first
+            rail.scroll_into_view_if_needed()         # a long token strip pushes it below the fold
             box = rail.bounding_box()
             page.mouse.click(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)   # the last round
             page.wait_for_function(f"() => ({state})() !== {json.dumps(before)}", timeout=10_000)

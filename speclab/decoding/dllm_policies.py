@@ -118,8 +118,27 @@ class Threshold:
                       info={"forced": [int(order[0])] if c[0] < self.threshold and self.factor is None else []})
 
 
+class _EarlyExitOnLowConfidence:
+    """Prophet and SchED: LLaDA low-confidence steps, unless a statistic passes the step's
+    threshold, when every remaining mask is committed at once."""
+
+    def plan(self, gen_length, n_blocks):
+        self._base = LowConfidence(self.steps)
+        return self._base.plan(gen_length, n_blocks)
+
+    def start_block(self, n_masked):
+        self._base.start_block(n_masked)
+
+    def _decide(self, v: View, tau: float, name: str, value: float, exit_now: bool) -> Choice:
+        if exit_now:
+            return Choice(v.masked.clone(), tau, finish=True, info={name: value})
+        ch = self._base.select(v)
+        ch.threshold, ch.info[name] = tau, value
+        return ch
+
+
 @dataclass
-class Prophet:
+class Prophet(_EarlyExitOnLowConfidence):
     """LLaDA low-confidence decoding that commits EVERYTHING once the mean top-1/top-2 logit gap
     over the first `answer_length` generation positions reaches early / mid / late thresholds
     (by progress = step / total steps: < 1/3, < 2/3, else)."""
@@ -129,26 +148,15 @@ class Prophet:
     late: float = 2.5
     answer_length: int = 5
 
-    def plan(self, gen_length, n_blocks):
-        self._base = LowConfidence(self.steps)
-        return self._base.plan(gen_length, n_blocks)
-
-    def start_block(self, n_masked):
-        self._base.start_block(n_masked)
-
     def select(self, v: View) -> Choice:
         progress = (v.step + 1) / v.total_steps
         tau = self.early if progress < 1 / 3 else self.mid if progress < 2 / 3 else self.late
         gap = float(v.logit_margin[: self.answer_length].mean())
-        if gap >= tau:
-            return Choice(v.masked.clone(), tau, finish=True, info={"gap": gap})
-        ch = self._base.select(v)
-        ch.threshold, ch.info["gap"] = tau, gap
-        return ch
+        return self._decide(v, tau, "gap", gap, gap >= tau)
 
 
 @dataclass
-class Sched:
+class Sched(_EarlyExitOnLowConfidence):
     """SchED: exit (commit every mask) when the mean logit margin over all masked positions reaches
     a threshold that decays with step / (total - 1) from tau_high to tau_low (cosine, linear or
     exp with rate k), and the proposals over the masked positions did not change since the last
@@ -162,11 +170,7 @@ class Sched:
     def plan(self, gen_length, n_blocks):
         if self.schedule not in ("cosine", "linear", "exp"):
             raise ValueError(f"schedule must be cosine, linear or exp, got {self.schedule!r}")
-        self._base = LowConfidence(self.steps)
-        return self._base.plan(gen_length, n_blocks)
-
-    def start_block(self, n_masked):
-        self._base.start_block(n_masked)
+        return super().plan(gen_length, n_blocks)
 
     def tau(self, step: int, total: int) -> float:
         u = step / max(total - 1, 1)
@@ -180,11 +184,7 @@ class Sched:
         tau = self.tau(v.step, v.total_steps)
         g = float(v.logit_margin[v.masked].mean())
         stable = v.prev_x0 is not None and bool((v.x0[v.masked] == v.prev_x0[v.masked]).all())
-        if g >= tau and stable:
-            return Choice(v.masked.clone(), tau, finish=True, info={"g": g})
-        ch = self._base.select(v)
-        ch.threshold, ch.info["g"] = tau, g
-        return ch
+        return self._decide(v, tau, "g", g, g >= tau and stable)
 
 
 @dataclass

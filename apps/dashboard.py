@@ -33,7 +33,7 @@ pn.extension("plotly")
 
 DEFAULT_PROMPT = "def parse(line):"
 DAG_PROMPTS = {"dates-dat": "2024-03-05", "numwords-dat": "305"}
-DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):\n"}
+DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):"}
 SUMMARY = {"speculative": (round_strip, acceptance_summary, timing),   # Summary tab figures by engine
            "diffusion": (confidence_bands, decoding_order)}
 SUMMARY_HEIGHTS = (260, 380, 300)

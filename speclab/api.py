@@ -1,6 +1,7 @@
 """The Python API: `speclab.generate(...) -> Result`, one entry point for every method."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -43,11 +44,20 @@ def check_vocab(target, draft):
                          "a draft model must share the target's tokenizer")
 
 
+class PromptBoundaryWarning(UserWarning):
+    """A prompt that ends where the tokenizer would not end a token (trailing whitespace)."""
+
+
 def encode_prompt(tokenizer, prompt, max_new_tokens: int, max_positions: int | None) -> list[int]:
     if isinstance(prompt, str):
         if not prompt.strip():
             raise ValueError("empty prompt: give some text to continue")
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if prompt != prompt.rstrip() and len(ids) > 1:
+            warnings.warn(PromptBoundaryWarning(
+                f"the prompt ends in whitespace ({prompt[len(prompt.rstrip()):]!r}): byte-level BPE merges a "
+                "newline or space with the text after it, so the model sees a last token it rarely saw "
+                "there; drop the trailing whitespace for a natural continuation"), stacklevel=3)
     else:
         ids = [int(i) for i in prompt]
         if not ids:

@@ -22,7 +22,7 @@ CONFIGS = [  # (method, params): every method and length policy, chains and tree
     ("lookahead", dict()),
     ("tree-static", dict()),
     ("tree-dynamic", dict(budget=8, width=3)),
-    ("prompt-lookup", dict(prefer="recent", k=4)),
+    ("prompt-lookup", dict(prefer="recent", k=12, max_ngram=5, grow=4)),
 ]
 IDS = [f"{m}-{'-'.join(f'{k}={v}' for k, v in p.items())}" for m, p in CONFIGS]
 

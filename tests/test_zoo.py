@@ -36,3 +36,22 @@ def test_load_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="no config.json"):
         load(tmp_path / "empty")
+
+
+def test_prompts_end_on_a_token_boundary_and_trailing_whitespace_warns(target):
+    """The shipped prompt sets end at a colon: the BPE merges "\\n" with the indentation after it,
+    so a prompt ending in a bare newline leaves the model a last token it saw only before
+    unindented code. A user's prompt ending in whitespace gets a warning saying so."""
+    import warnings
+    from speclab.api import PromptBoundaryWarning, encode_prompt
+    from speclab.bench.prompts import SETS, load_prompts
+    tok = target[1]
+    after_colon = tok.decode(tok("):\n    x")["input_ids"][1:2])
+    assert after_colon.startswith("\n ") and after_colon.strip() == ""      # newline + indent: one token
+    for name in SETS:
+        assert all(p == p.rstrip() for p in load_prompts(name)), name
+    with pytest.warns(PromptBoundaryWarning, match="trailing whitespace"):
+        encode_prompt(tok, "def f(x):\n", 8, 512)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        encode_prompt(tok, "def f(x):", 8, 512)

@@ -1,10 +1,15 @@
 """Prompt sets shipped with speclab, built once from the HELD-OUT split of the corpus (modules the
 zoo never trained on) and committed as JSONL, so every machine benchmarks the same prompts.
 
-  code-complete  a prefix of a held-out module, cut just after a `def ...:` line
+  code-complete  a prefix of a held-out module, cut at the colon of a `def ...:` line
   code-edit      a held-out function, then a near-duplicate's first line: the continuation
                  mostly repeats material already in the prompt (prompt lookup's home ground)
   code-mixed     alternating items of the two
+
+Prompts end at the colon, not after the newline: the byte-level BPE merges a newline with the
+indentation that follows ("\n   " is one token), so a prompt ending in a bare "\n" asks for the
+token after a token the models only ever saw before unindented code (they answered with a new
+top-level `class`, ignoring the function just opened).
 
 Rebuild (only needed after changing this file): python -m speclab.bench.prompts
 Users may pass their own JSONL: one {"prompt": "..."} object per line.
@@ -69,12 +74,12 @@ def build(n: int = 40, seed: int = 0, max_chars: int = 700):
             continue
         s, e = rng.choice(fns)
         if len(complete) < n:
-            cut = t.index("\n", s) + 1                       # just after the def line
+            cut = t.index("\n", s)                           # at the end of the def line
             complete.append(t[max(0, cut - max_chars):cut])
         if len(edit) < n and e - s < max_chars - 100:
             fn = t[s:e].rstrip() + "\n\n"
             first = fn.splitlines()[0]
-            edit.append(fn + first.replace("def ", "def copy_of_", 1) + "\n")
+            edit.append(fn + first.replace("def ", "def copy_of_", 1))
     mixed = [x for pair in zip(complete, edit) for x in pair][:n]
     PROMPT_DIR.mkdir(exist_ok=True)
     for name, rows in zip(SETS, (complete, edit, mixed)):

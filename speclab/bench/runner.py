@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from speclab.bench.peers import PEERS, run_peer
 from speclab.bench.prompts import load_prompts
+from speclab.decoding.drafters.lookup import SuffixDrafter
 from speclab.decoding.registry import get_method
 from speclab.models.dllm import is_dllm
 
@@ -121,6 +122,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     runs = {s.label: [[None] * len(prompts) for _ in range(repeats)] for s in specs}
     bar = tqdm(total=repeats * len(prompts) * len(specs), desc=f"bench {prompt_set}", disable=not progress)
     for rep in range(repeats):
+        SuffixDrafter.forget()           # suffix's history: this pass's earlier prompts, not the last pass
         for i, ids in enumerate(prompt_ids):
             for s in specs:
                 runs[s.label][rep][i] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer, record)

@@ -34,9 +34,9 @@ def _layer_skip(target, draft, exit_layer="auto", k=4, threshold=None, max_k=8, 
     return LayerSkipDrafter(target, exit_layer=exit_layer, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
 
 
-def _prompt_lookup(target, draft, k=8, max_ngram=3, min_ngram=1, prefer="first"):
+def _prompt_lookup(target, draft, k=8, max_ngram=3, min_ngram=1, prefer="first", grow=0):
     from speclab.decoding.drafters.lookup import PromptLookupDrafter
-    return PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram, prefer=prefer)
+    return PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram, prefer=prefer, grow=grow)
 
 
 def _suffix(target, draft, max_k=16, factor=1.0, min_match=2, k=None):

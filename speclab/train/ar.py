@@ -36,6 +36,7 @@ class TrainConfig:
     exit_layers: list[int] = field(default_factory=list)  # layers whose output also predicts
     exit_weight: float = 0.3                             # weight of each early-exit loss
     distill_from: str | None = None                      # teacher dir: KL to its distribution
+    selfgen_minutes: float = 0.0                         # teacher greedy text: half of each batch
     checkpoint_minutes: float = 4.0
     max_steps: int | None = None                         # for tests: stop after this many steps
     seed: int = 0
@@ -144,6 +145,11 @@ def train_lm(out_dir, tokenizer_dir, shape: dict, cfg: TrainConfig, resume: bool
     teacher = None
     if cfg.distill_from:
         teacher = LlamaForCausalLM.from_pretrained(cfg.distill_from, dtype=torch.float32).eval()
+    selfgen = None
+    if teacher is not None and cfg.selfgen_minutes > 0:
+        from speclab.train.selfgen import greedy_continuations
+        selfgen = greedy_continuations(teacher, stream, cfg.selfgen_minutes,
+                                       torch.Generator().manual_seed(cfg.seed), cfg.seq_len, log=log)
     capture = ExitCapture(model, cfg.exit_layers) if cfg.exit_layers else None
     if cfg.exit_layers:
         model.config.speclab_exit_layers = list(cfg.exit_layers)   # layer-skip's default candidates
@@ -163,9 +169,8 @@ def train_lm(out_dir, tokenizer_dir, shape: dict, cfg: TrainConfig, resume: bool
             break
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, state["step"], elapsed / budget)
-        x, y = random_windows(stream, cfg.batch_size, cfg.seq_len, gen)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss, parts = lm_losses(model, x, y, cfg, capture, teacher)
+            loss, parts = _step_losses(model, stream, selfgen, cfg, capture, teacher, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -183,6 +188,19 @@ def train_lm(out_dir, tokenizer_dir, shape: dict, cfg: TrainConfig, resume: bool
     _save_checkpoint(model, opt, state, ckpt)
     export_half(model, tokenizer, out_dir, extra={"train": asdict(cfg), "steps": state["step"]})
     return model
+
+
+def _step_losses(model, stream, selfgen, cfg, capture, teacher, gen):
+    """One batch of corpus windows; with teacher text, half the batch is the teacher's sequences."""
+    if selfgen is None:
+        x, y = random_windows(stream, cfg.batch_size, cfg.seq_len, gen)
+        return lm_losses(model, x, y, cfg, capture, teacher)
+    half = max(1, cfg.batch_size // 2)
+    x, y = random_windows(stream, half, cfg.seq_len, gen)
+    rows = selfgen[torch.randint(0, len(selfgen), (half,), generator=gen)]  # (B/2, seq_len)
+    l1, p1 = lm_losses(model, x, y, cfg, capture, teacher)
+    l2, p2 = lm_losses(model, rows[:, :-1], rows[:, 1:], cfg, capture, teacher)
+    return 0.5 * (l1 + l2), {**p1, **{f"gen_{k}": v for k, v in p2.items()}}
 
 
 def _save_checkpoint(model, opt, state, ckpt: Path):

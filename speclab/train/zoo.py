@@ -40,6 +40,8 @@ def main(argv=None):
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--distill-from", type=Path)
     ap.add_argument("--init-from", type=Path, help="start the draft from these weights")
+    ap.add_argument("--selfgen-minutes", type=float, default=0.0,
+                    help="with --distill-from: minutes of teacher greedy text to distil on (half of each batch)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--max-steps", type=int)
@@ -48,7 +50,8 @@ def main(argv=None):
                     help="stdlib+tests adds the standard library's test suite to the training side")
     a = ap.parse_args(argv)
     tok = a.tokenizer or a.out.parent / "tokenizer"
-    kw = dict(threads=a.threads, max_steps=a.max_steps, batch_size=a.batch_size, corpus=a.corpus)
+    kw = dict(threads=a.threads, max_steps=a.max_steps, batch_size=a.batch_size, corpus=a.corpus,
+              selfgen_minutes=a.selfgen_minutes)
     if a.recipe == "tokenizer":
         train_tokenizer_recipe(a.out)
     elif a.recipe == "target":

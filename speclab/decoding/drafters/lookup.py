@@ -2,7 +2,9 @@
 
 prompt-lookup   find an earlier occurrence of the last n tokens (n = max_ngram down to
                 min_ngram) in prompt + output, the earliest by default (`prefer="recent"` for the
-                latest); propose the k tokens that followed it.
+                latest); propose the k tokens that followed it. With `grow` > 0 the draft length
+                follows the evidence: min(k, max(1, grow * (n - 1))) for a match of n tokens, so
+                a lone 1-gram hit (often chance) costs a 2-token verify, not a (k+1)-token one.
 suffix          SuffixDecoding: a suffix automaton over the prompt, the output so far AND earlier
                 requests in this process finds the longest suffix of the context seen before; the
                 draft length grows with the match length (k = min(max_k, factor * match)).
@@ -18,14 +20,17 @@ from speclab.decoding.tree import DraftTree
 class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
 
-    def __init__(self, k: int = 8, max_ngram: int = 3, min_ngram: int = 1, prefer: str = "first"):
+    def __init__(self, k: int = 8, max_ngram: int = 3, min_ngram: int = 1, prefer: str = "first",
+                 grow: int = 0):
         super().__init__()
         check_k(k)
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if prefer not in ("first", "recent"):
             raise ValueError(f"prefer must be 'first' (earliest match, as transformers) or 'recent', got {prefer!r}")
-        self.k, self.max_ngram, self.min_ngram, self.prefer = k, max_ngram, min_ngram, prefer
+        if grow < 0:
+            raise ValueError(f"grow must be >= 0 (0 = always k tokens), got {grow}")
+        self.k, self.max_ngram, self.min_ngram, self.prefer, self.grow = k, max_ngram, min_ngram, prefer, grow
 
     def propose(self, ctx: Context) -> DraftTree:
         ids = ctx.ids
@@ -34,7 +39,8 @@ class PromptLookupDrafter(Drafter):
             starts = range(0, len(ids) - n) if self.prefer == "first" else range(len(ids) - n - 1, -1, -1)
             for j in starts:
                 if ids[j:j + n] == tail:
-                    cont = ids[j + n: j + n + self.k]
+                    k = min(self.k, max(1, self.grow * (n - 1))) if self.grow else self.k
+                    cont = ids[j + n: j + n + k]
                     return DraftTree.chain(cont, [1.0] * len(cont), f"{n}-gram@{j}", ngram=n, match_at=j)
         return DraftTree(info={"ngram": 0})
 
@@ -99,6 +105,11 @@ class SuffixDrafter(Drafter):
         super().__init__()
         check_k(max_k, "max_k")
         self.max_k, self.factor, self.min_match = max_k, factor, min_match
+
+    @classmethod
+    def forget(cls):
+        """Drop the history of earlier requests (a benchmark pass starts from none)."""
+        cls.history = SuffixAutomaton()
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)

@@ -84,3 +84,24 @@ def test_dllm_recipes_run_a_few_steps(tmp_path):
                DllmConfig(max_steps=2, batch_size=2, seq_len=64), log=lambda *_: None, texts=texts)
     model, tok = speclab.load(tmp_path / "code")
     assert is_dllm(model) and model.config.speclab_shift and model.config.mask_token_id == tok.mask_token_id
+
+
+def test_sequence_level_distillation_text_is_the_teachers_greedy_continuation(tmp_path):
+    from transformers import LlamaForCausalLM
+    from speclab.train.selfgen import greedy_continuations
+    teacher = LlamaForCausalLM.from_pretrained(ZOO_DIR / "code-draft", dtype=torch.float32).eval()
+    stream = torch.arange(5, 900)
+    rows = greedy_continuations(teacher, stream, 1e-6, torch.Generator().manual_seed(0), seq_len=64,
+                                batch=3, log=lambda *_: None)
+    assert rows.shape == (3, 64)
+    with torch.no_grad():
+        logits = teacher(rows).logits
+    logits[..., teacher.config.eos_token_id] = -float("inf")  # generation runs past EOS (min_new_tokens)
+    nxt = logits.argmax(-1)                                   # (3, 64): greedy choice after each prefix
+    assert torch.equal(nxt[:, 24:-1], rows[:, 25:])           # past the longest prefix (24): teacher text
+    cfg = TrainConfig(minutes=5, seq_len=64, batch_size=2, max_steps=2, distill_from=str(ZOO_DIR / "code-draft"),
+                      selfgen_minutes=1e-6)
+    logs = []
+    train_lm(tmp_path / "s", ZOO_DIR / "tokenizer", DRAFT_SHAPE, cfg, texts=list(iter_texts("train"))[:5],
+             log=logs.append, init_from=ZOO_DIR / "code-draft")
+    assert any("teacher continuations" in str(m) for m in logs)

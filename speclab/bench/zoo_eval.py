@@ -46,8 +46,10 @@ def main(argv=None):
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--target", default="code-target", help="zoo name or directory")
+    ap.add_argument("--draft", default="code-draft", help="zoo name or directory")
     a = ap.parse_args(argv)
-    target, draft = speclab.load("code-target", device="cpu"), speclab.load("code-draft", device="cpu")
+    target, draft = speclab.load(a.target, device="cpu"), speclab.load(a.draft, device="cpu")
     stream = token_stream(target[1], iter_texts("heldout"))
     exits = target[0].config.speclab_exit_layers
     out = {"heldout_tokens": len(stream),

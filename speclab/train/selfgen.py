@@ -15,7 +15,8 @@ import torch
 @torch.inference_mode()
 def greedy_continuations(teacher, stream: torch.Tensor, minutes: float, gen: torch.Generator,
                          seq_len: int = 512, batch: int = 64, log=print) -> torch.Tensor:
-    """Prefixes of 32..192 corpus tokens continued greedily to seq_len, for `minutes` of wall time.
+    """Prefixes of corpus tokens (32..192 for seq_len 512) continued greedily to seq_len, for
+    `minutes` of wall time (at least one batch).
 
     Returns (N, seq_len): whole sequences, prefix included so training sees the hand-off from
     corpus text to the teacher's own.
@@ -23,8 +24,8 @@ def greedy_continuations(teacher, stream: torch.Tensor, minutes: float, gen: tor
     from tqdm.auto import tqdm
     out, budget, t0 = [], minutes * 60, time.time()
     bar = tqdm(total=int(budget), unit="s", desc="teacher continuations")
-    while time.time() - t0 < budget:
-        prefix = int(torch.randint(32, 193, (1,), generator=gen))
+    while not out or time.time() - t0 < budget:
+        prefix = int(torch.randint(seq_len // 16, seq_len * 3 // 8 + 1, (1,), generator=gen))
         starts = torch.randint(0, len(stream) - prefix, (batch,), generator=gen).tolist()
         x = torch.stack([stream[s:s + prefix] for s in starts])             # (B, prefix)
         y = teacher.generate(x, attention_mask=torch.ones_like(x), do_sample=False,

@@ -105,3 +105,7 @@ def test_sequence_level_distillation_text_is_the_teachers_greedy_continuation(tm
     train_lm(tmp_path / "s", ZOO_DIR / "tokenizer", DRAFT_SHAPE, cfg, texts=list(iter_texts("train"))[:5],
              log=logs.append, init_from=ZOO_DIR / "code-draft")
     assert any("teacher continuations" in str(m) for m in logs)
+    cfg.selfgen_share, cfg.max_steps = 1.0, 1                # distil on the teacher's text alone
+    train_lm(tmp_path / "s1", ZOO_DIR / "tokenizer", DRAFT_SHAPE, cfg, texts=list(iter_texts("train"))[:5],
+             log=lambda *_: None, init_from=ZOO_DIR / "code-draft")
+    assert (tmp_path / "s1" / "model.safetensors").exists()

@@ -36,7 +36,8 @@ class TrainConfig:
     exit_layers: list[int] = field(default_factory=list)  # layers whose output also predicts
     exit_weight: float = 0.3                             # weight of each early-exit loss
     distill_from: str | None = None                      # teacher dir: KL to its distribution
-    selfgen_minutes: float = 0.0                         # teacher greedy text: half of each batch
+    selfgen_minutes: float = 0.0                         # teacher greedy text to distil on ...
+    selfgen_share: float = 0.5                           # ... as this share of each batch
     checkpoint_minutes: float = 4.0
     max_steps: int | None = None                         # for tests: stop after this many steps
     seed: int = 0
@@ -191,16 +192,20 @@ def train_lm(out_dir, tokenizer_dir, shape: dict, cfg: TrainConfig, resume: bool
 
 
 def _step_losses(model, stream, selfgen, cfg, capture, teacher, gen):
-    """One batch of corpus windows; with teacher text, half the batch is the teacher's sequences."""
-    if selfgen is None:
+    """One batch of corpus windows; with teacher text, `selfgen_share` of it is the teacher's sequences."""
+    n_gen = 0 if selfgen is None else max(1, round(cfg.batch_size * cfg.selfgen_share))
+    if n_gen == 0:
         x, y = random_windows(stream, cfg.batch_size, cfg.seq_len, gen)
         return lm_losses(model, x, y, cfg, capture, teacher)
-    half = max(1, cfg.batch_size // 2)
-    x, y = random_windows(stream, half, cfg.seq_len, gen)
-    rows = selfgen[torch.randint(0, len(selfgen), (half,), generator=gen)]  # (B/2, seq_len)
-    l1, p1 = lm_losses(model, x, y, cfg, capture, teacher)
+    rows = selfgen[torch.randint(0, len(selfgen), (n_gen,), generator=gen)]  # (n_gen, seq_len)
     l2, p2 = lm_losses(model, rows[:, :-1], rows[:, 1:], cfg, capture, teacher)
-    return 0.5 * (l1 + l2), {**p1, **{f"gen_{k}": v for k, v in p2.items()}}
+    parts = {f"gen_{k}": v for k, v in p2.items()}
+    if n_gen == cfg.batch_size:
+        return l2, parts
+    x, y = random_windows(stream, cfg.batch_size - n_gen, cfg.seq_len, gen)
+    l1, p1 = lm_losses(model, x, y, cfg, capture, teacher)
+    share = n_gen / cfg.batch_size
+    return (1 - share) * l1 + share * l2, {**p1, **parts}
 
 
 def _save_checkpoint(model, opt, state, ckpt: Path):

@@ -42,6 +42,8 @@ def main(argv=None):
     ap.add_argument("--init-from", type=Path, help="start the draft from these weights")
     ap.add_argument("--selfgen-minutes", type=float, default=0.0,
                     help="with --distill-from: minutes of teacher greedy text to distil on (half of each batch)")
+    ap.add_argument("--selfgen-share", type=float, default=0.5,
+                    help="share of each batch taken from the teacher's text (1 = distil on it alone)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--max-steps", type=int)
@@ -51,7 +53,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     tok = a.tokenizer or a.out.parent / "tokenizer"
     kw = dict(threads=a.threads, max_steps=a.max_steps, batch_size=a.batch_size, corpus=a.corpus,
-              selfgen_minutes=a.selfgen_minutes)
+              selfgen_minutes=a.selfgen_minutes, selfgen_share=a.selfgen_share)
     if a.recipe == "tokenizer":
         train_tokenizer_recipe(a.out)
     elif a.recipe == "target":

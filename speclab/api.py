@@ -53,7 +53,7 @@ def encode_prompt(tokenizer, prompt, max_new_tokens: int, max_positions: int | N
         if not prompt.strip():
             raise ValueError("empty prompt: give some text to continue")
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if prompt != prompt.rstrip() and len(ids) > 1:
+        if prompt != prompt.rstrip():
             warnings.warn(PromptBoundaryWarning(
                 f"the prompt ends in whitespace ({prompt[len(prompt.rstrip()):]!r}): byte-level BPE merges a "
                 "newline or space with the text after it, so the model sees a last token it rarely saw "

@@ -41,7 +41,7 @@ def main(argv=None):
     ap.add_argument("--distill-from", type=Path)
     ap.add_argument("--init-from", type=Path, help="start the draft from these weights")
     ap.add_argument("--selfgen-minutes", type=float, default=0.0,
-                    help="with --distill-from: minutes of teacher greedy text to distil on (half of each batch)")
+                    help="with --distill-from: minutes spent writing teacher greedy text to distil on")
     ap.add_argument("--selfgen-share", type=float, default=0.5,
                     help="share of each batch taken from the teacher's text (1 = distil on it alone)")
     ap.add_argument("--resume", action="store_true")

@@ -36,17 +36,22 @@ class FastLlama:
         self.Hq, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq
         self.eps = cfg.rms_norm_eps
-        # Each weight is kept as (in, out) contiguous and applied as `x @ w`. Measured on the 2-core
-        # CPU (torch 2.13): F.linear on the usual (out, in) layout takes a slow path from 4 rows on
-        # (a k=4 verify: 15.3 ms against 9.9 ms for the whole target forward), yet is the fastest
-        # for 2-3 rows (7.1 ms against 9.4). So on a CPU the (out, in) copy is kept too and chosen
-        # for 2-3 rows: twice the weight memory, which is small for the models this path serves.
-        self.dual = self.device.type == "cpu"
-        self.layers, self.head = _packed(model, self.dual)
+        # fp32: each weight is kept as (in, out) contiguous and applied as `x @ w`. Measured on the
+        # 2-core CPU (torch 2.13): fp32 F.linear on the usual (out, in) layout takes a slow path from
+        # 4 rows on (a k=4 verify: 15.3 ms against 9.9 ms for the whole target forward), yet is the
+        # fastest for 2-3 rows (7.1 ms against 9.4), so on a CPU the (out, in) copy is kept too and
+        # chosen for 2-3 rows. bf16 / fp16: F.linear on (out, in) for every row count, the fastest
+        # layout there (LM head of SmolLM2: 3.0 ms at 1 row, 3.9 ms at 16) and row for row the same
+        # result whatever the number of rows, so no second copy.
+        self.layout = "out_in" if self.dtype != torch.float32 else ("dual" if self.device.type == "cpu" else "in_out")
+        self.layers, self.head = _packed(model, self.layout)
+        # a trimmed-vocabulary head (speclab.models.adapter.SubsetHead) scores only head_ids
+        self.head_ids = getattr(model.lm_head, "head_ids", None)
+        self.vocab_size = cfg.vocab_size
         self.embed, self.norm = inner.embed_tokens.weight, inner.norm.weight
         # + room for draft-tree nodes verified past the last committed position
         self.max_len = max_len or cfg.max_position_embeddings + 64
-        self.cos, self.sin = _rope_tables(model, self.max_len, self.D)
+        self.cos, self.sin = (t.to(self.dtype) for t in _rope_tables(model, self.max_len, self.D))
         L = len(self.layers)
         # (layers, 2, Hkv, S, D): written in place, never reallocated; slots are read only after a write
         self.kv = torch.empty(L, 2, self.Hkv, self.max_len, self.D, device=self.device, dtype=self.dtype)
@@ -111,7 +116,7 @@ class FastLlama:
             x = x[-1:]
         self.n = past + T
         self.forwards += 1
-        return _mm(self._rms(x, self.norm), self.head, "head").float()
+        return self.final_norm_head(x).float()
 
     def keep(self, n: int):
         if n > self.n:
@@ -131,7 +136,11 @@ class FastLlama:
         return _ExitLM(self, n_layers)
 
     def final_norm_head(self, h: torch.Tensor) -> torch.Tensor:
-        return _mm(self._rms(h, self.norm), self.head, "head")
+        logits = _mm(self._rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)
+        if self.head_ids is None:
+            return logits
+        from speclab.models.adapter import scatter_subset
+        return scatter_subset(logits, self.head_ids, self.vocab_size)
 
 
 class _ExitLM:
@@ -153,20 +162,20 @@ class _ExitLM:
         return out
 
 
-def _packed(model, dual: bool):
+def _packed(model, layout: str):
     """The fused / transposed weights, built once per model and reused by every decode (building
     them costs ~30 ms for the target). Rebuilt if any parameter was modified in place since."""
-    key = (dual, sum(p._version for p in model.parameters()), tuple(p.data_ptr() for p in model.parameters()))
+    key = (layout, sum(p._version for p in model.parameters()), tuple(p.data_ptr() for p in model.parameters()))
     cached = getattr(model, "_speclab_packed", None)
     if cached is not None and cached[0] == key:
         return cached[1]
     with torch.no_grad():
-        layers = [_weights(dual, wqkv=(l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight),
+        layers = [_weights(layout, wqkv=(l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight),
                            wo=(l.self_attn.o_proj.weight,), w13=(l.mlp.gate_proj.weight, l.mlp.up_proj.weight),
                            w2=(l.mlp.down_proj.weight,))
                   | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight)
                   for l in model.model.layers]
-        head = _weights(dual, head=(model.lm_head.weight,))
+        head = _weights(layout, head=(model.lm_head.weight,))
     model._speclab_packed = (key, (layers, head))
     return layers, head
 
@@ -184,23 +193,25 @@ def _rope_tables(model, max_len: int, D: int):
     return tables[max_len]
 
 
-def _weights(dual: bool, **groups) -> dict:
-    """name -> nn.Linear weights (out, in) to fuse along out. Gives name + "_t": the fused (in, out)
-    contiguous matrix, and with dual also name: the fused (out, in) one."""
+def _weights(layout: str, **groups) -> dict:
+    """name -> nn.Linear weights (out, in) to fuse along out. Gives name: the fused (out, in) matrix
+    (layouts "out_in", "dual") and name + "_t": its (in, out) contiguous transpose ("in_out", "dual")."""
     out = {}
     for name, ws in groups.items():
         fused = torch.cat(ws) if len(ws) > 1 else ws[0]
-        out[name + "_t"] = fused.t().contiguous()
-        if dual:
+        if layout in ("in_out", "dual"):
+            out[name + "_t"] = fused.t().contiguous()
+        if layout in ("out_in", "dual"):
             out[name] = fused
     return out
 
 
 def _mm(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     """x (T, in) times the weight `name` -> (T, out), on the layout measured fastest for T rows."""
-    if 2 <= x.shape[0] <= 3 and name in w:
+    t = w.get(name + "_t")
+    if t is None or (2 <= x.shape[0] <= 3 and name in w):
         return F.linear(x, w[name])
-    return x @ w[name + "_t"]
+    return x @ t
 
 
 def _rope(x, cos, sin_signed):

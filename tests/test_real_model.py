@@ -143,3 +143,33 @@ def test_equality_helpers():
     assert first_difference([1, 2], [1, 2, 3]) == 2
     assert rounding_step(20.0, torch.bfloat16) == 0.125          # logits of 16-32: one bf16 step
     assert rounding_step(1.0, torch.float32) == torch.finfo(torch.float32).eps
+
+
+@pytest.mark.parametrize("method,kw", [("prompt-lookup", {}), ("recycling", {"width": 2})])
+def test_bf16_exact_backend_is_bitwise_identical_to_ar(bf16, method, kw):
+    """backend="exact": every row of a verify computed as a one-token forward computes it (row-count
+    invariant matmuls, attention row by row), so bf16 speculative output equals bf16 ar bit for bit,
+    chains and trees alike, on prompts where the default backend diverges at near-ties."""
+    from speclab.bench.prompts import encode, load_prompts
+    model, tok = bf16
+    for item in load_prompts("code-edit", 2):
+        ids = encode(tok, item, 48, None)
+        ref = speclab.generate(bf16, ids, "ar", max_new_tokens=48, record=None, backend="exact")
+        r = speclab.generate(bf16, ids, method, max_new_tokens=48, record=None, backend="exact", **kw)
+        assert r.ids == ref.ids
+        assert r.trace.totals.target_forwards < ref.trace.totals.target_forwards
+
+
+def test_exact_verify_logits_equal_one_token_forwards(bf16):
+    from speclab.models.causal import make_lm
+    model, tok = bf16
+    lm = make_lm(model, "t", "exact")
+    ids = speclab.api.chat_prompt(tok, QUESTIONS[1])
+    cont = speclab.generate(bf16, ids, "ar", max_new_tokens=12, record=None, backend="exact").ids
+    lm.reset()
+    one = [lm.forward(torch.tensor(ids))[-1]] + [lm.forward(torch.tensor([t]))[-1] for t in cont[:-1]]
+    lm.reset()
+    lm.forward(torch.tensor(ids + cont[:3]))                   # a first round: prompt + 3 drafts
+    lm.keep(len(ids) + 3)
+    ver = lm.forward(torch.tensor(cont[3:11]), parents=list(range(-1, 7)), n_prefix=1)   # (8, V)
+    assert all(torch.equal(ver[r], one[4 + r]) for r in range(8))

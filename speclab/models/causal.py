@@ -126,14 +126,14 @@ class CausalLM:
 
 def make_lm(model, name: str = "", backend: str = "auto", max_len: int | None = None):
     """The fast path for plain Llama models ("auto" / "fast"), else the transformers path ("hf")."""
-    if backend not in ("auto", "fast", "hf"):
-        raise ValueError(f"backend must be 'auto', 'fast' or 'hf', got {backend!r}")
+    if backend not in ("auto", "fast", "exact", "hf"):
+        raise ValueError(f"backend must be 'auto', 'fast', 'exact' or 'hf', got {backend!r}")
     from speclab.models.fast_llama import FastLlama, supports
     if backend == "hf" or (backend == "auto" and not supports(model)):
         return CausalLM(model, name)
     if not supports(model):
         raise ValueError(f"the fast backend supports plain Llama models; {type(model).__name__} needs backend='hf'")
-    return FastLlama(model, name, max_len)
+    return FastLlama(model, name, max_len, exact=backend == "exact")
 
 
 def is_chain(parents: list[int]) -> bool:

@@ -27,7 +27,7 @@ def supports(model) -> bool:
 
 
 class FastLlama:
-    def __init__(self, model, name: str = "", max_len: int | None = None):
+    def __init__(self, model, name: str = "", max_len: int | None = None, exact: bool = False):
         cfg = model.config
         self.model, self.name, self.config = model.eval(), name, cfg
         self.device = next(model.parameters()).device
@@ -44,7 +44,7 @@ class FastLlama:
         # layout there (LM head of SmolLM2: 3.0 ms at 1 row, 3.9 ms at 16) and row for row the same
         # result whatever the number of rows, so no second copy.
         self.layout = "out_in" if self.dtype != torch.float32 else ("dual" if self.device.type == "cpu" else "in_out")
-        self.layers, self.head = _packed(model, self.layout)
+        self.layers, self.head = _packed(model, self.layout, exact)
         # a trimmed-vocabulary head (speclab.models.adapter.SubsetHead) scores only head_ids
         self.head_ids = getattr(model.lm_head, "head_ids", None)
         self.vocab_size = cfg.vocab_size
@@ -57,6 +57,9 @@ class FastLlama:
         self.kv = torch.empty(L, 2, self.Hkv, self.max_len, self.D, device=self.device, dtype=self.dtype)
         self.n = 0
         self.forwards = 0
+        # exact: every query row's attention is computed exactly as a one-token forward computes it
+        # (see _attend_rows), so a verify gives each position the logits `ar` gives it, bit for bit
+        self.exact = exact
         self.capture_layers: tuple[int, ...] = ()
         self.captured: dict[int, torch.Tensor] = {}
 
@@ -81,7 +84,7 @@ class FastLlama:
         T, past = ids.shape[0], self.n
         if past + T > self.max_len:
             raise ValueError(f"sequence of {past + T} tokens exceeds the context window of {self.max_len}")
-        mask = None
+        mask, vis = None, None
         if parents is not None and not is_chain(parents):
             depth, vis = tree_depths_and_visibility(parents, n_prefix, past)
             pos = past + torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth]).to(self.device)
@@ -90,6 +93,7 @@ class FastLlama:
             pos = slice(past, past + T)
             if T > 1:
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=self.device).tril(past)
+        rows = self._exact_rows(T, past, n_prefix, vis) if self.exact and T > 1 else None
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # (T, 1, D)
         x = F.embedding(ids, self.embed)                                      # (T, C)
         Hq, Hkv, D = self.Hq, self.Hkv, self.D
@@ -104,8 +108,11 @@ class FastLlama:
             self.kv[i, 0, :, past:past + T] = k
             self.kv[i, 1, :, past:past + T] = v.view(T, Hkv, D).transpose(0, 1)
             K, V = self.kv[i, 0, :, : past + T], self.kv[i, 1, :, : past + T]  # (Hkv, S, D)
-            a = F.scaled_dot_product_attention(q[None], K[None], V[None], attn_mask=mask,
-                                               enable_gqa=Hq != Hkv)[0]      # (Hq, T, D)
+            if rows is None:
+                a = F.scaled_dot_product_attention(q[None], K[None], V[None], attn_mask=mask,
+                                                   enable_gqa=Hq != Hkv)[0]  # (Hq, T, D)
+            else:
+                a = self._attend_rows(q, i, rows)
             x = x + _mm(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
             h = self._rms(x, w["ln2"])
             g, u = _mm(h, w, "w13").chunk(2, -1)
@@ -117,6 +124,42 @@ class FastLlama:
         self.n = past + T
         self.forwards += 1
         return self.final_norm_head(x).float()
+
+    def _exact_rows(self, T: int, past: int, n_prefix: int, vis) -> list:
+        """How each query row of an exact forward attends, as `ar` would compute that row.
+
+        `ar` runs the prompt as one causal forward, then one token per forward. So: the prompt rows
+        of a first forward (past = 0) as one causal block over exactly those rows, like ar's prefill;
+        every other row alone, over its visible keys (a chain row: the cache up to itself, a slice
+        as in ar; a tree node: its ancestors, gathered into the order ar would have them in).
+        Returns [(first_row, n_rows, keys)], keys an int S or a LongTensor of cache slots."""
+        out, start = [], 0
+        if past == 0 and n_prefix > 1:
+            out.append((0, n_prefix, n_prefix))
+            start = n_prefix
+        for r in range(start, T):
+            if vis is None:
+                out.append((r, 1, past + r + 1))
+            else:
+                idx = vis[r].nonzero()[:, 0]
+                contiguous = idx[-1].item() == len(idx) - 1
+                out.append((r, 1, len(idx) if contiguous else idx.to(self.device)))
+        return out
+
+    def _attend_rows(self, q, layer: int, rows) -> torch.Tensor:
+        """Attention (Hq, T, D) of q (Hq, T, D) computed row group by row group (see _exact_rows)."""
+        outs = []
+        for r0, n, keys in rows:
+            if isinstance(keys, int):
+                K, V = self.kv[layer, 0, :, :keys], self.kv[layer, 1, :, :keys]
+            else:
+                K, V = self.kv[layer, 0][:, keys], self.kv[layer, 1][:, keys]
+            m = None
+            if n > 1:
+                m = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            outs.append(F.scaled_dot_product_attention(q[None, :, r0:r0 + n], K[None], V[None], attn_mask=m,
+                                                       enable_gqa=self.Hq != self.Hkv)[0])
+        return torch.cat(outs, 1)
 
     def keep(self, n: int):
         if n > self.n:
@@ -162,11 +205,12 @@ class _ExitLM:
         return out
 
 
-def _packed(model, layout: str):
+def _packed(model, layout: str, exact: bool = False):
     """The fused / transposed weights, built once per model and reused by every decode (building
     them costs ~30 ms for the target). Rebuilt if any parameter was modified in place since."""
-    key = (layout, sum(p._version for p in model.parameters()), tuple(p.data_ptr() for p in model.parameters()))
-    cached = getattr(model, "_speclab_packed", None)
+    key = (layout, exact, sum(p._version for p in model.parameters()),
+           tuple(p.data_ptr() for p in model.parameters()))
+    cached = model.__dict__.setdefault("_speclab_packed", {}).get((layout, exact))
     if cached is not None and cached[0] == key:
         return cached[1]
     with torch.no_grad():
@@ -176,8 +220,25 @@ def _packed(model, layout: str):
                   | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight)
                   for l in model.model.layers]
         head = _weights(layout, head=(model.lm_head.weight,))
-    model._speclab_packed = (key, (layers, head))
+        if exact:
+            for w in layers + [head]:
+                _split_inner(w)
+    model._speclab_packed[(layout, exact)] = (key, (layers, head))
     return layers, head
+
+
+# Measured on this CPU (torch 2.13, oneDNN): a bf16 F.linear gives every row the same result
+# whatever the number of rows while the inner dimension is <= 768; at 1536 (SmolLM2's MLP down
+# projection) rows of a 2+ row call round differently from a 1-row call. The exact mode splits such
+# weights along the inner dimension and sums the parts in fp32, for every row count alike.
+EXACT_INNER = 768
+
+
+def _split_inner(w: dict):
+    for name in [n for n in w if not n.endswith("_t")]:
+        W = w[name]
+        if W.dim() == 2 and W.shape[1] > EXACT_INNER:
+            w[name + "_parts"] = [W[:, i:i + EXACT_INNER].contiguous() for i in range(0, W.shape[1], EXACT_INNER)]
 
 
 def _rope_tables(model, max_len: int, D: int):
@@ -208,6 +269,11 @@ def _weights(layout: str, **groups) -> dict:
 
 def _mm(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     """x (T, in) times the weight `name` -> (T, out), on the layout measured fastest for T rows."""
+    parts = w.get(name + "_parts")
+    if parts is not None:                     # exact mode: row-count-invariant pieces, fp32 sum
+        n = parts[0].shape[1]
+        y = sum(F.linear(x[:, i * n:(i + 1) * n], p).float() for i, p in enumerate(parts))
+        return y.to(x.dtype)
     t = w.get(name + "_t")
     if t is None or (2 <= x.shape[0] <= 3 and name in w):
         return F.linear(x, w[name])

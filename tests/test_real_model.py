@@ -169,7 +169,7 @@ def test_exact_verify_logits_equal_one_token_forwards(bf16):
     lm.reset()
     one = [lm.forward(torch.tensor(ids))[-1]] + [lm.forward(torch.tensor([t]))[-1] for t in cont[:-1]]
     lm.reset()
-    lm.forward(torch.tensor(ids + cont[:3]))                   # a first round: prompt + 3 drafts
+    lm.forward(torch.tensor(ids + cont[:3]), parents=[-1, 0, 1], n_prefix=len(ids))   # prompt + 3 drafts
     lm.keep(len(ids) + 3)
     ver = lm.forward(torch.tensor(cont[3:11]), parents=list(range(-1, 7)), n_prefix=1)   # (8, V)
     assert all(torch.equal(ver[r], one[4 + r]) for r in range(8))

@@ -134,6 +134,8 @@ class FastLlama:
         as in ar; a tree node: its ancestors, gathered into the order ar would have them in).
         Returns [(first_row, n_rows, keys)], keys an int S or a LongTensor of cache slots."""
         out, start = [], 0
+        if past == 0 and vis is None and n_prefix == 0:     # a plain prefill: ar's own first forward
+            n_prefix = T
         if past == 0 and n_prefix > 1:
             out.append((0, n_prefix, n_prefix))
             start = n_prefix

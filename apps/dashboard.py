@@ -3,10 +3,11 @@ steps (diffusion) or strategies (DAG), compare methods, and open or save traces.
 `panel serve apps/dashboard.py` or `speclab serve`.
 
 One `Dashboard` per browser session holds everything that session sees (widgets, the current
-trace, the last comparison); nothing about a run lives in module globals, so two users never see
-each other's runs. Models are shared by the process (`load_shared`), and decodes go through one
-worker thread (apps/runs.py says why), awaited from an async callback so the page stays live and
-the progress bar moves while the model works. Figures come from speclab.figures, the step detail
+trace, the last comparison, the suffix method's history of this session's earlier requests);
+nothing about a run lives in module globals, so two users never see each other's runs. Models are
+shared by the process (`load_shared`), and decodes go through one worker thread (apps/runs.py says
+why), awaited from an async callback so the page stays live and the progress bar moves while the
+model works. Figures come from speclab.figures, the step detail
 table from speclab.widgets, exactly as in the notebook.
 
 URL arguments prefill the form and can start a run, so a link reproduces a run (`speclab serve`
@@ -19,12 +20,14 @@ import asyncio
 import html
 import io
 import json
+import os
 
 import panel as pn
 
 from speclab.apps import runs
-from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, n_steps, round_strip,
-                             step_figure, timing)
+from speclab.decoding.drafters.lookup import SuffixHistory
+from speclab.figures import acceptance_summary, confidence_bands, decoding_order, round_strip, step_figure, timing
+from speclab.metrics import n_steps
 from speclab.models.zoo import ModelLoadError
 from speclab.trace import Trace, TraceError
 from speclab.widgets.detail import detail_html
@@ -32,6 +35,10 @@ from speclab.widgets.detail import detail_html
 pn.extension("plotly")
 
 DEFAULT_PROMPT = "def parse(line):"
+CHAT_PROMPT = "Explain in a few sentences why the sky is blue."
+# the pair the page opens on: the real model and its trained draft when installed, else the toy zoo;
+# SPECLAB_DASHBOARD_TARGET=code-target (the tests set it) keeps the page on the tiny models
+REAL_PAIR, TOY_PAIR = ("smollm2-135m", "smollm2-draft"), ("code-target", "code-draft")
 DAG_PROMPTS = {"dates-dat": "2024-03-05", "numwords-dat": "305"}
 DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):"}
 SUMMARY = {"speculative": (round_strip, acceptance_summary, timing),   # Summary tab figures by engine
@@ -52,14 +59,22 @@ class Dashboard:
         self.upload_limit = upload_limit
         self.trace: Trace | None = None
         self.compare_table: list[dict] = []
+        self.history = SuffixHistory()      # this session's earlier requests, for suffix (never another's)
         kinds = runs.zoo_models()
         self.kinds = kinds
         w = pn.widgets
         # -- the form ----------------------------------------------------------------------------
         self.method = w.Select(name="method", options=runs.method_names(), value="draft-model")
-        self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], "code-target"))
-        self.draft = w.Select(name="draft", options=kinds["causal"], value=_pick(kinds["causal"], "code-draft"))
-        self.prompt = w.TextAreaInput(name="prompt", value=DEFAULT_PROMPT, height=80, css_classes=["speclab-prompt"])
+        pair = REAL_PAIR if all(n in kinds["causal"] for n in REAL_PAIR) else TOY_PAIR
+        pair = (os.environ.get("SPECLAB_DASHBOARD_TARGET") or pair[0],
+                pair[1] if not os.environ.get("SPECLAB_DASHBOARD_TARGET") else TOY_PAIR[1])
+        self.default_target = pair[0]
+        self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], pair[0]))
+        self.draft = w.Select(name="draft", options=kinds["causal"], value=_pick(kinds["causal"], pair[1]))
+        chat = self.target.value in REAL_PAIR
+        self.prompt = w.TextAreaInput(name="prompt", value=CHAT_PROMPT if chat else DEFAULT_PROMPT, height=80,
+                                      css_classes=["speclab-prompt"])
+        self.chat = w.Checkbox(name="chat: the prompt is a user message (the model's chat template)", value=chat)
         self.k = w.IntSlider(name="k (draft length)", start=1, end=16, value=4)
         # 0 means "off" (fixed draft length): a slider cannot hold None
         self.threshold = w.FloatSlider(name="threshold (0 = off)", start=0.0, end=0.95, step=0.05, value=0.0)
@@ -105,6 +120,7 @@ class Dashboard:
         self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
         self.method.param.watch(lambda e: self._fit_form(), "value")
         self.target.param.watch(lambda e: self._fit_form(), "value")
+        self.target.param.watch(lambda e: self._fit_chat(e.old, e.new), "value")
         self.gen_length.param.watch(lambda e: self._fit_blocks(), "value")
         self._fit_form()
         self.view = self._layout()
@@ -112,7 +128,7 @@ class Dashboard:
     # -- layout -----------------------------------------------------------------------------------
     def _layout(self):
         form = pn.Column(
-            "## speclab", self.method, self.target, self.draft, self.prompt,
+            "## speclab", self.method, self.target, self.draft, self.prompt, self.chat,
             self.k, self.threshold, self.exit_layer, self.budget, self.gen_length, self.block_length,
             self.max_new_tokens, self.temperature,
             self.seed, self.extra, self.run_button, self.progress, self.queue_note, width=330)
@@ -135,19 +151,29 @@ class Dashboard:
         models = self.kinds[runs.model_kind(m)]
         if list(self.target.options) != models:
             self.target.options = models
-            self.target.value = _pick(models, "code-dllm" if engine == "diffusion" else "code-target")
+            self.target.value = _pick(models, "code-dllm" if engine == "diffusion" else self.default_target)
             self.prompt.value = (DAG_PROMPTS.get(self.target.value, "2024-03-05") if dag
                                  else DLLM_PROMPTS.get(self.target.value, DEFAULT_PROMPT))
         takes = runs.takes(m)
         for name in runs.KNOBS:
             getattr(self, name).visible = name in takes
         self.draft.visible = runs.needs_draft(m)
+        self.chat.visible = engine == "speculative"
         self.max_new_tokens.visible = engine == "speculative"       # diffusion: gen length instead
         self.seed.visible = self.extra.visible = not dag
         n = _layers(self.target.value) if engine == "speculative" and self.target.value else 0
         opts = ["auto"] + [str(i) for i in range(1, n)]
         if list(self.exit_layer.options) != opts:
             self.exit_layer.options, self.exit_layer.value = opts, "auto"
+
+    def _fit_chat(self, old: str | None, new: str | None) -> None:
+        """A chat model gets a question in its chat template, a code model a code prompt (only the
+        untouched default prompt is swapped; a prompt the user wrote stays)."""
+        was, now = old in REAL_PAIR, new in REAL_PAIR
+        if was != now and runs.engine(self.method.value) == "speculative":
+            self.chat.value = now
+            if self.prompt.value in (CHAT_PROMPT, DEFAULT_PROMPT):
+                self.prompt.value = CHAT_PROMPT if now else DEFAULT_PROMPT
 
     def _fit_blocks(self) -> None:
         """Block lengths must divide the gen length: offer only those, keeping the choice if it fits."""
@@ -176,6 +202,10 @@ class Dashboard:
         if not prompt or not prompt.strip():
             raise ValueError("empty prompt: type some text to continue")
         kw = runs.method_kwargs(method, self._knobs(), self.extra.value if not runs.is_dag(method) else "")
+        if "history" in runs.takes(method):
+            kw["history"] = self.history
+        if runs.engine(method) == "speculative" and self.chat.value:
+            kw["chat"] = True
         args = dict(target=self.target.value, prompt=prompt, method=method, draft=self.draft.value,
                     max_new_tokens=self.max_new_tokens.value, temperature=self.temperature.value,
                     seed=self.seed.value or 0, progress=progress, **kw)
@@ -421,7 +451,7 @@ def status_html(trace: Trace) -> str:
     return (f"<b>{html.escape(trace.method)}</b> ({html.escape(models)}): "
             f"prompt <code class='speclab-prompt-echo'>{visible_text(runs.prompt_text(trace))}</code> &rarr; "
             f"<code class='speclab-output'>{visible_text(runs.output_text(trace))}</code><br>"
-            f"{stats}, wall {t.wall_s:.2f} s, {trace.steps} step(s)")
+            f"{stats}, wall {t.wall_s:.2f} s, {n_steps(trace)} step(s)")
 
 
 def app():

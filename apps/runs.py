@@ -17,9 +17,9 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from speclab.cli import _num  # the same NAME=VALUE parsing as --param
 from speclab.decoding.registry import get_method, method_params, methods
 from speclab.models.zoo import ZOO_DIR, zoo_names
+from speclab.params import parse_assignment  # the same NAME=VALUE parsing as --param
 from speclab.trace import Trace, TraceError
 
 MAX_UPLOAD_BYTES = 8 * 1024 * 1024     # a 128-token run recorded "full" is well under 1 MB
@@ -30,7 +30,11 @@ DAG_STRATEGIES = ("viterbi", "greedy", "lookahead", "beam", "sample", "vanilla",
 def zoo_models() -> dict[str, list[str]]:
     """Zoo names by kind: {"causal": [...], "dag": [...], "diffusion": [...]}; a DA-Transformer
     and a masked-diffusion LM say so in their configs."""
-    kinds = {"causal": [], "dag": [], "diffusion": []}
+    import importlib.util
+    from speclab.models.gguf import PACKAGED
+    from speclab.models.zoo import REAL
+    # the real pretrained LMs first, when their wheel is installed (they load offline from it)
+    kinds = {"causal": [n for n in REAL if importlib.util.find_spec(PACKAGED[n].package)], "dag": [], "diffusion": []}
     for name in zoo_names():
         cfg = json.loads((ZOO_DIR / name / "config.json").read_text())
         kind = ("dag" if cfg.get("model_type") == "da-transformer"
@@ -81,8 +85,8 @@ def method_kwargs(method: str, knobs: dict, extra: str = "") -> dict:
     for item in filter(None, (s.strip() for s in extra.replace("\n", ",").split(","))):
         if "=" not in item:
             raise ValueError(f"extra parameter {item!r} needs the form name=value, e.g. schedule=heuristic")
-        name, value = (s.strip() for s in item.split("=", 1))
-        kw[name.replace("-", "_")] = _num(value)
+        name, value = parse_assignment(item)
+        kw[name] = value
     return kw
 
 
@@ -193,11 +197,7 @@ def trace_from_upload(data: bytes | None, filename: str | None = None, limit: in
     if len(data) > limit:
         raise TraceError(f"{name} is {len(data) / 2**20:.1f} MB, over the {limit / 2**20:.0f} MB limit for "
                          "uploads: open it in a notebook with speclab.Trace.load instead")
-    try:
-        d = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"{name} is not a speclab trace (not valid JSON: {e})") from e
-    return Trace.from_dict(d)
+    return Trace.from_json(data, name, limit)     # bounds the nesting depth before parsing
 
 
 def trace_json(trace: Trace) -> bytes:

@@ -5,11 +5,14 @@ short decode of its own prompt, with no errors and no cross-talk.
 
 Starts `python -m speclab.apps.serve` on a free 127.0.0.1 port (stopped by its own pid), opens N
 pages of Debian's Chromium at once (Playwright, one browser), and in every page at the same moment
-presses Run for `prompt-lookup` on a prompt unique to that page. Each page must then show:
+presses Run on a prompt unique to that page, the pages taking turns between `prompt-lookup` and
+`suffix` (--methods). Each page must then show:
   * no alert,
   * the prompt of its own trace (rebuilt by the server from the trace's token ids) = its prompt,
-  * the output = greedy `ar` on that prompt, computed afterwards in this process (prompt-lookup
-    is lossless, so any token from another session's run would show up as a difference).
+  * the output = greedy `ar` on that prompt, computed afterwards in this process (both methods
+    are lossless, so any token from another session's run would show up as a difference),
+  * for suffix, no draft from `suffix:history` in the first round's detail: each session runs once,
+    so its own history is empty and such a draft could only come from another session's text.
 Prints one JSON line with the numbers; exit code 1 on any error or mismatch.
 """
 from __future__ import annotations
@@ -68,12 +71,12 @@ def start_server(port: int, log) -> subprocess.Popen:
     raise RuntimeError("server did not answer")
 
 
-async def session(ctx, url: str, prompt: str, tokens: int, go: asyncio.Event, ready: list,
+async def session(ctx, url: str, prompt: str, method: str, tokens: int, go: asyncio.Event, ready: list,
                   timeout_ms: int) -> dict:
     """One user: open the page (form prefilled by URL), wait for the common start, press Run."""
-    q = urllib.parse.urlencode(dict(method="prompt-lookup", prompt=prompt, max_new_tokens=tokens))
+    q = urllib.parse.urlencode(dict(method=method, prompt=prompt, max_new_tokens=tokens))
     page = await ctx.new_page()
-    out = dict(prompt=prompt, error=None)
+    out = dict(prompt=prompt, method=method, error=None)
     try:
         await page.goto(f"{url}?{q}", timeout=timeout_ms)
         await page.locator(".speclab-run button").wait_for(timeout=timeout_ms)
@@ -87,6 +90,7 @@ async def session(ctx, url: str, prompt: str, tokens: int, go: asyncio.Event, re
         out["alert"] = await page.evaluate(DEEP_TEXT, "speclab-alert")
         out["prompt_shown"] = await page.evaluate(DEEP_TEXT, "speclab-prompt-echo")
         out["output_shown"] = await page.evaluate(DEEP_TEXT, "speclab-output")
+        out["history_draft"] = "suffix:history" in await page.evaluate(DEEP_TEXT, "speclab-detail")
     except Exception as e:      # a timeout or a page crash is an error of this session, not the run
         out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
     finally:
@@ -94,15 +98,17 @@ async def session(ctx, url: str, prompt: str, tokens: int, go: asyncio.Event, re
     return out
 
 
-async def drive(url: str, n: int, tokens: int, timeout_ms: int) -> tuple[list[dict], float]:
+async def drive(url: str, n: int, tokens: int, timeout_ms: int,
+                methods: tuple[str, ...] = ("prompt-lookup",)) -> tuple[list[dict], float]:
     from playwright.async_api import async_playwright
     with tempfile.TemporaryDirectory() as tmp:
         async with async_playwright() as p:
             ctx = await p.chromium.launch_persistent_context(tmp, executable_path=CHROMIUM, headless=True,
                                                              args=ARGS)
             go, ready = asyncio.Event(), []
-            tasks = [asyncio.create_task(session(ctx, url, pr, tokens, go, ready, timeout_ms))
-                     for pr in prompts(n)]
+            tasks = [asyncio.create_task(session(ctx, url, pr, methods[i % len(methods)], tokens, go, ready,
+                                                 timeout_ms))
+                     for i, pr in enumerate(prompts(n))]
             # every page loaded (or failed) before the common start, so the runs really overlap
             while len(ready) + sum(t.done() for t in tasks) < n:
                 await asyncio.sleep(0.5)
@@ -131,7 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=4, help="max new tokens per run")
     ap.add_argument("--timeout", type=float, default=600, help="seconds a session may take")
     ap.add_argument("--no-reference", action="store_true", help="skip the greedy-ar output check")
+    ap.add_argument("--methods", default="prompt-lookup,suffix", help="lossless methods the pages take turns with")
     a = ap.parse_args(argv)
+    methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
     if not os.path.exists(CHROMIUM):
         print(f"{CHROMIUM} is missing: apt-get install -y chromium", file=sys.stderr)
         return 2
@@ -140,7 +148,7 @@ def main(argv=None) -> int:
         proc = start_server(port, log)
         try:
             results, wall = asyncio.run(drive(f"http://127.0.0.1:{port}/", a.sessions, a.tokens,
-                                              int(a.timeout * 1000)))
+                                              int(a.timeout * 1000), methods))
         finally:
             proc.terminate()
             try:
@@ -151,9 +159,10 @@ def main(argv=None) -> int:
     ref = {} if a.no_reference else reference_outputs([r["prompt"] for r in results], a.tokens)
     errors = [r for r in results if r["error"] or r.get("alert")]
     crosstalk = [r for r in results if not r["error"] and not r.get("alert") and
-                 (r["prompt_shown"] != r["prompt"] or (ref and r["output_shown"] != ref[r["prompt"]]))]
+                 (r["prompt_shown"] != r["prompt"] or (ref and r["output_shown"] != ref[r["prompt"]])
+                  or r.get("history_draft"))]
     lat = [r["latency_s"] for r in results if "latency_s" in r]
-    report = dict(sessions=a.sessions, tokens_per_run=a.tokens, method="prompt-lookup", wall_s=round(wall, 1),
+    report = dict(sessions=a.sessions, tokens_per_run=a.tokens, methods=list(methods), wall_s=round(wall, 1),
                   completed=len(lat), errors=len(errors), crosstalk=len(crosstalk),
                   outputs_checked_against_greedy_ar=bool(ref),
                   latency_s=dict(min=round(min(lat), 1), median=round(statistics.median(lat), 1),

@@ -5,6 +5,7 @@
     r.text, r.stats, r.trace
 """
 from speclab.api import Result, generate, run
+from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.decoding.registry import methods
 from speclab.models.zoo import load
 from speclab.trace import Trace, TraceError, replay
@@ -16,4 +17,4 @@ def show(trace_or_result, **kw):
     """A Jupyter player for a trace, a Result or a saved trace path (needs the notebook extra)."""
     from speclab.widgets import show as _show
     return _show(trace_or_result, **kw)
-__all__ = ["generate", "run", "methods", "load", "Result", "Trace", "TraceError", "replay", "show"]
+__all__ = ["generate", "run", "methods", "load", "Result", "Trace", "TraceError", "replay", "show", "SuffixHistory"]

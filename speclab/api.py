@@ -1,17 +1,17 @@
 """The Python API: `speclab.generate(...) -> Result`, one entry point for every method."""
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from speclab.decoding.acceptance import Sampler
-from speclab.decoding.registry import Method, get_method, method_params, takes_backend
+from speclab.decoding.registry import Method, get_method, method_params, recorded_params, takes_backend
 from speclab.decoding.speculative import Drafter, decode
-from speclab.models.causal import make_lm, param_count
-from speclab.models.zoo import load_shared
-from speclab.trace import RECORD_LEVELS, ModelInfo, Sampling, Trace, replay
+from speclab.models.causal import make_lm
+from speclab.models.loading import (PromptBoundaryWarning, as_model, check_vocab, encode_prompt,  # noqa: F401
+                                    model_info, token_table)
+from speclab.trace import RECORD_LEVELS, Sampling, Trace, replay
 
 
 @dataclass
@@ -28,64 +28,29 @@ class Result:
                     drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s, verify_s=t.verify_s)
 
 
-def as_model(m, device=None):
-    """A zoo name / directory / hub id, or an already loaded (model, tokenizer) pair."""
-    if m is None:
-        return None
-    if isinstance(m, (tuple, list)):
-        return m[0], m[1]
-    return load_shared(str(m), device)
-
-
-def check_vocab(target, draft):
-    vt, vd = target[0].config.vocab_size, draft[0].config.vocab_size
-    if vt != vd or len(target[1]) != len(draft[1]):
-        raise ValueError(f"draft and target have different vocabularies (target {vt} tokens, draft {vd}): "
-                         "a draft model must share the target's tokenizer")
-
-
-class PromptBoundaryWarning(UserWarning):
-    """A prompt that ends where the tokenizer would not end a token (trailing whitespace)."""
-
-
-def encode_prompt(tokenizer, prompt, max_new_tokens: int, max_positions: int | None) -> list[int]:
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise ValueError("empty prompt: give some text to continue")
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if prompt != prompt.rstrip():
-            warnings.warn(PromptBoundaryWarning(
-                f"the prompt ends in whitespace ({prompt[len(prompt.rstrip()):]!r}): byte-level BPE merges a "
-                "newline or space with the text after it, so the model sees a last token it rarely saw "
-                "there; drop the trailing whitespace for a natural continuation"), stacklevel=3)
-    else:
-        ids = [int(i) for i in prompt]
-        if not ids:
-            raise ValueError("empty prompt: give some token ids to continue")
-    if max_positions and len(ids) + max_new_tokens > max_positions:
-        raise ValueError(f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
-                         f"context window of {max_positions}: shorten the prompt or lower max_new_tokens")
-    return ids
-
-
-def token_table(tokenizer, ids) -> dict[int, str]:
-    uniq = sorted(set(int(i) for i in ids))
-    return {i: tokenizer.decode([i]) for i in uniq}
-
-
-def model_info(model, name: str) -> ModelInfo:
-    p = next(model.parameters())
-    return ModelInfo(name=str(name), params=param_count(model), dtype=str(p.dtype).replace("torch.", ""),
-                     device=str(p.device))
+def chat_prompt(tokenizer, question: str) -> list[int]:
+    """The token ids of `question` as one user turn in the tokenizer's chat template, ready for the
+    assistant's answer (add_generation_prompt)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template: drop chat=True / --chat and give "
+                         "the raw prompt text")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("empty chat question: give the user's message as text")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, record: str | None = "light", device=None, progress=None,
-             backend: str = "auto", **method_params_) -> Result:
+             backend: str = "auto", dtype="auto", chat: bool = False, **method_params_) -> Result:
     """Decode `prompt` with `method`; every decision goes into `result.trace`.
 
-    target / draft: a zoo name ("code-target"), a local directory, a hub id, or (model, tokenizer).
+    target / draft: a zoo name ("code-target", "smollm2-135m"), a local directory, a hub id, or
+    (model, tokenizer). dtype: "auto" (bf16 where the hardware runs it natively, else fp32; the toy
+    zoo stays fp32), "bf16" or "fp32"; ignored for already loaded models. chat: `prompt` is a user
+    message, wrapped in the tokenizer's chat template (generation stops at the end-of-turn token).
     backend: "auto" runs plain Llama models on speclab's lean forward (same weights, same logits
     to fp32 rounding, preallocated cache) and anything else through transformers; "hf" forces
     transformers for every model.
@@ -104,18 +69,17 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     unknown = set(method_params_) - set(method_params(method) if custom is None else [])
     if unknown:
         raise ValueError(f"method {method!r} does not take {sorted(unknown)}; it takes {method_params(method)}")
+    check_pairing(m.engine, method, target, draft if m.needs_draft else None)
     sampler = Sampler(temperature, top_k, top_p)
-    tgt = as_model(target, device)
+    tgt = as_model(target, device, dtype)
     if m.needs_draft and draft is None:
         raise ValueError(f"method {method!r} needs a draft model: pass draft='code-draft' (or --draft)")
-    dft = as_model(draft, device) if m.needs_draft else None
+    dft = as_model(draft, device, dtype) if m.needs_draft else None
     if dft is not None:
         check_vocab(tgt, dft)
     model, tok = tgt
-    from speclab.models.dllm import is_dllm
-    if is_dllm(model) or (dft is not None and is_dllm(dft[0])):
-        raise ValueError(f"{getattr(model, 'name_or_path', 'the model')} is a masked-diffusion LM (bidirectional): "
-                         f"decode it with a dllm-* method (dllm-threshold, dllm-lowconf, ...), not {method!r}")
+    if chat:
+        prompt = chat_prompt(tok, prompt)
     ids = encode_prompt(tok, prompt, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
     extra = {"backend": backend} if custom is None and takes_backend(method) else {}
     drafter = custom or m.build(model, dft[0] if dft else None, **method_params_, **extra)
@@ -127,7 +91,8 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         models["draft"] = model_info(dft[0], getattr(dft[0], "name_or_path", "draft"))
     table_ids = ids + new + [n.token for r in rounds for n in r.nodes] + [r.emitted for r in rounds]
     trace = Trace(engine="speculative", method=method,
-                  params=dict(method_params_, max_new_tokens=max_new_tokens, backend=type(lm).__name__),
+                  params=dict(recorded_params(method_params_), max_new_tokens=max_new_tokens, backend=type(lm).__name__,
+                              **({"chat": True} if chat else {})),
                   models=models, sampling=Sampling(temperature, top_k, top_p, seed), record=record,
                   prompt_ids=ids, output_ids=new, token_text=token_table(tok, table_ids),
                   totals=totals, rounds=rounds)
@@ -135,16 +100,61 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
 
 
 def run(target, prompt, method: str = "ar", **kw) -> Result:
-    """Any engine by method name: speculative methods go to generate(), dag-* to the DAG decoder."""
+    """Any engine by method name: speculative methods go to generate(), dag-* to the DAG decoder,
+    dllm-* to the diffusion decoder. The target / draft pairing is checked first, for every engine."""
     m = get_method(method) if isinstance(method, str) else None
     if m is None or m.engine == "speculative":
-        return generate(target, prompt, method, **kw)
+        return generate(target, prompt, method, **kw)      # checks the pairing itself (public too)
+    check_pairing(m.engine, method, target, kw.get("draft"))
     if m.engine == "dag":
         return _run_dag(target, prompt, m.name.removeprefix("dag-"), **kw)
     if m.engine == "diffusion":
         from speclab.decoding.dllm_run import run_dllm
-        return run_dllm(target, prompt, m.name, **kw)
+        trace = run_dllm(target, prompt, m.name, **kw)
+        tok = as_model(target, kw.get("device"))[1]
+        return Result(text=tok.decode(trace.output_ids, skip_special_tokens=False), ids=list(trace.output_ids),
+                      trace=trace)
     raise ValueError(f"method {method!r}: the {m.engine} engine is not available in this version")
+
+
+# what each engine decodes, and what to say when a model of another kind is given to it
+ENGINE_KIND = {"speculative": "causal", "diffusion": "diffusion", "dag": "dag"}
+KIND_IS = {"causal": "a causal LM", "diffusion": "a masked-diffusion LM (bidirectional)", "dag": "a DA-Transformer"}
+KIND_METHODS = {"causal": "ar, draft-model, prompt-lookup, suffix, ...",
+                "diffusion": "a dllm-* method (dllm-threshold, dllm-lowconf, ...)",
+                "dag": "a dag-* method (dag-viterbi, dag-greedy, ...)"}
+
+
+def check_pairing(engine: str, method: str, target, draft=None) -> None:
+    """Does this engine decode this kind of model? One ValueError line if not, before any weights load
+    (the kind comes from the config; a hub id is left to loading)."""
+    from speclab.models.loading import model_kind
+    want = ENGINE_KIND.get(engine)
+    kind = model_kind(target)
+    if want is None or kind is None or kind == want:
+        pass
+    elif engine == "dag":
+        raise ValueError(f"{method} needs a DA-Transformer target (numwords-dat, dates-dat), not {_name(target)} "
+                         f"({KIND_IS[kind]})")
+    elif engine == "diffusion":
+        raise ValueError(f"{_name(target)} is not a masked-diffusion LM ({KIND_IS[kind]}): {method} needs a diffusion "
+                         f"model such as code-dllm or digits-dllm; decode {_name(target)} with {KIND_METHODS[kind]}")
+    else:
+        raise ValueError(f"{_name(target)} is {KIND_IS[kind]}: decode it with {KIND_METHODS[kind]}, not {method!r}")
+    if draft is None:
+        return
+    if engine != "speculative":
+        raise ValueError(f"{method} takes no draft model: {KIND_IS[want]} decodes without one")
+    dkind = model_kind(draft)
+    if dkind not in (None, "causal"):
+        raise ValueError(f"the draft {_name(draft)} is {KIND_IS[dkind]}: a draft model must be a causal LM that "
+                         "shares the target's tokenizer (e.g. code-draft)")
+
+
+def _name(m) -> str:
+    if isinstance(m, (tuple, list)):
+        return str(getattr(m[0], "name_or_path", None) or getattr(m[0], "name", None) or type(m[0]).__name__)
+    return str(m)
 
 
 def _run_dag(target, prompt, strategy, record="light", seed=0, device=None, temperature=None, top_k=None,
@@ -152,9 +162,7 @@ def _run_dag(target, prompt, strategy, record="light", seed=0, device=None, temp
     from dataclasses import fields
     from speclab.decoding.dag import DecodeConfig, decode_text, run_dag
     model = as_model(target, device)[0]
-    if not hasattr(model, "vocab"):
-        raise ValueError(f"dag-{strategy} needs a DA-Transformer target (numwords-dat, dates-dat), "
-                         f"not {getattr(model, 'name_or_path', type(model).__name__)}")
+    check_pairing("dag", f"dag-{strategy}", (model, None))     # a hub id is known only once loaded
     known = {f.name for f in fields(DecodeConfig)}
     if set(params) - known:
         raise ValueError(f"dag methods do not take {sorted(set(params) - known)}; they take {sorted(known)}")

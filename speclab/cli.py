@@ -10,18 +10,12 @@ import json
 import os
 import sys
 
+from speclab.params import parse_value as _num   # the NAME=VALUE parsing shared with the bench and the dashboard
+
 EXIT_USAGE = 2
 COLORS = {"prompt": "\033[2m", "draft": "\033[32m", "target": "\033[33m", "reset": "\033[0m"}
 
 
-def _num(s: str):
-    """Method parameter values: int, float, none / true / false, or string."""
-    for cast in (int, float):
-        try:
-            return cast(s)
-        except ValueError:
-            pass
-    return {"none": None, "true": True, "false": False}.get(s.lower(), s)
 
 
 def add_run(sub):
@@ -33,6 +27,10 @@ def add_run(sub):
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--prompt")
     g.add_argument("--prompt-file")
+    g.add_argument("--chat", metavar="QUESTION",
+                   help="a user message, wrapped in the model's chat template (stops at its end-of-turn token)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="auto: bf16 where the hardware runs it natively (CUDA, CPUs with avx512_bf16 / AMX), else fp32")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int)
@@ -83,7 +81,7 @@ def cmd_run(a):
             raise ValueError(f"prompt file not found: {a.prompt_file}")
         prompt = open(a.prompt_file, encoding="utf-8").read()
     else:
-        prompt = a.prompt
+        prompt = a.chat if a.chat is not None else a.prompt
     record = None if a.record == "none" else a.record
     from speclab.decoding.registry import get_method
     if get_method(a.method).engine == "dag":
@@ -102,18 +100,29 @@ def cmd_run(a):
         return 0
     if get_method(a.method).engine == "diffusion":
         return _run_dllm(a, prompt, record)
+    chat = a.chat is not None
     r = speclab.generate(a.target, prompt, a.method, draft=a.draft, max_new_tokens=a.max_new_tokens,
                          temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
-                         record=record, device=a.device, **method_kwargs(a))
-    out = dict(text=r.text, ids=r.ids, method=a.method, **r.stats)
+                         record=record, device=a.device, dtype=a.dtype, chat=chat, **method_kwargs(a))
+    out = dict(text=r.text, ids=r.ids, method=a.method, dtype=r.trace.models["target"].dtype, **r.stats)
     if a.check:
-        ref = speclab.generate(a.target, prompt, "ar", max_new_tokens=a.max_new_tokens, record=None, device=a.device)
+        same = {k: v for k, v in method_kwargs(a).items() if k == "backend"}    # ar on the same forward
+        ref = speclab.generate(a.target, prompt, "ar", max_new_tokens=a.max_new_tokens, record=None,
+                               device=a.device, dtype=a.dtype, chat=chat, **same)
         out["identical"] = ref.ids == r.ids
+        if not out["identical"]:
+            from speclab.decoding.equality import diagnose
+            model = speclab.models.zoo.load_shared(a.target, a.device, a.dtype)[0]
+            d = diagnose(model, r.trace.prompt_ids, ref.ids, r.ids, same.get("backend", "auto"))
+            out["divergence"] = d.to_dict()
+            out["why"] = d.explain(r.trace.text_of)
     if a.trace:
         r.trace.save(a.trace)
     if a.json:
         print(json.dumps(out))
         return 0
+    if chat:
+        prompt = "".join(r.trace.text_of(t) for t in r.trace.prompt_ids)
     color = a.color == "always" or (a.color == "auto" and sys.stdout.isatty())
     print(render_colored(r.trace, prompt, color))
     s = r.stats
@@ -121,6 +130,8 @@ def cmd_run(a):
     print(f"\n[{a.method}] {s['new_tokens']} tokens, {s['target_forwards']} target forwards, "
           f"{s['draft_forwards']} draft forwards, tau {s['tau']:.2f}, alpha {alpha}, {s['wall_s']:.2f} s"
           + (f", identical to greedy ar: {out['identical']}" if a.check else ""))
+    if a.check and not out["identical"]:
+        print(f"[check] {out['why']}")
     if color:
         print(f"{COLORS['prompt']}prompt{COLORS['reset']}  {COLORS['draft']}accepted draft{COLORS['reset']}  "
               f"{COLORS['target']}from the target{COLORS['reset']}")
@@ -180,6 +191,9 @@ def cmd_train(a):
         from speclab.train.dllm import main as train_main
     elif a.rest and a.rest[0] in ("numwords", "dates"):
         from speclab.train.dag import main as train_main
+    elif a.rest and a.rest[0] == "smollm2-draft":
+        from speclab.train.smollm2_draft import main as smollm2_main
+        return smollm2_main(a.rest[1:]) or 0
     else:
         from speclab.train.zoo import main as train_main
     train_main(a.rest)

@@ -15,13 +15,20 @@ the committed tokens (no per-node records), so replay works at every level.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+import re
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from speclab import metrics
 
 SCHEMA = "speclab.trace/1"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")[0], int(SCHEMA.split("/")[1])
 RECORD_LEVELS = (None, "light", "full")
+# what a trace file may be, checked before the JSON is parsed: a 128-token run recorded "full" is
+# well under 1 MB, and no trace nests deeper than about 8 levels (params may hold lists of lists)
+MAX_TRACE_BYTES = 512 * 2**20
+MAX_JSON_DEPTH = 64
 
 # decisions a draft node can get
 ACCEPTED, REJECTED, NOT_REACHED = "accepted", "rejected", "not_reached"
@@ -61,12 +68,12 @@ class Totals:
     @property
     def tau(self) -> float:
         """Mean accepted length: new tokens per target forward (counts the bonus token)."""
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+        return metrics.tau(self.new_tokens, self.target_forwards)
 
     @property
     def alpha(self) -> float | None:
         """Acceptance rate: accepted draft tokens / drafted tokens (None when nothing drafted)."""
-        return self.accepted / self.drafted if self.drafted else None
+        return metrics.alpha(self.accepted, self.drafted)
 
 
 @dataclass
@@ -183,28 +190,60 @@ class Trace:
             raise TraceError(f"corrupted trace: {e!r}; re-record it with `speclab run --trace`") from e
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
+    def from_json(cls, data: str | bytes, name: str = "the trace", limit: int = MAX_TRACE_BYTES) -> "Trace":
+        """A trace from JSON text or bytes, its size and nesting bounded before it is parsed."""
+        return cls.from_dict(parse_json(data, name, limit))
+
+    @classmethod
+    def load(cls, path: str | Path, limit: int = MAX_TRACE_BYTES) -> "Trace":
         path = Path(path)
         if not path.exists():
             raise TraceError(f"trace file not found: {path}")
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise TraceError(f"{path} is not a speclab trace (not valid JSON: {e})") from e
-        return cls.from_dict(d)
-
-    def to_html(self, path: str | Path) -> Path:
-        """One self-contained HTML file (plotly.js inline) stepping through this run."""
-        from speclab.export import to_html
-        return to_html(self, path)
+        size = path.stat().st_size
+        if size > limit:
+            raise TraceError(f"{path} is {size / 2**20:.0f} MB, more than a trace file may be "
+                             f"({limit / 2**20:.0f} MB): is it a speclab trace?")
+        return cls.from_json(path.read_bytes(), str(path), limit)
 
     # -- helpers for views -----------------------------------------------------------------
     def text_of(self, token: int) -> str:
         return self.token_text.get(int(token), f"<{token}>")
 
-    @property
-    def steps(self) -> int:
-        return len(self.rounds) or len(self.denoise) or (1 if self.dag else 0)
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r'[^\[\]{}]+')
+
+
+def json_depth(text: str) -> int:
+    """How deeply the JSON text nests ([ and { outside strings), found without parsing it, so a
+    hostile file cannot exhaust the parser's recursion."""
+    import numpy as np
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).encode("ascii")
+    if not brackets:
+        return 0
+    b = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.where((b == ord("[")) | (b == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max())
+
+
+def parse_json(data: str | bytes, name: str = "the trace", limit: int = MAX_TRACE_BYTES) -> Any:
+    """JSON text or bytes -> Python data, or TraceError: over `limit` bytes, nested deeper than
+    MAX_JSON_DEPTH, not UTF-8 or not JSON. Size and depth are checked before parsing."""
+    if len(data) > limit:
+        raise TraceError(f"{name} is {len(data) / 2**20:.1f} MB, more than a trace may be ({limit / 2**20:.0f} MB)")
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(f"{name} is not a speclab trace (not UTF-8 text: {e})") from e
+    depth = json_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        raise TraceError(f"{name} is not a speclab trace: its JSON nests {depth} levels deep "
+                         f"(a trace never goes past {MAX_JSON_DEPTH})")
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise TraceError(f"{name} is not a speclab trace (not valid JSON: {e})") from e
 
 
 def check_schema(d: Any) -> None:
@@ -261,6 +300,3 @@ def _strip_after_eos(tokens: list[int], eos: int | None) -> list[int]:
         return tokens[: tokens.index(eos) + 1]
     return list(tokens)
 
-
-def field_names(cls) -> list[str]:
-    return [f.name for f in fields(cls)]

@@ -3,6 +3,8 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# the dashboard opens on the tiny code zoo in tests (its default is the real model when installed)
+os.environ.setdefault("SPECLAB_DASHBOARD_TARGET", "code-target")
 
 
 @pytest.fixture(scope="session")

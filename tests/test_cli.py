@@ -62,6 +62,35 @@ def test_bad_input_is_one_line_exit_2(capsys, args, words):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("args,words", [
+    (["--target", "numwords-dat", "--method", "draft-model", "--draft", "code-draft", "--prompt", "12"],
+     "numwords-dat is a DA-Transformer: decode it with a dag-* method"),
+    (["--target", "numwords-dat", "--method", "prompt-lookup", "--prompt", "12"], "is a DA-Transformer"),
+    (["--target", "code-target", "--method", "draft-model", "--draft", "numwords-dat", "--prompt", "x"],
+     "the draft numwords-dat is a DA-Transformer"),
+    (["--target", "code-target", "--method", "draft-model", "--draft", "code-dllm", "--prompt", "x"],
+     "the draft code-dllm is a masked-diffusion LM"),
+    (["--target", "code-dllm", "--method", "ar", "--prompt", "x"], "is a masked-diffusion LM"),
+    (["--target", "numwords-dat", "--method", "dllm-threshold", "--prompt", "12"], "not a masked-diffusion LM"),
+    (["--target", "digits-dllm", "--method", "dag-viterbi", "--prompt", "12"], "needs a DA-Transformer target"),
+])
+def test_engine_and_model_must_pair(capsys, args, words):
+    """Checked once, in speclab.run's seam, for every engine: one line, never a traceback."""
+    code, _, err = run(capsys, "run", "--max-new-tokens", "4", *args)
+    assert code == 2 and words in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_engine_and_model_pairing_in_the_api():
+    import speclab
+    with pytest.raises(ValueError, match="is a DA-Transformer"):
+        speclab.run("numwords-dat", "12", "draft-model", draft="code-draft")
+    with pytest.raises(ValueError, match="takes no draft model"):
+        speclab.run("numwords-dat", "12", "dag-viterbi", draft="code-draft")
+    dag = speclab.models.zoo.load_shared("numwords-dat")
+    with pytest.raises(ValueError, match="is a DA-Transformer"):         # a loaded pair is checked too
+        speclab.generate(dag, "12", "ar")
+
+
 def test_vocab_mismatch_names_both_sizes(capsys, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
     from speclab.models.zoo import load

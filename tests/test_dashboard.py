@@ -69,6 +69,7 @@ def test_compare_rows_and_lossless_check():
     (b'{"schema": "other/1"}', "unknown trace schema"),
     (b'{"schema": "speclab.trace/99"}', "newer than this speclab"),
     (b'{"schema": "speclab.trace/1", "engine": "speculative"}', "corrupted trace"),
+    (b"[" * 300 + b"]" * 300, "levels deep"),    # refused before parsing (2,000 would exhaust the parser)
     (None, "over the"),                        # None: a file one byte over the limit
 ])
 def test_bad_upload_shows_alert_and_session_goes_on(data, needle):
@@ -143,6 +144,28 @@ def test_two_sessions_do_not_share_state():
     b.open_upload(b"junk", "junk.json")
     assert b.alert.visible and not a.alert.visible
     assert a.player is not b.player and a.step_fig is not b.step_fig
+
+
+def test_two_sessions_using_suffix_never_see_each_others_text():
+    """Session A's request must never become session B's drafts (the suffix method remembers earlier
+    requests, but only its own session's); within one session it does, which shows the check bites."""
+    earlier = "def load_settings(path):\n    with open(path) as f:\n        return json.load(f)"
+    later = "def load_settings(path):"
+    a = small(Dashboard(), method="suffix", prompt=earlier, n=8)
+    b = small(Dashboard(), method="suffix", prompt=later, n=12)
+    ta = a.run_now()
+    tb = b.run_now()
+    assert ta is not None and tb is not None and a.history is not b.history
+    own = set(tb.prompt_ids) | set(tb.output_ids)
+    nodes = [n for r in tb.rounds for n in r.nodes]
+    assert all(n.source == "suffix:self" and n.token in own for n in nodes)
+    a_only = set(ta.prompt_ids) | set(ta.output_ids)
+    a_only -= own
+    assert not a_only & set(tb.token_text)                      # no token of A's text in B's trace at all
+    a.prompt.value, a.max_new_tokens.value = later, 12          # the same session: its history serves it
+    again = a.run_now()
+    assert any(n.source == "suffix:history" for r in again.rounds for n in r.nodes)
+    assert again.output_ids == tb.output_ids                    # and the output is the same (lossless)
 
 
 def test_url_arguments_prefill_the_form():

@@ -142,6 +142,19 @@ def test_threshold_and_factor_rules():
     assert Threshold(factor=1.0).select(v).commit.tolist() == [True, False, True, False]
 
 
+def test_threshold_breaks_ties_to_the_leftmost_position():
+    """Saturated probabilities tie; the rule must then pick the leftmost, as its docstring says (an
+    unstable argsort of 200 equal values picks from the middle)."""
+    n = 200
+    eligible = [i >= 7 for i in range(n)]
+    v = _view([0.5] * n, eligible)
+    forced = Threshold(0.99).select(v)                       # none passes: the best one is forced
+    assert forced.commit.nonzero().flatten().tolist() == [7] and forced.info["forced"] == [7]
+    v = _view([0.9] * n, eligible)
+    # factor 0.3: rank 0 needs 0.85, rank 1 needs 0.9, rank 2 needs 0.925: the two leftmost pass
+    assert Threshold(factor=0.3).select(v).commit.nonzero().flatten().tolist() == [7, 8]
+
+
 def test_localleap_relaxes_near_anchors():
     v = _view([0.95, 0.8, 0.1, 0.1, 0.1, 0.1, 0.1, 0.8])
     c = LocalLeap(0.9, 0.75, radius=2).select(v).commit.tolist()

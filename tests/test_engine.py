@@ -133,3 +133,18 @@ def test_first_sampled_token_follows_target_distribution(method, params, target,
     assert counts[~keep].sum() == 0
     exp = p[keep].double() / p[keep].double().sum() * n
     assert chisquare(counts[keep].double().numpy(), exp.numpy()).pvalue > 1e-3
+
+
+def test_a_drafter_must_leave_the_target_cache_as_it_found_it(target):
+    """The Drafter contract, enforced every round: propose() may not grow the target's cache."""
+    from speclab.decoding.speculative import Drafter
+
+    class Sloppy(Drafter):
+        name = "sloppy"
+
+        def propose(self, ctx):
+            self.target.forward(torch.tensor(ctx.ids[-ctx.pending:], device=ctx.device))   # runs the target
+            return super().propose(ctx)
+
+    with pytest.raises(AssertionError, match="changed the target cache"):
+        speclab.generate(target, "def f(x):", Sloppy(), max_new_tokens=4)

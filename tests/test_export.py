@@ -11,7 +11,7 @@ import pytest
 
 import speclab
 from speclab.export import animated, main, to_html
-from speclab.trace import TraceError
+from speclab.trace import Trace, TraceError
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +41,9 @@ def test_html_is_self_contained_with_frames_and_slider(trace, tmp_path):
 
 def test_cli_exports_a_saved_trace_in_a_fresh_process_without_loading_a_model(trace, tmp_path):
     src = trace.save(tmp_path / "run.json")
-    code = ("import sys; from speclab.export import main; from speclab.models.zoo import load_shared\n"
+    code = ("import sys; from speclab.export import main; from speclab.models.zoo import _load_shared\n"
             f"main([{str(src)!r}, '--html', {str(tmp_path / 'out.html')!r}])\n"
-            "assert load_shared.cache_info().currsize == 0")
+            "assert _load_shared.cache_info().currsize == 0")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "wrote" in done.stdout and (tmp_path / "out.html").stat().st_size > 3_000_000
@@ -67,6 +67,31 @@ def test_bad_traces_give_one_line_errors(tmp_path, content, match):
     assert "\n" not in str(e.value)
     with pytest.raises(TraceError, match="folder"):
         main([str(tmp_path)])
+
+
+def test_deeply_nested_json_is_refused_before_parsing(tmp_path, capsys):
+    """2,000 levels would exhaust the JSON parser's recursion: the depth is checked first."""
+    from speclab.cli import main as cli
+    from speclab.trace import MAX_JSON_DEPTH, json_depth
+    src = tmp_path / "deep.json"
+    src.write_text("[" * 2000 + "]" * 2000)
+    with pytest.raises(TraceError, match="nests 2000 levels deep"):
+        Trace.load(src)
+    assert cli(["export", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("speclab: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert json_depth('{"a": "[[[[{{", "b": [[1], {"c": [2]}]}') == 4     # brackets in strings do not count
+    assert json_depth('"\\"[[["') == 0
+    deep_dict = '{"schema": "speclab.trace/1", "params": ' + '{"a": ' * (MAX_JSON_DEPTH + 1) + "1" + "}" * (MAX_JSON_DEPTH + 2)
+    with pytest.raises(TraceError, match="levels deep"):
+        Trace.from_json(deep_dict)
+
+
+def test_oversized_trace_is_refused_before_reading(tmp_path):
+    src = tmp_path / "big.json"
+    src.write_text('{"schema": "speclab.trace/1"}' + " " * 2000)
+    with pytest.raises(TraceError, match="more than a trace"):
+        Trace.load(src, limit=1000)
 
 
 def test_unwritable_output_is_a_value_error(trace, tmp_path):

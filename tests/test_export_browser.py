@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import speclab
+from speclab.export import to_html
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
@@ -21,7 +22,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright pyt
 def test_exported_html_renders_and_slider_moves(tmp_path, target, draft):
     r = speclab.generate(target, "    def keys(self):\n        return", "draft-model", draft=draft, k=3,
                          max_new_tokens=24, record="full")
-    page_file = r.trace.to_html(tmp_path / "run.html")
+    page_file = to_html(r.trace, tmp_path / "run.html")
     assert len(r.trace.rounds) >= 2
     with sync_api.sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,

@@ -1,8 +1,11 @@
-"""Model-free copy drafters on hand-made contexts: what they propose, and why."""
+"""Model-free copy drafters on hand-made contexts (what they propose, and why), and the suffix
+method's history: only in an object the caller owns and passes in."""
+import json
+
 import pytest
 import torch
 
-from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixAutomaton, SuffixDrafter
+from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixAutomaton, SuffixDrafter, SuffixHistory
 from speclab.decoding.speculative import Context
 
 
@@ -42,19 +45,93 @@ def test_suffix_automaton_finds_the_longest_earlier_suffix():
     assert a.len[s] == 3 and a.text[a.end[s] + 1] == 4
 
 
-def test_suffix_drafter_continues_a_repeat_and_forgets_history_on_request():
-    SuffixDrafter.forget()
-    d = SuffixDrafter(max_k=4, min_match=2)
+def test_suffix_drafter_continues_a_repeat_and_keeps_history_only_in_the_owners_object():
+    h = SuffixHistory()
+    d = SuffixDrafter(max_k=4, min_match=2, history=h, key="v")
     c = ctx([7, 1, 2, 3, 4, 5, 6, 1, 2, 3])
     d.begin(c, None, None, None)
     assert d.propose(c).tokens == [4, 5, 6]                  # match (1 2 3): k = factor * 3
     d.end()
-    e = SuffixDrafter(max_k=4, min_match=2)
+    assert len(h) == 1 and h.tokens == 10
+    e = SuffixDrafter(max_k=4, min_match=2, history=h, key="v")
     c2 = ctx([40, 41, 2, 3, 4])                               # (2, 3, 4) only in the previous request
     e.begin(c2, None, None, None)
     t = e.propose(c2)
     assert t.tokens == [5, 6, 1] and t.source[0] == "suffix:history"
-    SuffixDrafter.forget()
-    f = SuffixDrafter(max_k=4, min_match=2)
-    f.begin(c2, None, None, None)
-    assert f.propose(c2).tokens == []
+    for other in (SuffixDrafter(max_k=4, min_match=2),                          # no history: none at all
+                  SuffixDrafter(max_k=4, min_match=2, history=SuffixHistory(), key="v"),   # someone else's
+                  SuffixDrafter(max_k=4, min_match=2, history=h, key="another vocabulary")):
+        other.begin(c2, None, None, None)
+        assert other.propose(c2).tokens == []
+    assert not hasattr(SuffixDrafter, "forget") and not hasattr(SuffixDrafter, "history")
+
+
+def test_suffix_history_is_bounded_and_drops_the_least_recently_used_request():
+    h = SuffixHistory(max_tokens=12)
+    for doc in ([1, 2, 3, 4], [11, 12, 13, 14], [21, 22, 23, 24]):
+        h.add("v", doc)
+    d = SuffixDrafter(max_k=2, min_match=2, history=h, key="v")
+    c = ctx([9, 1, 2])                                          # drafts from the first (oldest) request
+    d.begin(c, None, None, None)
+    assert d.propose(c).tokens == [3, 4]                        # ... which makes it the most recently used
+    h.add("v", [31, 32, 33, 34])                                # 16 > 12 tokens: down to 3/4 of the bound
+    assert h.tokens == 8 and len(h) == 2
+    text = h.index("v").auto.text
+    assert 1 in text and 31 in text and 11 not in text and 21 not in text   # the least recently used went
+    d.end()                                                     # its own 3 tokens join: 11, under the bound
+    assert h.tokens == 11 and len(h) == 3
+    with pytest.raises(ValueError, match="max_tokens"):
+        SuffixHistory(max_tokens=0)
+    with pytest.raises(ValueError, match="SuffixHistory"):
+        SuffixDrafter(history="shared")
+
+
+def test_a_running_drafter_follows_the_history_as_it_changes():
+    h = SuffixHistory(max_tokens=8)
+    d = SuffixDrafter(max_k=2, min_match=2, history=h, key="v")
+    c = ctx([5, 6, 7])
+    d.begin(c, None, None, None)
+    assert d.propose(c).tokens == []
+    h.add("v", [5, 6, 7, 8])                                    # another request ends meanwhile: extended in place
+    assert d.propose(c).tokens == [8]
+    h.add("v", [1, 2, 3, 4, 5, 6])                              # over the bound: rebuilt, a new version
+    assert h.tokens <= 6 and 8 not in h.index("v").auto.text
+    version = d.hist_version
+    c.ids += [1, 2]
+    assert d.propose(c).tokens == [3, 4] and d.hist_version != version   # matched afresh on the new automaton
+
+
+# -- through the API: no history unless the caller passes one --------------------------------------
+EARLIER = "def load_settings(path):\n    with open(path) as f:\n        return json.load(f)"
+LATER = "def load_settings(path):"       # continues exactly like EARLIER began
+
+
+def sources(trace) -> set[str]:
+    return {n.source for r in trace.rounds for n in r.nodes}
+
+
+def own_text_only(trace) -> bool:
+    """Every drafted token is one of this request's own prompt or output tokens."""
+    own = set(trace.prompt_ids) | set(trace.output_ids)
+    return all(n.token in own for r in trace.rounds for n in r.nodes) and "suffix:history" not in sources(trace)
+
+
+def test_two_api_calls_share_nothing_without_a_history(target):
+    import speclab
+    speclab.generate(target, EARLIER, "suffix", max_new_tokens=8)
+    b = speclab.generate(target, LATER, "suffix", max_new_tokens=12)
+    assert own_text_only(b.trace)
+    assert b.ids == speclab.generate(target, LATER, "ar", max_new_tokens=12).ids
+
+
+def test_a_shared_history_carries_text_across_calls(target):
+    import speclab
+    h = speclab.SuffixHistory()
+    speclab.generate(target, EARLIER, "suffix", max_new_tokens=8, history=h)
+    b = speclab.generate(target, LATER, "suffix", max_new_tokens=12, history=h)
+    assert "suffix:history" in sources(b.trace)                 # drafts from the earlier request
+    assert b.ids == speclab.generate(target, LATER, "ar", max_new_tokens=12).ids   # still lossless
+    assert "history" not in b.trace.params                      # the owner's object is not recorded
+    assert speclab.Trace.from_dict(json.loads(json.dumps(b.trace.to_dict()))).method == "suffix"
+    c = speclab.run(target, LATER, "suffix", max_new_tokens=12, history=speclab.SuffixHistory())
+    assert own_text_only(c.trace)                                # a fresh history knows nothing

@@ -10,11 +10,15 @@ def add_bench(sub):
     p = sub.add_parser("bench", help="measure methods and transformers peers side by side",
                        description="Every method on every prompt in one process, warm-up first. "
                                    "Methods: comma-separated, with parameters as name[k=6;threshold=0.5]; "
-                                   "peers: hf-greedy, hf-assisted, hf-prompt-lookup, hf-early-exit.")
+                                   "peers: hf-greedy, hf-assisted, hf-prompt-lookup, hf-early-exit; "
+                                   "vllm-greedy, vllm-ngram, vllm-suffix, vllm-draft (in vLLM's own venv: make vllm).")
     p.add_argument("--target", default="code-target")
     p.add_argument("--draft", default=None)
     p.add_argument("--methods", default="ar,draft-model,prompt-lookup")
-    p.add_argument("--prompts", default="code-complete", help="code-complete | code-edit | code-mixed | a JSONL file")
+    p.add_argument("--prompts", default="code-complete",
+                   help="code-complete | code-edit | code-mixed | chat | a JSONL file; several: comma-separated")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="for speclab's methods and the transformers peers alike (auto: bf16 on native-bf16 hardware)")
     p.add_argument("--limit", type=int, help="use only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
@@ -25,6 +29,7 @@ def add_bench(sub):
     p.add_argument("--json", dest="json_out")
     p.add_argument("--html")
     p.add_argument("--device")
+    p.add_argument("--vllm-python", help="the interpreter of vLLM's venv for vllm-* peers (default .venv-vllm; `make vllm`)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -33,8 +38,12 @@ def cmd_bench(a):
     from speclab.bench.report import html, markdown
     from speclab.bench.runner import bench, parse_methods
     specs = parse_methods(a.methods)
-    from speclab.bench.peers import PEERS
+    from speclab.bench.peers import PEERS as HF_PEERS
+    from speclab.bench.vllm_peer import VLLM_PEERS, find_vllm_python
     from speclab.decoding.registry import get_method
+    PEERS = HF_PEERS + VLLM_PEERS
+    if any(s.method in VLLM_PEERS for s in specs):
+        find_vllm_python(a.vllm_python)              # one line saying `make vllm` before any model loads
     for s in specs:
         if s.method not in PEERS:
             get_method(s.method)                     # unknown names fail before any model loads
@@ -42,14 +51,21 @@ def cmd_bench(a):
             s.params["k"] = a.k
     if a.repeats < 1 or a.max_new_tokens < 1:
         raise ValueError("--repeats and --max-new-tokens must be >= 1")
-    target = as_model(a.target, a.device)
-    draft = as_model(a.draft, a.device) if a.draft else None
+    target = as_model(a.target, a.device, a.dtype)
+    draft = as_model(a.draft, a.device, a.dtype) if a.draft else None
     if draft is not None:
         check_vocab(target, draft)
     record = None if a.record == "none" else a.record
-    res = bench(target, draft, specs, a.prompts, a.max_new_tokens, a.repeats, a.limit, a.k, a.exit_layer,
-                record, keep_traces=a.whatif)
+    sets = [s.strip() for s in a.prompts.split(",") if s.strip()]
+    results = []
+    for prompt_set in sets:
+        results.append(bench(target, draft, specs, prompt_set, a.max_new_tokens, a.repeats, a.limit, a.k,
+                             a.exit_layer, record, keep_traces=a.whatif, vllm_python=a.vllm_python))
+    res = results[0] if len(results) == 1 else dict(results[0], rows=[r for x in results for r in x["rows"]],
+                                                    prompt_set=",".join(sets))
+    res["dtype"] = str(next(target[0].parameters()).dtype).removeprefix("torch.")
     add_efficiency(res, target[0], draft[0] if draft else None, a.k)
+    add_bandwidth(res, target[0])
     if a.whatif:
         # one fixed-k, recorded draft-model run: mixing length policies would blur "tau at k"
         fixed = [s for s in specs if s.method == "draft-model" and set(s.params) <= {"k"}]
@@ -57,6 +73,12 @@ def cmd_bench(a):
         res["whatif"] = whatif_table(traces) if traces else []
         res["whatif_from"] = fixed[0].label if traces else None
     print(markdown(res))
+    if "bandwidth" in res:
+        b = res["bandwidth"]
+        print(f"ar against the bandwidth limit ({res['dtype']}): {b['weight_mb_per_token']} MB of weights per token; "
+              f"streaming read {b['bandwidth_gb_s']} GB/s -> limit {b['limit_tokens_per_s']} tok/s, ar at "
+              f"{b['ar_share_of_limit']:.2f} of it; the {res['dtype']} GEMV kernel reads {b['gemv_gb_s']} GB/s -> "
+              f"{b['gemv_limit_tokens_per_s']} tok/s, ar at {b['ar_share_of_gemv_limit']:.2f}")
     for k_, c in res.get("forward_costs", {}).items():
         print(f"bare forward ms (k={k_}): target(1) {c['c_target1']}, verify(k+1) {c['c_verify']}, draft {c.get('c_draft')}")
     for w in res.get("whatif", []):
@@ -67,6 +89,19 @@ def cmd_bench(a):
     if a.html:
         html(res, a.html)
     return 0
+
+
+def add_bandwidth(res: dict, target_model):
+    """ar's tokens/s against the memory-bandwidth limit of batch-1 decoding, measured in this process."""
+    from speclab.bench.bandwidth import bandwidth_limit
+    ar = [r for r in res["rows"] if r["method"] == "ar" and r.get("tokens_per_s")]
+    if not ar or not hasattr(target_model, "get_input_embeddings"):
+        return
+    b = bandwidth_limit(target_model)
+    tps = max(r["tokens_per_s"] for r in ar)
+    b["ar_share_of_limit"] = round(tps / b["limit_tokens_per_s"], 3)
+    b["ar_share_of_gemv_limit"] = round(tps / b["gemv_limit_tokens_per_s"], 3)
+    res["bandwidth"] = b
 
 
 def add_efficiency(res: dict, target_model, draft_model, k: int):

@@ -12,14 +12,15 @@ identical_rate compares with the one-per-step output.
 """
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 
 from speclab.bench.peers import PEERS, run_peer
+from speclab import metrics
 from speclab.bench.prompts import load_prompts
-from speclab.decoding.drafters.lookup import SuffixDrafter
-from speclab.decoding.registry import get_method
+from speclab.params import parse_assignment
+from speclab.decoding.drafters.lookup import SuffixHistory
+from speclab.decoding.registry import get_method, method_params
 from speclab.models.dllm import is_dllm
 
 
@@ -31,8 +32,7 @@ class MethodSpec:
 
 
 def parse_methods(s: str) -> list[MethodSpec]:
-    """'ar,draft-model[k=6],hf-assisted' -> specs (values are int, float or str)."""
-    from speclab.cli import _num
+    """'ar,draft-model[k=6],hf-assisted' -> specs (values are int, float, a JSON list or str)."""
     out = []
     for item in _split_top(s):
         name, params = item, {}
@@ -43,9 +43,8 @@ def parse_methods(s: str) -> list[MethodSpec]:
             for kv in filter(None, inner.split(";")):
                 if "=" not in kv:
                     raise ValueError(f"bad method parameter {kv!r} in {item!r}: use param=value")
-                k, v = kv.split("=", 1)
-                v = v.strip()
-                params[k.strip().replace("-", "_")] = json.loads(v) if v.startswith("[") else _num(v)
+                k, v = parse_assignment(kv)
+                params[k] = v
         out.append(MethodSpec(item, name.strip(), params))
     return out
 
@@ -64,19 +63,8 @@ def _split_top(s: str) -> list[str]:
     return parts
 
 
-def per_position(rounds_accepted: list[int], max_pos: int) -> tuple[list[float], list[float]]:
-    """Unconditional (accepted at i / rounds) and conditional (accepted at i / reached i)."""
-    n = len(rounds_accepted) or 1
-    unc, cond = [], []
-    for i in range(1, max_pos + 1):
-        hit = sum(a >= i for a in rounds_accepted)
-        reached = sum(a >= i - 1 for a in rounds_accepted)
-        unc.append(hit / n)
-        cond.append(hit / reached if reached else 0.0)
-    return unc, cond
-
-
-def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit_layer, record):
+def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit_layer, record, history=None):
+    """One method on one prompt. `history`: the pass's SuffixHistory, for methods that take one."""
     import speclab
     if spec.method in PEERS:
         r = run_peer(spec.method, target[0], target[1], prompt_ids, max_new_tokens,
@@ -85,6 +73,8 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
         return dict(ids=r["ids"], wall_s=r["wall_s"], target_forwards=r["target_forwards"], draft_forwards=None,
                     drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=None)
     params = dict(spec.params)
+    if history is not None and "history" in method_params(spec.method):
+        params["history"] = history
     if "record" in params:                      # per-method recording level, e.g. ar[record=none]
         record = None if params["record"] in ("none", None) else params.pop("record")
         params.pop("record", None)
@@ -98,18 +88,19 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
     t = res.trace.totals
     return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=t.draft_forwards,
                 drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s, verify_s=t.verify_s,
-                rounds=[len(r.accepted) for r in res.trace.rounds if r.drafted], trace=res.trace)
+                rounds=[r for r in res.trace.rounds if r.drafted], trace=res.trace)
 
 
 def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_tokens: int = 128,
           repeats: int = 1, limit: int | None = None, k: int = 4, exit_layer: int = 4,
-          record: str | None = "light", progress: bool = True, keep_traces: bool = False) -> dict:
+          record: str | None = "light", progress: bool = True, keep_traces: bool = False,
+          vllm_python: str | None = None) -> dict:
     from tqdm.auto import tqdm
-    from speclab.api import encode_prompt
     model, tok = target
     prompts = load_prompts(prompt_set, limit)
     max_pos = getattr(model.config, "max_position_embeddings", None)
-    prompt_ids = [encode_prompt(tok, p, max_new_tokens, max_pos) for p in prompts]
+    from speclab.bench.prompts import encode
+    prompt_ids = [encode(tok, p, max_new_tokens, max_pos) for p in prompts]
     # the baseline, always measured: plain ar, or for a diffusion LM one token per step
     base = "dllm-lowconf" if is_dllm(model) else "ar"
     if is_dllm(model) and any(get_method(s.method).engine != "diffusion" for s in specs if s.method not in PEERS):
@@ -118,25 +109,68 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         raise ValueError("transformers peers (hf-*) decode causal LMs: not available for a diffusion LM target")
     if not any(s.label == base for s in specs):
         specs = [MethodSpec(base, base)] + specs
-    for s in specs:                                           # warm-up: every code path once
+    from speclab.bench.vllm_peer import VLLM_PEERS, run_vllm_peer_passes
+    vllm = [s for s in specs if s.method in VLLM_PEERS]
+    ours = [s for s in specs if s.method not in VLLM_PEERS]
+    for s in ours:                                            # warm-up: every code path once
         run_one(s, target, draft, prompt_ids[0], 8, k, exit_layer, record)
     runs = {s.label: [[None] * len(prompts) for _ in range(repeats)] for s in specs}
-    bar = tqdm(total=repeats * len(prompts) * len(specs), desc=f"bench {prompt_set}", disable=not progress)
+    for s in vllm:           # a whole set per peer in one vLLM process (its own warm-up, its own venv)
+        dtype = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}[str(next(model.parameters()).dtype)[6:]]
+        runs[s.label] = run_vllm_peer_passes(
+            s.method, getattr(model, "name_or_path"), prompt_ids, max_new_tokens, dtype, s.params.get("k"),
+            getattr(draft[0], "name_or_path", None) if draft else None, vllm_python, repeats=repeats)
+    specs = ours + vllm
+    bar = tqdm(total=repeats * len(prompts) * len(ours), desc=f"bench {prompt_set}", disable=not progress)
     for rep in range(repeats):
-        SuffixDrafter.forget()           # suffix's history: this pass's earlier prompts, not the last pass
+        # suffix's history: this pass's earlier prompts under this method, never the last pass's
+        # nor another method's output for the same prompt
+        history = {s.label: SuffixHistory() for s in specs}
         for i, ids in enumerate(prompt_ids):
-            for s in specs:
-                runs[s.label][rep][i] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer, record)
+            for s in ours:
+                runs[s.label][rep][i] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer, record,
+                                                history[s.label])
                 bar.update(1)
     bar.close()
     ar_ids = [r["ids"] for r in runs[base][0]]
     ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs[base])
-    rows = [summarise(s, runs[s.label], ar_ids, ar_wall, prompt_set, k) for s in specs]
+    # identity is judged against ar on the same backend (backend=exact rows against ar[backend=exact])
+    ref = {s.label: reference_label(s, specs, base) for s in specs}
+    rows = [summarise(s, runs[s.label], [r["ids"] for r in runs[ref[s.label]][0]], ar_wall, prompt_set, k)
+            for s in specs]
+    if base == "ar":
+        for s, row in zip(specs, rows):
+            row["identical_to"] = ref[s.label]
+            explain_divergences(row, model, prompt_ids, [r["ids"] for r in runs[ref[s.label]][0]],
+                                [r["ids"] for r in runs[s.label][0]], s.params.get("backend", "auto"))
     out = {"rows": rows, "baseline": base, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
            "repeats": repeats}
     if keep_traces:
         out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}
     return out
+
+
+def reference_label(spec: MethodSpec, specs: list[MethodSpec], base: str) -> str:
+    """The ar row a method's outputs are compared with: ar on the same backend if one ran."""
+    backend = spec.params.get("backend")
+    same = [s.label for s in specs if s.method == "ar" and s.params.get("backend") == backend]
+    return same[0] if backend and same else base
+
+
+def explain_divergences(row: dict, model, prompt_ids, ar_ids, ids, backend: str = "auto"):
+    """For each prompt whose output differs from ar: the equality diagnostic's verdict (numerical
+    near-tie or mismatch), so an identical_rate below 1 says why."""
+    from speclab.decoding.equality import diagnose
+    verdicts = []
+    for p, a, b in zip(prompt_ids, ar_ids, ids):
+        d = diagnose(model, p, a, b, backend) if a != b else None
+        if d is not None:
+            verdicts.append(dict(position=d.position, verdict=d.verdict, margin=round(d.margin_one, 4),
+                                 delta=round(d.delta, 4)))
+    row["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    row["near_ties"] = sum(v["verdict"] == "numerical near-tie" for v in verdicts)
+    row["mismatches"] = sum(v["verdict"] not in ("numerical near-tie",) for v in verdicts)
+    row["divergences"] = verdicts
 
 
 def summarise(spec: MethodSpec, reps, ar_ids, ar_wall, prompt_set, k) -> dict:
@@ -149,16 +183,16 @@ def summarise(spec: MethodSpec, reps, ar_ids, ar_wall, prompt_set, k) -> dict:
     row = dict(method=spec.label, prompt_set=prompt_set, wall_s=round(wall, 4),
                tokens_per_s=round(new / wall, 2) if wall else None,
                speedup_vs_ar=round(ar_wall / wall, 3) if wall else None,
-               tau=round(new / fwd, 3) if fwd else None, new_tokens=new, target_forwards=fwd,
+               tau=round(metrics.tau(new, fwd), 3) if fwd else None, new_tokens=new, target_forwards=fwd,
                identical_rate=sum(r["ids"] == a for r, a in zip(first, ar_ids)) / len(ar_ids))
     if first[0]["drafted"] is not None:
         drafted, accepted = sum(r["drafted"] for r in first), sum(r["accepted"] for r in first)
-        rounds = [a for r in first for a in r["rounds"]]
-        unc, cond = per_position(rounds, max(rounds + [k]))
-        row.update(alpha=round(accepted / drafted, 3) if drafted else None,
-                   draft_forwards=sum(r["draft_forwards"] for r in first),
-                   draft_s=round(sum(r["draft_s"] for r in timed), 4),      # same pass as the wall time
-                   verify_s=round(sum(r["verify_s"] for r in timed), 4),
+        _, cond, unc = metrics.per_position([rnd for r in first for rnd in r["rounds"]])
+        timed_s = lambda key: (round(sum(r[key] for r in timed), 4)       # same pass as the wall time
+                               if all(r[key] is not None for r in timed) else None)  # vLLM: not reported
+        row.update(alpha=round(metrics.alpha(accepted, drafted), 3) if drafted else None,
+                   draft_forwards=sum(r["draft_forwards"] or 0 for r in first),
+                   draft_s=timed_s("draft_s"), verify_s=timed_s("verify_s"),
                    accept_unconditional=[round(x, 3) for x in unc], accept_conditional=[round(x, 3) for x in cond])
     else:
         row.update(alpha=None, draft_forwards=None, draft_s=None, verify_s=None)

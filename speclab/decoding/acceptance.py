@@ -47,7 +47,7 @@ def warp(logits: torch.Tensor, s: Sampler) -> torch.Tensor:
         kth = logits.topk(s.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if s.top_p is not None and s.top_p < 1:
-        sorted_logits, order = logits.sort(-1, descending=True)
+        sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)   # ties: lowest id first
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop_sorted = cum - sorted_logits.softmax(-1) >= s.top_p  # keep the smallest set reaching top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from speclab.models.dag import PAD, BOS, EOS, UNK, DATransformer
+from speclab.models.dag_tasks import TASKS, encode_source
 from speclab.trace import DagRun, ModelInfo, Sampling, Totals, Trace
 
 STRATEGIES = ("greedy", "lookahead", "viterbi", "sample", "beam", "vanilla")
@@ -216,7 +217,6 @@ def forward_graph(model: DATransformer, src_ids: list[int]):
 
 def encode(model: DATransformer, source_text: str) -> list[int]:
     """Validate and encode a source; ValueError saying what to do on bad input."""
-    from speclab.train.dag import TASKS, encode_source
     if not isinstance(source_text, str):
         raise ValueError(f"source must be a string, got {type(source_text).__name__}")
     ids = encode_source(TASKS[model.cfg.task], model.vocab, source_text)

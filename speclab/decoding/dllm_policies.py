@@ -103,9 +103,8 @@ class Threshold:
         pass
 
     def select(self, v: View) -> Choice:
-        conf = torch.where(v.eligible, v.conf, torch.full_like(v.conf, -1.0))
-        order = conf.argsort(descending=True)[: int(v.eligible.sum())]
-        c = conf[order]
+        order = ranked(v.conf, v.eligible)            # stable: equal confidences go leftmost first
+        c = v.conf[order]
         if self.factor is None:
             keep = c >= self.threshold
         else:                                         # rank j (0-based) needs c_j >= 1 - f / (j + 2)

@@ -1,4 +1,6 @@
-"""`speclab.run(target, prompt, "dllm-*", ...)`: load, check, build the policy, decode, trace."""
+"""`speclab.run(target, prompt, "dllm-*", ...)`: load, check, build the policy, decode, trace.
+
+The diffusion engine's seam: `run_dllm(...) -> Trace`; `speclab.api.run` wraps it in a Result."""
 from __future__ import annotations
 
 from dataclasses import fields
@@ -6,14 +8,14 @@ from dataclasses import fields
 from speclab.decoding.diffusion import check_shape, denoise
 from speclab.decoding.dllm_policies import POLICIES, FreeDave
 from speclab.decoding.freedave import freedave
+from speclab.models.loading import as_model, encode_prompt, model_info, token_table
 from speclab.trace import RECORD_LEVELS, Sampling, Trace
 
 
 def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_length: int | None = None,
              max_new_tokens: int | None = None, temperature: float = 0.0, top_k=None, top_p=None,
              seed: int = 0, record: str | None = "light", device=None, progress=None, eos_stop: bool = True,
-             draft=None, backend=None, **params):
-    from speclab.api import Result, as_model, encode_prompt, model_info, token_table
+             draft=None, backend=None, **params) -> Trace:
     from speclab.models.dllm import Denoiser
     if record not in RECORD_LEVELS:
         raise ValueError(f"record must be one of None, 'light', 'full', got {record!r}")
@@ -45,4 +47,4 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
                   sampling=Sampling(temperature, None, None, seed), record=record,
                   prompt_ids=ids, output_ids=new, token_text=token_table(tok, seen),
                   totals=totals, denoise=steps)
-    return Result(text=tok.decode(new, skip_special_tokens=False), ids=new, trace=trace)
+    return trace

@@ -39,9 +39,10 @@ def _prompt_lookup(target, draft, k=8, max_ngram=3, min_ngram=1, prefer="first",
     return PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram, prefer=prefer, grow=grow)
 
 
-def _suffix(target, draft, max_k=16, factor=1.0, min_match=2, k=None):
-    from speclab.decoding.drafters.lookup import SuffixDrafter
-    return SuffixDrafter(max_k=k or max_k, factor=factor, min_match=min_match)
+def _suffix(target, draft, max_k=16, factor=1.0, min_match=2, k=None, history=None):
+    from speclab.decoding.drafters.lookup import SuffixDrafter, SuffixHistory
+    return SuffixDrafter(max_k=k or max_k, factor=factor, min_match=min_match, history=history,
+                         key=SuffixHistory.key_of(target))
 
 
 def _recycling(target, draft, k=6, topk=8, width=1, budget=None):
@@ -73,7 +74,7 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("prompt-lookup", "model-free", "speculative", True, False,
            "copy what followed the last n-gram's previous occurrence", _prompt_lookup),
     Method("suffix", "model-free", "speculative", True, False,
-           "suffix automaton over prompt, output and earlier requests (SuffixDecoding)", _suffix),
+           "suffix automaton over prompt, output and the caller's earlier requests (SuffixDecoding)", _suffix),
     Method("recycling", "model-free", "speculative", True, False,
            "Token Recycling: top-k successor matrix refreshed by every verify", _recycling),
     Method("lookahead", "model-free", "speculative", True, False,
@@ -128,6 +129,16 @@ def method_params(name: str) -> list[str]:
         from speclab.decoding.dllm_policies import POLICIES
         return DLLM_RUN_PARAMS + [f.name for f in fields(POLICIES[name])]
     return [p for p in inspect.signature(m.build).parameters if p not in ("target", "draft", "backend")]
+
+
+# parameters that pass a caller-owned object (state that outlives one request), not a setting:
+# a run reads and updates them, but they are neither recorded in a trace nor shown as a knob
+OWNED_PARAMS = ("history",)
+
+
+def recorded_params(params: dict) -> dict:
+    """The method parameters a trace records: everything but the caller-owned objects."""
+    return {k: v for k, v in params.items() if k not in OWNED_PARAMS}
 
 
 def takes_backend(name: str) -> bool:

@@ -30,11 +30,6 @@ class Context:
     n_prompt: int
     pending: int                        # tail tokens not yet run through the target
     device: torch.device
-    rounds: int = 0
-
-    @property
-    def new_ids(self) -> list[int]:
-        return self.ids[self.n_prompt:]
 
 
 @dataclass
@@ -52,15 +47,25 @@ class Outcome:
     def accepted_tokens(self) -> list[int]:
         return [self.tree.tokens[i] for i in self.path]
 
-    def target_logits_at(self, node: int) -> torch.Tensor:
-        """Target logits after `node` (-1 = after the committed prefix)."""
-        return self.logits[self.n_pending - 1 + (node + 1 if node >= 0 else 0)]
-
 
 class Drafter:
-    """The slot every drafting method fills. A chain is a tree of width one."""
+    """The slot every drafting method fills. A chain is a tree of width one.
+
+    The contract, per run (`decode` calls these in this order):
+      begin(ctx, target, sampler, gen, record)  once, before the first round: reset per-request
+            state. `gen` is the run's one seeded generator: draw every random number from it.
+      propose(ctx) -> DraftTree   once per round: the draft nodes (tokens, parents, q per node,
+            or q = None for a point-mass draft) for the target to verify after ctx.ids. It may run
+            its own model, or the target's early layers on the shared cache, but it must leave the
+            target's cache as it found it: `target.length` unchanged (asserted in every round).
+            It must not change ctx.
+      observe(outcome)            once per round, after the target's cache kept the accepted path:
+            learn from what was accepted (online state: suffix index, recycling matrix, length).
+      end()                       once, after the last round: release hooks; hand what outlives
+            the request to an object its caller owns (never to a module or class attribute).
+      forwards                    the draft model calls made so far (0 for model-free drafters).
+    """
     name = "none"
-    point_mass = True                   # drafts are deterministic (q = 1) unless set_q was used
 
     def __init__(self):
         self.forwards = 0               # draft model calls (0 for model-free drafters)
@@ -93,12 +98,14 @@ class RunState:
 def speculative_round(s: RunState, ctx: Context) -> tuple[Round, list[int]]:
     """One draft/verify round. Returns its record and the committed tokens (path + emitted)."""
     t0 = time.perf_counter()
+    base = s.target.length
     tree = s.drafter.propose(ctx)                                                   # 1. propose
+    assert s.target.length == base, (f"{type(s.drafter).__name__}.propose changed the target cache "
+                                     f"({base} -> {s.target.length} positions): a drafter must leave it as it was")
     tree.validate(s.vocab_size)
     t1 = time.perf_counter()
     pending = ctx.ids[len(ctx.ids) - ctx.pending:]
     inputs = pending + tree.tokens
-    base = s.target.length
     logits = s.target.forward(torch.tensor(inputs, device=ctx.device),               # 2. verify
                               parents=tree.parents, n_prefix=len(pending))          # (P+N, V)
     row0 = len(pending) - 1
@@ -184,7 +191,6 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], max_new_to
         new += keep
         ctx.ids += committed
         ctx.pending = 1
-        ctx.rounds += 1
         rounds.append(rnd)
         tot = s.totals
         tot.drafted += rnd.drafted

@@ -17,19 +17,8 @@ from speclab.figures.diffusion import canvas_dict, confidence_bands
 from speclab.figures.summary import round_strip
 from speclab.figures.tokens import strip_parts
 from speclab.figures.tree import tree_parts
+from speclab.metrics import n_steps
 from speclab.trace import Trace
-
-
-def n_steps(trace: Trace) -> int:
-    """How many steps a player walks through: rounds (speculative), strategies (dag) or denoising
-    forwards (diffusion)."""
-    if trace.engine == "speculative":
-        return len(trace.rounds)
-    if trace.engine == "dag":
-        return len(strategies(trace))
-    if trace.engine == "diffusion":
-        return len(trace.denoise)
-    raise ValueError(f"no step view for the {trace.engine!r} engine (speculative, diffusion and dag are supported)")
 
 
 STEP_LABEL = {"speculative": "round", "dag": "strategy", "diffusion": "step"}

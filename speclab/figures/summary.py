@@ -1,9 +1,8 @@
 """Whole-run figures: accepted length per round, its histogram, per-position acceptance, timing.
 
 Accepted length of a round = draft tokens the target accepted (the emitted token not counted).
-Per-position acceptance at depth d, over rounds that drafted something:
-  unconditional  P(the first d draft tokens were all accepted)
-  conditional    P(depth d accepted | depths 1..d-1 accepted and something was drafted at depth d)
+Per-position acceptance (conditional and unconditional) comes from speclab.metrics, where its
+denominators are written down.
 """
 from __future__ import annotations
 
@@ -12,25 +11,14 @@ from plotly.subplots import make_subplots
 
 from speclab.figures import colors
 from speclab.figures._util import check_step
+from speclab.metrics import per_position as _per_position
 from speclab.trace import Trace
 
 
-def draft_depth(r) -> int:
-    """How deep a round's draft went. Without per-node records (record=None) only `drafted` is
-    known, which is exact for chains and an upper bound for trees."""
-    return max((n.depth for n in r.nodes), default=r.drafted)
-
-
 def per_position(trace: Trace) -> tuple[list[int], list[float], list[float]]:
-    """(depths 1..D, conditional acceptance, unconditional acceptance)."""
-    rounds = [r for r in trace.rounds if r.drafted]
-    D = max((draft_depth(r) for r in rounds), default=0)
-    depths, cond, uncond = list(range(1, D + 1)), [], []
-    for d in depths:
-        reached = [r for r in rounds if len(r.accepted) >= d - 1 and draft_depth(r) >= d]
-        cond.append(sum(len(r.accepted) >= d for r in reached) / len(reached) if reached else 0.0)
-        uncond.append(sum(len(r.accepted) >= d for r in rounds) / len(rounds))
-    return depths, cond, uncond
+    """(depths 1..D, conditional acceptance, unconditional acceptance) of a trace's rounds
+    (speclab.metrics.per_position)."""
+    return _per_position(trace.rounds)
 
 
 def round_strip(trace: Trace, step: int | None = None) -> go.Figure:

@@ -119,7 +119,9 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
         base = load_shared(adapter["base"], device, dtype)[0]
         model = load_draft(where, base, dtype)
         model.name_or_path = str(name_or_path)
-        return model, AutoTokenizer.from_pretrained(where)
+        # the base's tokenizer unless the adapter ships its own (a draft must share it anyway)
+        has_tok = (Path(where) / "tokenizer.json").exists() or (Path(where) / "tokenizer_config.json").exists()
+        return model, (AutoTokenizer.from_pretrained(where) if has_tok else load_shared(adapter["base"], device, dtype)[1])
     try:
         tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)

@@ -5,12 +5,17 @@ prompt-lookup   find an earlier occurrence of the last n tokens (n = max_ngram d
                 latest); propose the k tokens that followed it. With `grow` > 0 the draft length
                 follows the evidence: min(k, max(1, grow * (n - 1))) for a match of n tokens, so
                 a lone 1-gram hit (often chance) costs a 2-token verify, not a (k+1)-token one.
-suffix          SuffixDecoding: a suffix automaton over the prompt, the output so far AND earlier
-                requests in this process finds the longest suffix of the context seen before; the
-                draft length grows with the match length (k = min(max_k, factor * match)).
+suffix          SuffixDecoding: a suffix automaton over the prompt, the output so far AND, given a
+                `history=SuffixHistory()` the caller owns, that owner's earlier requests, finds the
+                longest suffix of the context seen before; the draft length grows with the match
+                length (k = min(max_k, factor * match)).
 All drafts are point masses (q = 1): under sampling they are accepted with probability p(x).
 """
 from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
 
 from speclab.decoding.drafters.model import check_k
 from speclab.decoding.speculative import Context, Drafter, Outcome
@@ -93,46 +98,161 @@ class SuffixAutomaton:
         return 0, 0
 
 
-SEPARATOR = -1  # between requests in the shared automaton: never matched by a real token
+SEPARATOR = -1  # between requests in a history automaton: never matched by a real token
+
+
+class _Index:
+    """One vocabulary's earlier requests in one automaton; `starts` maps text offsets to requests."""
+
+    def __init__(self, version: int):
+        self.auto, self.starts, self.version = SuffixAutomaton(), [], version
+
+    def append(self, n: int, ids: list[int]) -> None:
+        self.starts.append((len(self.auto.text), n))
+        for c in ids:
+            self.auto.extend(c)
+        self.auto.extend(SEPARATOR)
+
+
+class SuffixHistory:
+    """Earlier requests' text for the suffix method, owned by whoever serves the requests.
+
+    A dashboard session keeps one, a bench pass keeps one, a script may keep one across its calls;
+    nothing is shared unless the caller passes the same object (`history=`) to each run. Requests
+    are kept per vocabulary (`key`: the target's vocabulary size and the checkpoint it came from),
+    so ids of one tokenizer are never matched against another's. The store is bounded: past
+    `max_tokens` tokens in all, the least recently used requests (the ones no draft came from for
+    longest) are dropped down to 3/4 of the bound, and the automata that lost text are rebuilt
+    (a new `version`, which tells a running drafter to restart its match). Adding a request extends
+    its automaton in place: O(its length).
+    """
+
+    def __init__(self, max_tokens: int = 200_000):
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        self.max_tokens = max_tokens
+        self._docs: OrderedDict[tuple, list[int]] = OrderedDict()   # (key, n) -> ids, least recently used first
+        self._index: dict = {}                                       # key -> _Index
+        self._n = self._versions = self.tokens = 0
+        self.lock = threading.RLock()       # readers (a running drafter) and writers (end of a run)
+
+    @staticmethod
+    def key_of(model) -> tuple:
+        """The vocabulary a target model's ids belong to."""
+        cfg = getattr(model, "config", None)
+        return (getattr(cfg, "vocab_size", None),
+                str(getattr(model, "name_or_path", "") or getattr(cfg, "_name_or_path", "")))
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def add(self, key, ids: list[int]) -> None:
+        """Remember one request's text (prompt + output) under `key`."""
+        ids = [int(t) for t in ids][-self.max_tokens:]
+        if not ids:
+            return
+        with self.lock:
+            self._n += 1
+            self._docs[(key, self._n)] = ids
+            self.tokens += len(ids)
+            dropped = set()
+            if self.tokens > self.max_tokens:
+                while self.tokens > self.max_tokens * 3 // 4 and len(self._docs) > 1:
+                    (k, _), old = self._docs.popitem(last=False)
+                    self.tokens -= len(old)
+                    dropped.add(k)
+            if key in dropped or key not in self._index:
+                dropped.add(key)
+            else:
+                self._index[key].append(self._n, ids)
+            for k in dropped:
+                self._rebuild(k)
+
+    def _rebuild(self, key) -> None:
+        self._versions += 1
+        idx = _Index(self._versions)
+        for (k, n), ids in self._docs.items():
+            if k == key:
+                idx.append(n, ids)
+        if idx.starts:
+            self._index[key] = idx
+        else:
+            self._index.pop(key, None)
+
+    def index(self, key) -> _Index | None:
+        """`key`'s automaton over its earlier requests (read it holding `lock`), or None."""
+        return self._index.get(key)
+
+    def touch(self, key, idx: _Index, pos: int) -> None:
+        """A draft came from text position `pos` of `idx`: its request is now the most recently used."""
+        i = bisect.bisect_right(idx.starts, (pos, float("inf"))) - 1
+        with self.lock:
+            if i >= 0 and (key, idx.starts[i][1]) in self._docs:
+                self._docs.move_to_end((key, idx.starts[i][1]))
+
+    def clear(self) -> None:
+        with self.lock:
+            self._docs.clear()
+            self._index.clear()
+            self.tokens = 0
 
 
 class SuffixDrafter(Drafter):
-    """Matches the context against (a) itself and (b) every earlier request in this process."""
-    name = "suffix"
-    history = SuffixAutomaton()   # shared by all SuffixDrafters of the process: earlier requests
+    """Matches the context against (a) itself and (b) the earlier requests in `history`, if given.
 
-    def __init__(self, max_k: int = 16, factor: float = 1.0, min_match: int = 2):
+    history: a SuffixHistory the caller owns. Without one there is no cross-request history at all:
+    each request drafts from its own prompt and output only.
+    """
+    name = "suffix"
+
+    def __init__(self, max_k: int = 16, factor: float = 1.0, min_match: int = 2,
+                 history: SuffixHistory | None = None, key=None):
         super().__init__()
         check_k(max_k, "max_k")
+        if history is not None and not isinstance(history, SuffixHistory):
+            raise ValueError(f"history must be a speclab SuffixHistory (or None for no history across requests), "
+                             f"got {type(history).__name__}")
         self.max_k, self.factor, self.min_match = max_k, factor, min_match
-
-    @classmethod
-    def forget(cls):
-        """Drop the history of earlier requests (a benchmark pass starts from none)."""
-        cls.history = SuffixAutomaton()
+        self.history, self.key = history, key
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
         self.own = SuffixAutomaton()
-        self.hist_state, self.hist_len, self.fed = 0, 0, 0
+        self.fed = 0
+        self.hist_version, self.hist_state, self.hist_len, self.hist_fed = None, 0, 0, 0
 
-    def _feed(self, ids: list[int]):
-        for c in ids[self.fed:]:
-            self.own.extend(c)
-            self.hist_state, self.hist_len = self.history.step(self.hist_state, self.hist_len, c)
-        self.fed = len(ids)
+    def _feed_history(self, ids: list[int]):
+        """Matching statistics of the context against the history (held lock). A rebuilt automaton
+        (another version) restarts the match from the start of the context."""
+        idx = self.history.index(self.key)
+        if idx is None:
+            self.hist_version, self.hist_state, self.hist_len, self.hist_fed = None, 0, 0, 0
+            return None
+        if idx.version != self.hist_version:
+            self.hist_version, self.hist_state, self.hist_len, self.hist_fed = idx.version, 0, 0, 0
+        for c in ids[self.hist_fed:]:
+            self.hist_state, self.hist_len = idx.auto.step(self.hist_state, self.hist_len, c)
+        self.hist_fed = len(ids)
+        return idx
 
     def propose(self, ctx: Context) -> DraftTree:
-        self._feed(ctx.ids)
+        for c in ctx.ids[self.fed:]:
+            self.own.extend(c)
+        self.fed = len(ctx.ids)
+        if self.history is None:
+            return self._draft(None)
+        with self.history.lock:
+            return self._draft(self._feed_history(ctx.ids))
+
+    def _draft(self, idx: _Index | None) -> DraftTree:
         # (a) own text: the suffix link of the last state is the longest suffix seen earlier
         own_state = self.own.link[self.own.last]
         own_len = self.own.len[own_state] if own_state > 0 else 0
         candidates = []
         if own_len:
-            e = self.own.end[own_state]
-            candidates.append((own_len, self.own.text, e, "self"))
-        if self.hist_len:
-            candidates.append((self.hist_len, self.history.text, self.history.end[self.hist_state], "history"))
+            candidates.append((own_len, self.own.text, self.own.end[own_state], "self"))
+        if idx is not None and self.hist_len:
+            candidates.append((self.hist_len, idx.auto.text, idx.auto.end[self.hist_state], "history"))
         if not candidates:
             return DraftTree(info={"match": 0})
         match, text, e, where = max(candidates, key=lambda c: c[0])
@@ -144,11 +264,11 @@ class SuffixDrafter(Drafter):
             if t == SEPARATOR:
                 break
             cont.append(t)
+        if where == "history" and cont:
+            self.history.touch(self.key, idx, e)
         return DraftTree.chain(cont, [1.0] * len(cont), f"suffix:{where}", match=match, k=len(cont))
 
     def end(self):
-        # this request becomes history for the next ones
-        h = type(self).history
-        for c in self.own.text:
-            h.extend(c)
-        h.extend(SEPARATOR)
+        # this request becomes history for the owner's next ones (and for no one else)
+        if self.history is not None:
+            self.history.add(self.key, self.own.text)

@@ -28,7 +28,6 @@ def check_k(k: int, name: str = "k"):
 
 class ChainDrafter(Drafter):
     """Shared draft loop: k single-token steps of a causal LM, greedy or sampled."""
-    point_mass = False
 
     def __init__(self, k: int = 4, threshold: float | None = None, max_k: int = 8,
                  schedule: str = "fixed"):

@@ -24,8 +24,6 @@ DEFAULT_PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0
 
 
 class TreeDrafterBase(OwnDraftLM, Drafter):
-    point_mass = True
-
     def __init__(self, draft_model, backend: str = "auto"):
         super().__init__()
         self.attach_lm(draft_model, backend)

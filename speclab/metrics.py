@@ -1,0 +1,68 @@
+"""The metrics, defined once: every view, the bench and the CLI read them from here.
+
+    tau            mean accepted length = new tokens / target forwards. Counts the emitted (bonus or
+                   correction) token, so plain ar is 1.00; for a diffusion run it reads as tokens per
+                   forward. 0.0 when nothing ran.
+    alpha          acceptance rate = accepted draft tokens / drafted tokens (None when nothing was
+                   drafted: ar, or a drafter that never found anything).
+    per_position   acceptance by draft depth d = 1..D (D the deepest draft), over the rounds that
+                   drafted something (record-level independent: without per-node records a round's
+                   depth is its `drafted` count, exact for chains, an upper bound for trees):
+                     unconditional(d) = #rounds whose accepted path reached depth d
+                                        / #rounds that drafted
+                     conditional(d)   = #rounds whose accepted path reached depth d
+                                        / #rounds whose path reached depth d-1 AND whose draft went
+                                          at least d deep (0.0 where no round qualifies)
+    n_steps        the steps a player walks through: rounds (speculative), denoising forwards
+                   (diffusion), strategies (dag).
+
+Pure functions of trace data (duck-typed, no imports from the package), so the trace itself can use
+them (`Totals.tau`, `Totals.alpha`).
+"""
+from __future__ import annotations
+
+
+def tau(new_tokens: int, target_forwards: int) -> float:
+    """Mean accepted length: new tokens per target forward (0.0 when no forward ran)."""
+    return new_tokens / target_forwards if target_forwards else 0.0
+
+
+def alpha(accepted: int, drafted: int) -> float | None:
+    """Acceptance rate: accepted draft tokens / drafted tokens (None when nothing was drafted)."""
+    return accepted / drafted if drafted else None
+
+
+def accepted_length(rnd) -> int:
+    """Draft tokens of a round the target accepted (the emitted token not counted)."""
+    return len(rnd.accepted)
+
+
+def draft_depth(rnd) -> int:
+    """How deep a round's draft went. Without per-node records (record=None) only `drafted` is
+    known, which is exact for chains and an upper bound for trees."""
+    return max((n.depth for n in rnd.nodes), default=rnd.drafted)
+
+
+def per_position(rounds) -> tuple[list[int], list[float], list[float]]:
+    """(depths 1..D, conditional acceptance, unconditional acceptance) over `rounds` (Round objects;
+    rounds that drafted nothing are left out). Denominators in the module docstring."""
+    rounds = [r for r in rounds if r.drafted]
+    D = max((draft_depth(r) for r in rounds), default=0)
+    depths, cond, uncond = list(range(1, D + 1)), [], []
+    for d in depths:
+        reached = [r for r in rounds if accepted_length(r) >= d - 1 and draft_depth(r) >= d]
+        cond.append(sum(accepted_length(r) >= d for r in reached) / len(reached) if reached else 0.0)
+        uncond.append(sum(accepted_length(r) >= d for r in rounds) / len(rounds))
+    return depths, cond, uncond
+
+
+def n_steps(trace) -> int:
+    """How many steps a player walks through: rounds (speculative), strategies (dag) or denoising
+    forwards (diffusion)."""
+    if trace.engine == "speculative":
+        return len(trace.rounds)
+    if trace.engine == "dag":
+        return len(trace.dag.paths) if trace.dag is not None else 0
+    if trace.engine == "diffusion":
+        return len(trace.denoise)
+    raise ValueError(f"no step view for the {trace.engine!r} engine (speculative, diffusion and dag are supported)")

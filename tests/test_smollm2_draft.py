@@ -1,0 +1,162 @@
+"""The smollm2-draft recipe's pieces on a tiny random Llama: trimmed vocabulary and its coverage,
+the loss (targets outside the subset ignored), one training step that lowers it, the batch layout,
+and the checkpoint round trip. Nothing here loads SmolLM2 or trains for real."""
+import math
+
+import pytest
+import torch
+
+from speclab.train import smollm2_draft as sd
+
+V = 64
+
+
+@pytest.fixture
+def base():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      max_position_embeddings=64)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_head_ids_ranked_by_frequency_with_specials():
+    tokens = torch.tensor([5] * 10 + [7] * 6 + [9] * 3 + [11] * 1, dtype=torch.int32)
+    ids = sd.select_head_ids(tokens, n=3, always=[2], vocab_size=V)
+    assert ids.tolist() == [5, 7, 2]          # two most frequent, then the special (count 0)
+    assert sd.coverage(tokens, ids) == pytest.approx(16 / 20)
+    idx = sd.subset_index(ids, V)
+    assert idx[5] == 0 and idx[7] == 1 and idx[2] == 2 and idx[9] == -1
+
+
+def test_loss_ignores_targets_outside_subset(base):
+    head = torch.arange(0, 32)
+    model = sd.init_draft(base, head, [0, 3])
+    sub = sd.subset_index(head, V)
+    x = torch.randint(0, V, (2, 6))
+    y = torch.randint(0, 32, (2, 6))
+    mask = torch.ones_like(y)
+    ce, _ = sd.draft_loss(model, x, y, None, None, sub, mask, kl_weight=0.0)
+    y2 = y.clone()
+    y2[:, 3] = 40                              # outside the subset: the position drops out
+    ce2, st2 = sd.draft_loss(model, x, y2, None, None, sub, mask, kl_weight=0.0)
+    mask3 = mask.clone()
+    mask3[:, 3] = 0
+    ce3, _ = sd.draft_loss(model, x, y, None, None, sub, mask3, kl_weight=0.0)
+    assert st2["ntok"] == 10
+    assert torch.allclose(ce2, ce3)
+    assert math.isfinite(float(ce.detach())) and not torch.allclose(ce, ce2)
+
+
+def test_kl_zero_when_draft_matches_target(base):
+    """With the target's top-k equal to the draft's own (renormalised) distribution over those
+    ids, the KL term is exactly the loss of a top-k truncation: 0 when k covers the subset."""
+    head = torch.arange(0, 8)
+    model = sd.init_draft(base, head, [0])
+    sub = sd.subset_index(head, V)
+    x = torch.randint(0, V, (1, 5))
+    with torch.no_grad():
+        h = model.model(input_ids=x).last_hidden_state
+        logq = torch.log_softmax(h @ model.lm_head.weight.t(), -1)      # (1, 5, 8)
+    lp, ids = logq.half().float(), head.expand(1, 5, 8)
+    y = ids[..., 0]
+    loss, st = sd.draft_loss(model, x, y, lp, ids, sub, torch.ones_like(y), kl_weight=1.0)
+    assert st["kl"] == pytest.approx(0.0, abs=2e-3)
+
+
+def test_one_step_lowers_loss(base):
+    head = torch.arange(0, 48)
+    model = sd.init_draft(base, head, [0, 1, 3]).train()
+    sub = sd.subset_index(head, V)
+    params = sd.trainable(model)
+    assert "model.embed_tokens.weight" not in params and "lm_head.weight" not in params
+    opt = torch.optim.AdamW(list(params.values()), lr=1e-2)
+    torch.manual_seed(1)
+    x = torch.randint(0, V, (4, 12))
+    y = torch.randint(0, 48, (4, 12))
+    lp, ids = torch.randn(4, 12, 8).log_softmax(-1), torch.randint(0, V, (4, 12, 8))
+    m = torch.ones_like(y)
+    l0, _ = sd.draft_loss(model, x, y, lp, ids, sub, m)
+    opt.zero_grad()
+    l0.backward()
+    opt.step()
+    with torch.no_grad():
+        l1, _ = sd.draft_loss(model, x, y, lp, ids, sub, m)
+    assert float(l1) < float(l0)
+    assert model.model.embed_tokens.weight is base.model.embed_tokens.weight   # shared, untouched
+
+
+def test_windows_and_batch_layout():
+    rows_tokens = [[1, 10, 11, 12, 2], [20, 21, 22, 23, 24, 25, 26]]
+    rows_kinds = [[sd.TEMPLATE, sd.QUESTION, sd.QUESTION, sd.ANSWER, sd.ANSWER],
+                  [sd.CODE_PREFIX, sd.CODE_PREFIX, sd.CODE_GEN, sd.CODE_GEN, sd.CODE_GEN, sd.CODE_GEN, sd.CODE_GEN]]
+    flat = [t for r in rows_tokens for t in r]
+    data = {"tokens": torch.tensor(flat, dtype=torch.int32),
+            "kinds": torch.tensor([k for r in rows_kinds for k in r], dtype=torch.uint8),
+            "has_top": torch.tensor([int(k in sd.TRAINED_KINDS) for r in rows_kinds for k in r], dtype=torch.uint8),
+            "top_lp": torch.zeros(len(flat), 8, dtype=torch.float16),
+            "top_ids": torch.tensor(flat, dtype=torch.int32).unsqueeze(-1).expand(-1, 8).contiguous(),
+            "offsets": torch.tensor([0, 5, 12]), "is_code": torch.tensor([0, 1], dtype=torch.uint8)}
+    spans = sd.windows(data, [0, 1], seq_len=4)
+    assert spans[0] == (0, 5)
+    assert all(e - s <= 5 for s, e in spans) and spans[-1][1] == 12
+    x, y, m, lp, ids = sd.make_batch(data, spans[:1], pad=2)
+    assert x[0].tolist() == [1, 10, 11, 12] and y[0].tolist() == [10, 11, 12, 2]
+    assert m[0].tolist() == [1, 1, 1, 1]       # the first label is a question token
+    assert (ids[0, :, 0] == y[0]).all()        # top-k stored FOR each label
+    x, y, m, lp, ids = sd.make_batch(data, [spans[1]], pad=2)
+    assert x[0, 0] == 20 and m[0].tolist()[:2] == [0, 1]   # code prefix labels are not trained
+    assert torch.isinf(lp[0, 0]).all()         # not recorded -> -inf, contributes no KL
+
+
+def test_corpus_rows_learn_the_targets_argmax():
+    """On corpus text the label is the target's argmax (top_ids[..., 0]), not the next text token."""
+    data = {"tokens": torch.tensor([5, 6, 7, 8], dtype=torch.int32),
+            "kinds": torch.tensor([sd.CODE_PREFIX, sd.CORPUS, sd.CORPUS, sd.CORPUS], dtype=torch.uint8),
+            "has_top": torch.tensor([0, 1, 1, 1], dtype=torch.uint8),
+            "top_lp": torch.zeros(4, 8, dtype=torch.float16),
+            "top_ids": torch.tensor([0, 30, 31, 8], dtype=torch.int32).unsqueeze(-1).expand(-1, 8).contiguous(),
+            "offsets": torch.tensor([0, 4]), "is_code": torch.tensor([2], dtype=torch.uint8)}
+    x, y, m, lp, ids = sd.make_batch(data, sd.windows(data, [0], 8), pad=2)
+    assert x[0].tolist() == [5, 6, 7] and y[0].tolist() == [30, 31, 8] and m[0].tolist() == [1, 1, 1]
+    train, held = sd.split_rows(data, 0.5, seed=0)
+    assert train == [0] and held == []          # corpus rows are never held out
+
+
+def test_checkpoint_round_trip(base, tmp_path):
+    head = torch.arange(0, 40)
+    model = sd.init_draft(base, head, [0, 2]).train()
+    sub = sd.subset_index(head, V)
+    opt = torch.optim.AdamW(list(sd.trainable(model).values()), lr=1e-3)
+    x, y = torch.randint(0, V, (2, 8)), torch.randint(0, 40, (2, 8))
+    loss, _ = sd.draft_loss(model, x, y, None, None, sub, torch.ones_like(y), kl_weight=0)
+    loss.backward()
+    opt.step()
+    sd.save_checkpoint(tmp_path / "ckpt", model, opt, {"step": 1, "elapsed": 2.0})
+    assert not list((tmp_path / "ckpt").glob("*.pt"))
+
+    model2 = sd.init_draft(base, head, [0, 2]).train()
+    opt2 = torch.optim.AdamW(list(sd.trainable(model2).values()), lr=1e-3)
+    state = sd.load_checkpoint(tmp_path / "ckpt", model2, opt2)
+    assert state["step"] == 1
+    for (k, p), p2 in zip(sd.trainable(model).items(), sd.trainable(model2).values()):
+        assert torch.equal(p, p2), k
+        assert torch.equal(opt.state[p]["exp_avg"], opt2.state[p2]["exp_avg"])
+        assert float(opt2.state[p2]["step"]) == 1.0
+
+
+def test_save_draft_round_trip(base, tmp_path):
+    """The shipped adapter (speclab.models.adapter) loads back to the same draft logits."""
+    from speclab.models.adapter import load_draft, save_draft
+    head = torch.tensor([3, 1, 2, 9, 4])
+    model = sd.init_draft(base, head, [1, 3]).eval()
+    save_draft(model, tmp_path / "draft", "tiny")
+    back = load_draft(tmp_path / "draft", base, torch.float32)
+    x = torch.randint(0, V, (1, 6))
+    with torch.no_grad():
+        a, b = model(x).logits, back(x).logits
+    assert torch.equal(back.lm_head.head_ids, head)
+    assert torch.isinf(b[..., 5]).all()
+    fin = torch.isfinite(a)
+    assert torch.allclose(a[fin], b[fin], atol=0.1)   # stored in bf16

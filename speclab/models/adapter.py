@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 ADAPTER_KEY = "speclab_adapter"
+KEEP_FILES = ("RECIPE.md",)
 
 
 class SubsetHead(nn.Module):
@@ -74,7 +75,8 @@ def own_state(model) -> dict[str, torch.Tensor]:
 
 
 def save_draft(model, out: str | Path, base_name: str, tokenizer=None):
-    """Write an adapter directory atomically (temporary directory renamed into place)."""
+    """Write an adapter directory atomically (temporary directory renamed into place). Without a
+    tokenizer the directory loads with its base's (speclab.models.zoo.load)."""
     import os
     import shutil
     import tempfile
@@ -92,6 +94,9 @@ def save_draft(model, out: str | Path, base_name: str, tokenizer=None):
         save_file(state, str(tmp / "model.safetensors"))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        for keep in KEEP_FILES:                 # hand-written notes survive a re-save
+            if (out / keep).exists():
+                shutil.copy2(out / keep, tmp / keep)
         old = out.with_name(out.name + ".old")
         if out.exists():
             os.replace(out, old)

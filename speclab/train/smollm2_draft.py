@@ -678,7 +678,7 @@ def main(argv=None):
         if score >= best or tag == "final" and not Path(args.out, "config.json").exists():
             state["best"] = score
             save_checkpoint(ckpt, model, opt, state)
-            save_draft(model, args.out, BASE, tok)
+            save_draft(model, args.out, BASE)    # the base tokenizer serves: nothing to ship
             shipped = f"draft -> {args.out}"
         else:
             shipped = f"draft kept (best {best:.4f})"

@@ -163,13 +163,21 @@ def gen_chat(target, tok, minutes: float, batch: int, max_q: int, max_a: int, te
             has[len(p):] = [1] * len(a_ids)
             rows.append(Row(p + a_ids, kinds + [ANSWER] * len(a_ids), top_lp, top_ids, has, "chat"))
             ntok += n_q + len(a_ids)
-        bar.update(min(int(time.time() - t0), bar.total) - bar.n)
-        bar.set_postfix(rows=len(rows), tok_s=f"{ntok / (time.time() - t0):.0f}")
-        log(f"chat round: {len(rows)} rows, {ntok:,} tokens, {time.time() - t0:.0f}s", flush=True)
-    bar.close()
-    log(f"chat: {len(rows)} rows, {ntok:,} generated tokens in {time.time() - t0:.0f}s "
-        f"({ntok / (time.time() - t0):.0f} tok/s)")
+        progress(bar, log, "chat", len(rows), ntok, t0)
+    progress(bar, log, "chat", len(rows), ntok, t0, done=True)
     return rows
+
+
+def progress(bar, log, name: str, n_rows: int, ntok: int, t0: float, done: bool = False):
+    """The bar (wall seconds of the budget) and a log line after each generation round, or the total."""
+    dt = time.time() - t0
+    if done:
+        bar.close()
+        log(f"{name}: {n_rows} rows, {ntok:,} generated tokens in {dt:.0f}s ({ntok / dt:.0f} tok/s)")
+        return
+    bar.update(min(int(dt), bar.total) - bar.n)
+    bar.set_postfix(rows=n_rows, tok_s=f"{ntok / dt:.0f}")
+    log(f"{name} round: {n_rows} rows, {ntok:,} tokens, {dt:.0f}s", flush=True)
 
 
 def code_prefixes(tok, n: int, rng: random.Random, lo: int = 48, hi: int = 160) -> list[list[int]]:
@@ -205,12 +213,8 @@ def gen_code(target, tok, minutes: float, batch: int, max_new: int, seed: int, l
             rows.append(Row(p + g, [CODE_PREFIX] * len(p) + [CODE_GEN] * len(g), top_lp, top_ids,
                             [0] * len(p) + [1] * len(g), "code"))
             ntok += len(g)
-        bar.update(min(int(time.time() - t0), bar.total) - bar.n)
-        bar.set_postfix(rows=len(rows), tok_s=f"{ntok / (time.time() - t0):.0f}")
-        log(f"code round: {len(rows)} rows, {ntok:,} tokens, {time.time() - t0:.0f}s", flush=True)
-    bar.close()
-    log(f"code: {len(rows)} rows, {ntok:,} generated tokens in {time.time() - t0:.0f}s "
-        f"({ntok / (time.time() - t0):.0f} tok/s)")
+        progress(bar, log, "code", len(rows), ntok, t0)
+    progress(bar, log, "code", len(rows), ntok, t0, done=True)
     return rows
 
 

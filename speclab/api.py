@@ -9,8 +9,8 @@ from speclab.decoding.acceptance import Sampler
 from speclab.decoding.registry import Method, get_method, method_params, recorded_params, takes_backend
 from speclab.decoding.speculative import Drafter, decode
 from speclab.models.causal import make_lm
-from speclab.models.loading import (PromptBoundaryWarning, as_model, check_vocab, encode_prompt,  # noqa: F401
-                                    model_info, token_table)
+from speclab.models.loading import (PromptBoundaryWarning, as_model, chat_prompt, check_vocab,  # noqa: F401
+                                    encode_prompt, model_info, token_table)
 from speclab.trace import RECORD_LEVELS, Sampling, Trace, replay
 
 
@@ -26,19 +26,6 @@ class Result:
         return dict(new_tokens=t.new_tokens, target_forwards=t.target_forwards,
                     draft_forwards=t.draft_forwards, tau=t.tau, alpha=t.alpha, wall_s=t.wall_s,
                     drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s, verify_s=t.verify_s)
-
-
-def chat_prompt(tokenizer, question: str) -> list[int]:
-    """The token ids of `question` as one user turn in the tokenizer's chat template, ready for the
-    assistant's answer (add_generation_prompt)."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model's tokenizer has no chat template: drop chat=True / --chat and give "
-                         "the raw prompt text")
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError("empty chat question: give the user's message as text")
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                        tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int = 128,

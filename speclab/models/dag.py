@@ -196,7 +196,7 @@ def load_dag(model_dir: str | Path, device=None) -> DATransformer:
     if not (d / "config.json").exists() or not (d / "model.safetensors").exists():
         raise FileNotFoundError(f"{d} is not a DA-Transformer directory (needs config.json, "
                                 "model.safetensors, vocab.json); train one with "
-                                "`python -m speclab.train.dag numwords --out DIR`")
+                                "`speclab train numwords --out DIR`")
     raw = json.loads((d / "config.json").read_text())
     if raw.get("model_type") != "da-transformer":
         raise ValueError(f"{d}/config.json has model_type {raw.get('model_type')!r}, "

@@ -4,7 +4,7 @@
   dates      "2024-03-05" -> "5 march 2024" | "march 5 2024" | "2024 march 5" | "the 5th of march 2024"
 
 What decoding needs to read a user's input (`TASKS[task].parse`, `encode_source`) lives here, below
-both decoding and training (speclab.train.dag trains on these tasks).
+both decoding and training (the DA-Transformer recipe trains on these tasks).
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from speclab.models.adapter import scatter_subset
 from speclab.models.causal import is_chain, tree_depths_and_visibility
 
 
@@ -184,7 +185,6 @@ class FastLlama:
         logits = _mm(self._rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)
         if self.head_ids is None:
             return logits
-        from speclab.models.adapter import scatter_subset
         return scatter_subset(logits, self.head_ids, self.vocab_size)
 
 
@@ -274,7 +274,9 @@ def _mm(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     parts = w.get(name + "_parts")
     if parts is not None:                     # exact mode: row-count-invariant pieces, fp32 sum
         n = parts[0].shape[1]
-        y = sum(F.linear(x[:, i * n:(i + 1) * n], p).float() for i, p in enumerate(parts))
+        y = F.linear(x[:, :n], parts[0]).float()
+        for i, p in enumerate(parts[1:], 1):
+            y += F.linear(x[:, i * n:(i + 1) * n], p).float()
         return y.to(x.dtype)
     t = w.get(name + "_t")
     if t is None or (2 <= x.shape[0] <= 3 and name in w):

@@ -103,3 +103,16 @@ def model_kind(m) -> str | None:
                 return "dag"
             return "diffusion" if raw.get("speclab_engine") == "diffusion" else "causal"
     return None
+
+
+def chat_prompt(tokenizer, question: str) -> list[int]:
+    """The token ids of `question` as one user turn in the tokenizer's chat template, ready for the
+    assistant's answer (add_generation_prompt)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template: drop chat=True / --chat and give "
+                         "the raw prompt text")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("empty chat question: give the user's message as text")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

@@ -191,6 +191,9 @@ def cmd_train(a):
         from speclab.train.dllm import main as train_main
     elif a.rest and a.rest[0] in ("numwords", "dates"):
         from speclab.train.dag import main as train_main
+    elif a.rest and a.rest[0] in ("eagle", "medusa"):
+        from speclab.train.heads import main as heads_main
+        return heads_main(a.rest) or 0
     elif a.rest and a.rest[0] == "smollm2-draft":
         from speclab.train.smollm2_draft import main as smollm2_main
         return smollm2_main(a.rest[1:]) or 0

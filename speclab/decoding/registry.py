@@ -65,6 +65,21 @@ def _tree_dynamic(target, draft, budget=10, width=3, depth=5, backend="auto"):
     return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth, backend=backend)
 
 
+def _eagle(target, draft, budget=16, width=4, depth=6):
+    from speclab.decoding.drafters.heads import EagleDrafter
+    return EagleDrafter(target, draft, budget=budget, width=width, depth=depth)
+
+
+def _eagle_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed"):
+    from speclab.decoding.drafters.heads import EagleChainDrafter
+    return EagleChainDrafter(target, draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
+
+
+def _medusa(target, draft, paths=None):
+    from speclab.decoding.drafters.heads import MedusaDrafter
+    return MedusaDrafter(target, draft, paths=paths)
+
+
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("ar", "autoregressive", "speculative", True, False, "plain autoregressive decoding (the reference)", _none),
     Method("draft-model", "speculative", "speculative", True, True,
@@ -83,6 +98,12 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            "a fixed expansion pattern over the draft's top-k (Medusa / SpecInfer)", _tree_static),
     Method("tree-dynamic", "speculative-tree", "speculative", True, True,
            "grow the tree by cumulative draft probability under a node budget (EAGLE-2 / DySpec)", _tree_dynamic),
+    Method("eagle", "feature-head", "speculative", True, True,
+           "EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE head)", _eagle),
+    Method("eagle-chain", "feature-head", "speculative", True, True,
+           "EAGLE: the head drafts a chain of k tokens from the target's hidden state (draft: an EAGLE head)", _eagle_chain),
+    Method("medusa", "feature-head", "speculative", True, True,
+           "Medusa-1: K heads on the last hidden state, a static tree of top-k products (draft: Medusa heads)", _medusa),
 ]}
 
 

@@ -74,9 +74,10 @@ def own_state(model) -> dict[str, torch.Tensor]:
     return sd
 
 
-def save_draft(model, out: str | Path, base_name: str, tokenizer=None):
+def save_draft(model, out: str | Path, base_name: str, tokenizer=None, kind: str = "draft"):
     """Write an adapter directory atomically (temporary directory renamed into place). Without a
-    tokenizer the directory loads with its base's (speclab.models.zoo.load)."""
+    tokenizer the directory loads with its base's (speclab.models.zoo.load). kind: "draft" (a
+    draft LM), "eagle" or "medusa" (speclab.models.heads)."""
     import os
     import shutil
     import tempfile
@@ -86,7 +87,7 @@ def save_draft(model, out: str | Path, base_name: str, tokenizer=None):
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         cfg = model.config.to_dict()
-        cfg[ADAPTER_KEY] = {"base": base_name, "shared": ["model.embed_tokens.weight"], "head": "subset"}
+        cfg[ADAPTER_KEY] = {"base": base_name, "kind": kind, "shared": ["model.embed_tokens.weight"], "head": "subset"}
         cfg["tie_word_embeddings"] = False
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
@@ -110,12 +111,16 @@ def load_draft(where: str | Path, base, dtype: torch.dtype):
     """The draft in `where` on top of an already loaded base model (same device and dtype)."""
     from safetensors.torch import load_file
     from transformers import LlamaConfig
+    from speclab.models.heads import BUILDERS
     raw = json.loads((Path(where) / "config.json").read_text())
-    raw.pop(ADAPTER_KEY)
+    kind = raw.pop(ADAPTER_KEY).get("kind", "draft")
+    if kind not in BUILDERS:
+        raise ValueError(f"{where}: unknown adapter kind {kind!r} (known: {', '.join(BUILDERS)}); "
+                         "a newer speclab may have written it")
     cfg = LlamaConfig(**raw)
     state = load_file(str(Path(where) / "model.safetensors"))
     head_ids = state.pop("head_ids")
-    model = build_draft(base, cfg, head_ids.to(base.device))
+    model = BUILDERS[kind](base, cfg, head_ids.to(base.device))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.startswith(("model.embed_tokens.", "lm_head."))]
     if missing or unexpected:

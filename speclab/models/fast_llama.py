@@ -78,11 +78,13 @@ class FastLlama:
         return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, parents: list[int] | None = None, n_prefix: int = 0,
-                last_only: bool = False, n_layers: int | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor | None, parents: list[int] | None = None, n_prefix: int = 0,
+                last_only: bool = False, n_layers: int | None = None,
+                embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (T, V) for ids (T,) after the first `self.n` cached tokens (see CausalLM.forward).
-        n_layers < all: an early exit through the shared final norm and head."""
-        T, past = ids.shape[0], self.n
+        n_layers < all: an early exit through the shared final norm and head. embeds (T, C): the
+        input vectors instead of ids' embeddings (an EAGLE head's fused feature + token input)."""
+        T, past = (ids if embeds is None else embeds).shape[0], self.n
         if past + T > self.max_len:
             raise ValueError(f"sequence of {past + T} tokens exceeds the context window of {self.max_len}")
         mask, vis = None, None
@@ -96,7 +98,7 @@ class FastLlama:
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=self.device).tril(past)
         rows = self._exact_rows(T, past, n_prefix, vis) if self.exact and T > 1 else None
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # (T, 1, D)
-        x = F.embedding(ids, self.embed)                                      # (T, C)
+        x = F.embedding(ids, self.embed) if embeds is None else embeds.to(self.dtype)  # (T, C)
         Hq, Hkv, D = self.Hq, self.Hkv, self.D
         use = self.layers[: n_layers or len(self.layers)]
         self.captured = {}

@@ -46,13 +46,15 @@ class ChainDrafter(Drafter):
     def draft_length(self) -> int:
         return self.max_k if self.threshold is not None else self.k
 
-    def run_chain(self, lm, pending: list[int], device) -> tuple[list[int], list, torch.Tensor | None]:
-        """Draft up to draft_length() tokens. Returns tokens, their q, and q dists (k, V) if sampling."""
-        inp = torch.tensor(pending, device=device)
+    def run_chain(self, step, first) -> tuple[list[int], list, torch.Tensor | None]:
+        """Draft up to draft_length() tokens: step(first) gives the logits (V,) of the first draft
+        token, step(token (1,)) those of the next. Returns tokens, their q, and q dists (k, V) if
+        sampling."""
+        inp = first
         toks, dists, confs = [], [], []
         need_q = self.record is not None or self.threshold is not None
         for i in range(self.draft_length()):
-            logits = lm.forward(inp, last_only=True)[-1]                    # (V,)
+            logits = step(inp)                                              # (V,)
             if self.sampler.greedy:
                 tok = logits.argmax()
                 if need_q:
@@ -69,6 +71,11 @@ class ChainDrafter(Drafter):
         tokens = torch.stack(toks).tolist()                                 # one host sync per round
         q_tok = torch.stack(confs).tolist() if confs else [None] * len(tokens)
         return tokens, q_tok, (torch.stack(dists) if dists else None)
+
+    @staticmethod
+    def lm_step(lm):
+        """The step of a causal LM with its own cache: run the given ids, logits of the last."""
+        return lambda inp: lm.forward(inp, last_only=True)[-1]
 
     def adapt(self, out: Outcome):
         if self.schedule == "heuristic":
@@ -104,7 +111,7 @@ class DraftModelDrafter(OwnDraftLM, ChainDrafter):
 
     def propose(self, ctx: Context) -> DraftTree:
         pending = ctx.ids[self.lm.length:]          # the draft cache holds a prefix of ctx.ids
-        tokens, q_tok, dists = self.run_chain(self.lm, pending, ctx.device)
+        tokens, q_tok, dists = self.run_chain(self.lm_step(self.lm), torch.tensor(pending, device=ctx.device))
         return DraftTree.chain(tokens, q_tok, "draft", dists, k=len(tokens))
 
     def observe(self, out: Outcome):
@@ -141,7 +148,7 @@ class LayerSkipDrafter(ChainDrafter):
         L = self.layer
         lm = self.target.exit_lm(L)                                         # shares the target cache
         pending = ctx.ids[len(ctx.ids) - ctx.pending:]
-        tokens, q_tok, dists = self.run_chain(lm, pending, ctx.device)
+        tokens, q_tok, dists = self.run_chain(self.lm_step(lm), torch.tensor(pending, device=ctx.device))
         self.forwards += lm.forwards
         self.target.drop_layers_tail(L, len(pending) + len(tokens) - 1)     # undo speculative KV
         return DraftTree.chain(tokens, q_tok, f"exit{L}", dists, k=len(tokens), exit_layer=L)

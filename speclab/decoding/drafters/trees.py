@@ -46,8 +46,80 @@ class TreeDrafterBase(OwnDraftLM, Drafter):
     def pending(self, ctx: Context) -> list[int]:
         return ctx.ids[self.lm.length:]
 
+    def q_at(self, ctx: Context):
+        """tree -> dists (1 + N, V) for this round: the first call also runs the pending tokens."""
+        pending = [self.pending(ctx)]
+
+        def q_at(tree):
+            q, pending[0] = self.dists(pending[0], tree, ctx.device), []
+            return q
+        return q_at
+
     def observe(self, out: Outcome):
         pass  # the draft cache holds exactly the committed prefix minus the pending tail
+
+
+def check_paths(paths) -> list[tuple[int, ...]]:
+    """A static expansion pattern, validated, sorted by depth then rank."""
+    paths = DEFAULT_PATHS if paths is None else [list(p) for p in paths]
+    if not paths:
+        raise ValueError("a static tree needs at least one path, e.g. [[0], [1], [0, 0]]")
+    pset = {tuple(p) for p in paths}
+    for p in paths:
+        if not p or any(not isinstance(r, int) or r < 0 for r in p):
+            raise ValueError(f"tree path {p} must be a non-empty list of ranks >= 0")
+        if len(p) > 1 and tuple(p[:-1]) not in pset:
+            raise ValueError(f"tree path {p} has no parent path {p[:-1]} in the pattern")
+    return sorted(pset, key=lambda p: (len(p), p))
+
+
+def grow_static(paths: list[tuple[int, ...]], q_at, info: dict | None = None) -> DraftTree:
+    """The tree of a static pattern. q_at(tree) -> (1 + N, V): the draft's distribution after the
+    committed prefix, then after each node of `tree` (called once per depth)."""
+    tree, node_of = DraftTree(info=info or {"shape": "static", "nodes": len(paths)}), {(): -1}
+    for depth in range(1, max(len(p) for p in paths) + 1):
+        q = q_at(tree)                                             # (1 + N, V)
+        for p in (p for p in paths if len(p) == depth):
+            parent = node_of[p[:-1]]
+            top = q[parent + 1].topk(p[-1] + 1)
+            tok, prob = int(top.indices[-1]), float(top.values[-1])
+            node_of[p] = tree.add(tok, parent, prob, f"rank{p[-1]}")
+    return tree
+
+
+def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"depth{d}") -> DraftTree:
+    """EAGLE-2's tree: expand the `width` best nodes per depth by cumulative draft probability,
+    then keep the `budget` best overall (ancestor-closed). q_at as in grow_static."""
+    grown = DraftTree()
+    score: list[float] = []                                        # cumulative draft probability
+    frontier = [-1]
+    for d in range(depth):
+        q = q_at(grown)
+        cands = []
+        for parent in frontier:
+            base = 1.0 if parent < 0 else score[parent]
+            top = q[parent + 1].topk(width)
+            for tok, prob in zip(top.indices.tolist(), top.values.tolist()):
+                cands.append((base * prob, parent, tok, prob))
+        cands.sort(key=lambda c: -c[0])
+        frontier = []
+        for s, parent, tok, prob in cands[:width]:                 # expand the best `width` per depth
+            frontier.append(grown.add(tok, parent, prob, label(d + 1)))
+            score.append(s)
+    keep = sorted(range(len(grown)), key=lambda i: -score[i])[:budget]
+    keep = sorted(_ancestor_closed(grown, keep))
+    tree = DraftTree(info={"shape": "dynamic", "budget": budget, "grown": len(grown)})
+    new_id = {-1: -1}
+    for i in keep:
+        new_id[i] = tree.add(grown.tokens[i], new_id[grown.parents[i]], grown.q_tok[i], grown.source[i])
+    return tree
+
+
+def check_budget(budget, width, depth):
+    if not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"node budget must be an integer >= 1, got {budget!r}")
+    check_k(width, "width")
+    check_k(depth, "depth")
 
 
 class StaticTreeDrafter(TreeDrafterBase):
@@ -55,30 +127,10 @@ class StaticTreeDrafter(TreeDrafterBase):
 
     def __init__(self, draft_model, paths=None, backend: str = "auto"):
         super().__init__(draft_model, backend)
-        paths = DEFAULT_PATHS if paths is None else [list(p) for p in paths]
-        if not paths:
-            raise ValueError("tree-static needs at least one path, e.g. [[0], [1], [0, 0]]")
-        pset = {tuple(p) for p in paths}
-        for p in paths:
-            if not p or any(not isinstance(r, int) or r < 0 for r in p):
-                raise ValueError(f"tree path {p} must be a non-empty list of ranks >= 0")
-            if len(p) > 1 and tuple(p[:-1]) not in pset:
-                raise ValueError(f"tree path {p} has no parent path {p[:-1]} in the pattern")
-        self.paths = sorted(pset, key=lambda p: (len(p), p))
+        self.paths = check_paths(paths)
 
     def propose(self, ctx: Context) -> DraftTree:
-        tree, node_of = DraftTree(info={"shape": "static", "nodes": len(self.paths)}), {(): -1}
-        pending = self.pending(ctx)
-        for depth in range(1, max(len(p) for p in self.paths) + 1):
-            q = self.dists(pending, tree, ctx.device)              # (1 + N, V)
-            pending = []
-            for p in (p for p in self.paths if len(p) == depth):
-                parent = node_of[p[:-1]]
-                row = q[parent + 1]
-                top = row.topk(p[-1] + 1)
-                tok, prob = int(top.indices[-1]), float(top.values[-1])
-                node_of[p] = tree.add(tok, parent, prob, f"rank{p[-1]}")
-        return tree
+        return grow_static(self.paths, self.q_at(ctx))
 
 
 class DynamicTreeDrafter(TreeDrafterBase):
@@ -86,38 +138,11 @@ class DynamicTreeDrafter(TreeDrafterBase):
 
     def __init__(self, draft_model, budget: int = 10, width: int = 3, depth: int = 5, backend: str = "auto"):
         super().__init__(draft_model, backend)
-        if not isinstance(budget, int) or budget < 1:
-            raise ValueError(f"node budget must be an integer >= 1, got {budget!r}")
-        check_k(width, "width")
-        check_k(depth, "depth")
+        check_budget(budget, width, depth)
         self.budget, self.width, self.depth = budget, width, depth
 
     def propose(self, ctx: Context) -> DraftTree:
-        grown = DraftTree()
-        score: list[float] = []                                    # cumulative draft probability
-        frontier = [-1]
-        pending = self.pending(ctx)
-        for d in range(self.depth):
-            q = self.dists(pending, grown, ctx.device)
-            pending = []
-            cands = []
-            for parent in frontier:
-                base = 1.0 if parent < 0 else score[parent]
-                top = q[parent + 1].topk(self.width)
-                for tok, prob in zip(top.indices.tolist(), top.values.tolist()):
-                    cands.append((base * prob, parent, tok, prob))
-            cands.sort(key=lambda c: -c[0])
-            frontier = []
-            for s, parent, tok, prob in cands[: self.width]:        # expand the best `width` per depth
-                frontier.append(grown.add(tok, parent, prob, f"depth{d + 1}"))
-                score.append(s)
-        keep = sorted(range(len(grown)), key=lambda i: -score[i])[: self.budget]
-        keep = sorted(_ancestor_closed(grown, keep))
-        tree = DraftTree(info={"shape": "dynamic", "budget": self.budget, "grown": len(grown)})
-        new_id = {-1: -1}
-        for i in keep:
-            new_id[i] = tree.add(grown.tokens[i], new_id[grown.parents[i]], grown.q_tok[i], grown.source[i])
-        return tree
+        return grow_dynamic(self.budget, self.width, self.depth, self.q_at(ctx))
 
 
 def _ancestor_closed(tree: DraftTree, nodes: list[int]) -> set[int]:

@@ -1,0 +1,194 @@
+"""Drafters that read the target's own hidden state (speclab.models.heads): EAGLE and Medusa.
+
+Every verify forward already computes the target's last-layer hidden state x_t at each row; the
+drafter keeps those of the committed rows (the pending tokens and the accepted path), so its input
+costs nothing extra. The token the target just emitted has no hidden state yet (it is pending):
+drafting starts from the last committed position that has one.
+
+eagle-chain  k tokens, one EAGLE head step each (fixed, threshold or heuristic length).
+eagle        EAGLE-2: a dynamic tree grown by cumulative draft probability under a node budget; each
+             depth is one head forward over the tree so far (tree attention in the head's cache).
+medusa       Medusa-1: a static tree of top-k products, all K heads from one position, one call.
+
+Provenance, in each node's `source`: "h{t}" = fed by the target's hidden state at position t;
+"h{t}+{j}" = j steps of the head's own predicted features past it (eagle); "medusa{k}@h{t}" = head
+k read position t. A target token outside the head's trimmed vocabulary could never have been
+drafted: the round records it as `coverage_miss` in its info.
+"""
+from __future__ import annotations
+
+import torch
+
+from speclab.decoding.drafters.model import ChainDrafter
+from speclab.decoding.drafters.trees import check_budget, check_paths, grow_dynamic, grow_static
+from speclab.decoding.speculative import Context, Drafter, Outcome
+from speclab.decoding.tree import DraftTree
+from speclab.models.causal import make_lm
+from speclab.models.heads import MedusaHeads, check_base, eagle_fuse
+
+MEDUSA_PATHS = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
+                [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1]]
+
+
+def _name(m) -> str:
+    return str(getattr(m, "name_or_path", None) or type(m).__name__)
+
+
+class FeatureReader:
+    """Mixin: capture the target's last hidden state at each verify; keep the committed rows in
+    `self.feats` (n, C) for positions [self.fed, self.fed + n), not yet given to the head."""
+
+    def read_target(self, target_model, head, kind: str, method: str):
+        if head is None or kind == "eagle" and not hasattr(head, "eagle_fc") or \
+                kind == "medusa" and not isinstance(head, MedusaHeads):
+            what = "an EAGLE head (e.g. smollm2-eagle)" if kind == "eagle" else "Medusa heads (e.g. smollm2-medusa)"
+            raise ValueError(f"method {method!r} needs {what} as its draft, got {_name(head)}: "
+                             f"train one with `speclab train {kind} --target ...`")
+        check_base(head.config, target_model.config, _name(head), _name(target_model))
+        self.layer = len(target_model.model.layers)
+        self.in_head = torch.zeros(head.config.vocab_size, dtype=torch.bool)
+        self.in_head[head.lm_head.head_ids.cpu()] = True
+
+    def begin(self, ctx, target, sampler, gen, record="light"):
+        super().begin(ctx, target, sampler, gen, record)
+        target.capture_layers = (self.layer,)
+        self.feats, self.fed = None, 0
+
+    def end(self):
+        self.target.capture_layers = ()
+        self.feats = None
+
+    def observe(self, out: Outcome):
+        h = self.target.captured.get(self.layer)
+        if h is None:
+            raise RuntimeError("the target forward did not capture its last hidden state; "
+                               "its backend must support capture_layers")
+        rows = list(range(out.n_pending)) + [out.n_pending + i for i in out.path]
+        new = h[0, rows]                                                  # (rows, C), pre-norm
+        self.feats = new if self.feats is None else torch.cat([self.feats, new])
+        if not self.in_head[out.emitted]:
+            out.tree.info["coverage_miss"] = out.emitted
+        super().observe(out)
+
+
+class EagleChainDrafter(FeatureReader, ChainDrafter):
+    name = "eagle-chain"
+
+    def __init__(self, target_model, head, **kw):
+        super().__init__(**kw)
+        self.read_target(target_model, head, "eagle", self.name)
+        self.head = head
+        self.lm = make_lm(head, "eagle", "fast")         # its own one-layer cache, fed by embeds
+        self.lm.capture_layers = (1,)
+
+    @property
+    def forwards(self):
+        return self.lm.forwards if hasattr(self, "lm") else 0
+
+    @forwards.setter
+    def forwards(self, v):
+        pass
+
+    def begin(self, ctx, target, sampler, gen, record="light"):
+        super().begin(ctx, target, sampler, gen, record)
+        self.lm.reset()
+
+    def feed(self, ctx: Context):
+        """Give the head every committed (feature, next token) pair it has not seen: entries
+        fed..n-2 (the last token is pending). Returns logits (V,) and the output (1, C) at n-2."""
+        n = len(ctx.ids)
+        assert self.lm.length == self.fed and self.fed + len(self.feats) == n - 1
+        nxt = torch.tensor(ctx.ids[self.fed + 1:n], device=ctx.device)
+        logits = self.lm.forward(None, embeds=eagle_fuse(self.head, self.head.model.norm(self.feats), nxt))
+        self.fed, self.feats = n - 1, None
+        return logits[-1], self.lm.captured[1][0, -1:]
+
+    @torch.inference_mode()
+    def propose(self, ctx: Context) -> DraftTree:
+        if self.feats is None:                  # first round: the prompt has no hidden states yet
+            return DraftTree()
+        t = len(ctx.ids) - 2
+        state = {}
+
+        def step(inp):
+            if inp is None:
+                logits, state["h"] = self.feed(ctx)
+                return logits
+            x = eagle_fuse(self.head, self.head.model.norm(state["h"]), inp)
+            logits = self.lm.forward(None, embeds=x)
+            state["h"] = self.lm.captured[1][0, -1:]
+            return logits[-1]
+        tokens, q_tok, dists = self.run_chain(step, None)
+        self.lm.keep(self.fed)                  # drop the head's speculative entries
+        tree = DraftTree.chain(tokens, q_tok, "", dists, k=len(tokens))
+        tree.source = [f"h{t}" if j == 0 else f"h{t}+{j}" for j in range(len(tokens))]
+        return tree
+
+    def observe(self, out: Outcome):
+        super().observe(out)
+        self.adapt(out)
+
+
+class EagleDrafter(EagleChainDrafter):
+    """EAGLE-2: the dynamic tree of tree-dynamic, each depth one head forward over the tree so far."""
+    name = "eagle"
+
+    def __init__(self, target_model, head, budget: int = 16, width: int = 4, depth: int = 6):
+        check_budget(budget, width, depth)
+        super().__init__(target_model, head, k=depth)
+        self.budget, self.width, self.depth = budget, width, depth
+
+    @torch.inference_mode()
+    def propose(self, ctx: Context) -> DraftTree:
+        if self.feats is None:
+            return DraftTree()
+        t = len(ctx.ids) - 2
+        out_of = {}                             # node (-1 = root) -> the head's output there (1, C)
+        root_q = []
+
+        def q_at(tree: DraftTree) -> torch.Tensor:
+            if not root_q:                      # first call: the committed entries, then the root
+                logits, out_of[-1] = self.feed(ctx)
+                root_q.append(logits.softmax(-1)[None])
+            if not len(tree):
+                return root_q[0]
+            feats = torch.cat([out_of[p] for p in tree.parents])               # (N, C)
+            x = eagle_fuse(self.head, self.head.model.norm(feats), torch.tensor(tree.tokens, device=ctx.device))
+            logits = self.lm.forward(None, parents=tree.parents, embeds=x)     # (N, V)
+            out = self.lm.captured[1][0]
+            self.lm.keep(self.fed)              # tree entries are never kept in the head's cache
+            out_of.update((i, out[i:i + 1]) for i in range(len(tree)))
+            return torch.cat([root_q[0], logits.softmax(-1)])
+        return grow_dynamic(self.budget, self.width, self.depth, q_at,
+                            label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}")
+
+
+class MedusaDrafter(FeatureReader, Drafter):
+    """Medusa-1: K heads read the last committed hidden state; the static pattern `paths` takes
+    ranks of head d's distribution at depth d (top-k products), verified in one forward."""
+    name = "medusa"
+
+    def __init__(self, target_model, heads, paths=None):
+        super().__init__()
+        self.read_target(target_model, heads, "medusa", self.name)
+        self.heads = heads
+        if paths is None:                       # the default pattern, cut to the heads there are
+            paths = [p for p in MEDUSA_PATHS if len(p) <= heads.n_heads]
+        self.paths = check_paths(paths)
+        deepest = max(len(p) for p in self.paths)
+        if deepest > heads.n_heads:
+            raise ValueError(f"medusa paths go {deepest} deep but the model has {heads.n_heads} heads: "
+                             f"use paths of at most {heads.n_heads} ranks")
+
+    @torch.inference_mode()
+    def propose(self, ctx: Context) -> DraftTree:
+        if self.feats is None:
+            return DraftTree()
+        t = len(ctx.ids) - 2
+        q = self.heads(self.feats[-1:])[:, 0].float().softmax(-1)           # (K, V): head k -> token t+1+k
+        self.forwards += 1
+        self.feats = None
+        tree = grow_static(self.paths, lambda tree: torch.cat([q[:1], q[torch.tensor(tree.depths(), dtype=torch.long)]])
+                           if len(tree) else q[:1])
+        tree.source = [f"medusa{d}@h{t}" for d in tree.depths()]
+        return tree

@@ -1,0 +1,107 @@
+"""Draft heads that read the target's own hidden state: EAGLE and Medusa.
+
+Both see the target's last-layer hidden state x_t (C,) at committed positions (captured from the
+verify forward, so reading it costs nothing) and score tokens through the target's own final norm
+and LM head restricted to a trimmed vocabulary (adapter.SubsetHead over `head_ids`).
+
+eagle   EAGLE (Li et al. 2024): one decoder layer over fc([norm(x_t); e(x_{t+1})]) (2C -> C), a
+        causal sequence with its own small KV cache. Its output at entry t is a predicted feature
+        for position t+1, scored through the target's norm + head: a draft for token t+2. Drafting
+        goes on autoregressively by feeding its own (normed) prediction back as the next feature.
+medusa  Medusa (Cai et al. 2024): K residual blocks on x_t; block k predicts token t+1+k, all from
+        the same position, with no cache and no dependence on earlier draft tokens.
+
+Features are post-norm: f_t = norm(x_t) with the target's final RMSNorm (what its head reads).
+
+A head directory is an adapter (speclab.models.adapter): config.json names the base and the kind,
+model.safetensors holds only what the head adds (bf16) plus `head_ids`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from speclab.models.adapter import SubsetHead, build_draft
+
+
+def head_config(base_cfg, kind: str, n_heads: int = 4):
+    """A one-layer Llama config with the base's dimensions (eagle), or the same + medusa_heads."""
+    from transformers import LlamaConfig
+    cfg = LlamaConfig(**{k: v for k, v in base_cfg.to_dict().items()
+                         if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version")})
+    cfg.num_hidden_layers = 1
+    cfg.tie_word_embeddings = False
+    if kind == "medusa":
+        cfg.medusa_heads = n_heads
+    return cfg
+
+
+def check_base(head_cfg, target_cfg, head_name: str, target_name: str):
+    """One line when a head meets a target it was not trained for (hidden size or vocabulary)."""
+    for what in ("hidden_size", "vocab_size"):
+        a, b = getattr(head_cfg, what), getattr(target_cfg, what)
+        if a != b:
+            raise ValueError(f"the head {head_name} was trained for a target with {what} {a}, but {target_name} has "
+                             f"{b}: train a head for this target (speclab train eagle / medusa --target ...)")
+
+
+def build_eagle(base, cfg, head_ids: torch.Tensor):
+    """The EAGLE head over `base`: a one-layer Llama sharing the base's embedding, whose final norm
+    is a frozen copy of the base's and whose head scores the base's embedding rows at head_ids;
+    plus `eagle_fc`, the fusion of feature and token embedding."""
+    model = build_draft(base, cfg, head_ids)
+    with torch.no_grad():
+        model.model.norm.weight.copy_(base.model.norm.weight)
+    model.model.norm.weight.requires_grad_(False)
+    model.eagle_fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=True,
+                               dtype=base.dtype, device=base.device)
+    return model
+
+
+def eagle_fuse(model, feats: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(T, C) post-norm features and (T,) next tokens -> (T, C) inputs of the EAGLE layer."""
+    e = model.model.embed_tokens.weight[tokens]
+    return model.eagle_fc(torch.cat([feats.to(e.dtype), e], -1))
+
+
+class MedusaHeads(nn.Module):
+    """K residual blocks on the target's pre-norm hidden state x (T, C):
+        h_k = x + W2_k silu(W1_k norm(x)),  logits_k = head(norm(h_k))
+    W2_k starts at zero, so every head starts as the target's own next-token prediction."""
+
+    def __init__(self, base, cfg, head_ids: torch.Tensor):
+        super().__init__()
+        C, K = cfg.hidden_size, cfg.medusa_heads
+        self.config = cfg
+        kw = dict(dtype=base.dtype, device=base.device)
+        self.w1 = nn.ModuleList(nn.Linear(C, C, bias=True, **kw) for _ in range(K))
+        self.w2 = nn.ModuleList(nn.Linear(C, C, bias=False, **kw) for _ in range(K))
+        for w in self.w2:
+            nn.init.zeros_(w.weight)
+        self.norm = nn.Parameter(base.model.norm.weight.detach().clone(), requires_grad=False)
+        self.eps = cfg.rms_norm_eps
+        self.lm_head = SubsetHead(base.get_input_embeddings().weight, head_ids, cfg.vocab_size)
+
+    @property
+    def n_heads(self) -> int:
+        return len(self.w1)
+
+    def rms(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), x.shape[-1:], self.norm.float(), self.eps).to(x.dtype)
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, C) -> (K, T, C) normed outputs of the K blocks."""
+        n = self.rms(x)
+        return torch.stack([self.rms(x + w2(F.silu(w1(n)))) for w1, w2 in zip(self.w1, self.w2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, C) -> logits (K, T, V), -inf outside the trimmed vocabulary."""
+        return self.lm_head(self.hidden(x))
+
+
+def build_medusa(base, cfg, head_ids: torch.Tensor):
+    return MedusaHeads(base, cfg, head_ids)
+
+
+BUILDERS = {"draft": build_draft, "eagle": build_eagle, "medusa": build_medusa}

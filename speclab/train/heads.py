@@ -1,0 +1,375 @@
+"""Train the heads that draft from the target's own hidden state: `smollm2-eagle`, `smollm2-medusa`.
+
+    speclab train eagle  --target smollm2-135m --out speclab/zoo/smollm2-eagle  --minutes 40
+    speclab train medusa --target smollm2-135m --out speclab/zoo/smollm2-medusa --minutes 20
+
+The text is the one the target wrote for `smollm2-draft` (speclab/train/smollm2_data.py: Magpie chat,
+code continuations, stdlib windows it read). The target is frozen and runs once over that text:
+
+  1. features: the hidden state x_t after its last layer (pre-norm, bf16) at every position,
+     cached next to the data. Post-norm features f_t = norm(x_t) and the target's distribution over
+     the trimmed vocabulary p_t = softmax(f_t W_sub^T) follow from x_t without running it again.
+  2. eagle (EAGLE's recipe with EAGLE-3's training-time test): entry t reads fc([f_t; e(x_{t+1})])
+     and predicts f_{t+1} (smooth L1) and p_{t+1} (soft CE). Steps 2..U feed the head's own
+     prediction back in place of f_t, with the attention a draft step sees at run time: the true
+     entries before it and its own chain (a mask over the concatenated steps).
+  3. medusa: head k at position t predicts p_{t+k}, the target's distribution of token t+1+k.
+
+Progress bar, checkpoints (resumable with --resume), a held-out split, the head saved only when
+held-out agreement did not drop. Never in CI: the exact commands and wall times are in the README.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from speclab.train.smollm2_data import load_rows, merge, split_rows
+
+DATA_DIRS = ["~/.cache/speclab/smollm2-draft-data", "~/.cache/speclab/smollm2-draft-data2",
+             "~/.cache/speclab/smollm2-draft-data3"]
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. data and features
+
+def load_data(dirs: list[str]) -> dict:
+    """Every rows.safetensors / corpus.safetensors found in `dirs`, merged."""
+    data = None
+    for d in dirs:
+        for f in ("rows.safetensors", "corpus.safetensors"):
+            p = Path(d).expanduser() / f
+            if p.exists():
+                data = load_rows(p) if data is None else merge(data, load_rows(p))
+    if data is None:
+        raise SystemExit(f"no training text in {dirs}: write it first with "
+                         "`speclab train smollm2-draft --gen-only` (see speclab/zoo/smollm2-draft/RECIPE.md)")
+    return data
+
+
+@torch.inference_mode()
+def target_features(base, data: dict, cache: Path, batch_tokens: int = 4096, log=print) -> torch.Tensor:
+    """(sum T, C) bf16: the target's last-layer hidden state (pre-norm) at every token of every row,
+    one forward per batch of rows (right-padded; causal, so padding never reaches a real token)."""
+    from safetensors.torch import load_file, save_file
+    off = data["offsets"]
+    key = f"{len(data['tokens'])}:{int(data['tokens'].long().sum())}"
+    if cache.exists():
+        got = load_file(str(cache))
+        if json.loads(cache.with_suffix(".json").read_text()).get("key") == key:
+            return got["x"]
+    from tqdm.auto import tqdm
+    n, C = len(data["tokens"]), base.config.hidden_size
+    X = torch.empty(n, C, dtype=torch.bfloat16)
+    last = base.model.layers[-1]
+    got = {}
+    hook = last.register_forward_hook(lambda _m, _i, out: got.__setitem__("x", out[0] if isinstance(out, tuple) else out))
+    rows = sorted(range(len(off) - 1), key=lambda r: int(off[r + 1] - off[r]))
+    t0, bar = time.time(), tqdm(total=n, desc="target features", unit="tok", mininterval=5)
+    try:
+        i = 0
+        while i < len(rows):
+            L = int(off[rows[i] + 1] - off[rows[i]])
+            group = []
+            while i < len(rows) and (len(group) + 1) * max(L, int(off[rows[i] + 1] - off[rows[i]])) <= batch_tokens:
+                L = max(L, int(off[rows[i] + 1] - off[rows[i]]))
+                group.append(rows[i])
+                i += 1
+            if not group:
+                group, i = [rows[i]], i + 1
+            L = max(int(off[r + 1] - off[r]) for r in group)
+            ids = torch.zeros(len(group), L, dtype=torch.long)
+            for j, r in enumerate(group):
+                ids[j, :int(off[r + 1] - off[r])] = data["tokens"][int(off[r]):int(off[r + 1])].long()
+            base.model(input_ids=ids.to(base.device))
+            for j, r in enumerate(group):
+                X[int(off[r]):int(off[r + 1])] = got["x"][j, :int(off[r + 1] - off[r])].to(torch.bfloat16).cpu()
+            bar.update(sum(int(off[r + 1] - off[r]) for r in group))
+    finally:
+        hook.remove()
+        bar.close()
+    tmp = cache.with_suffix(".tmp")
+    save_file({"x": X}, str(tmp))
+    tmp.replace(cache)
+    cache.with_suffix(".json").write_text(json.dumps({"key": key, "seconds": round(time.time() - t0)}))
+    log(f"features: {n} positions in {time.time() - t0:.0f} s -> {cache}")
+    return X
+
+
+def windows(data: dict, rows: list[int], T: int) -> list[tuple[int, int]]:
+    """Spans of at most T tokens covering the rows (a head needs little context: the target's
+    features carry it)."""
+    off, out = data["offsets"], []
+    for r in rows:
+        a, b = int(off[r]), int(off[r + 1])
+        out += [(s, min(b, s + T)) for s in range(a, b - 2, T)]
+    return out
+
+
+def batch(data: dict, X: torch.Tensor, spans, norm, W_sub: torch.Tensor):
+    """tokens (B, T), pre-norm x (B, T, C), post-norm f (B, T, C), target log-probs over the
+    subset lp (B, T, N) and a mask (B, T) of real positions."""
+    T = max(e - s for s, e in spans)
+    B, C = len(spans), X.shape[1]
+    tok = torch.zeros(B, T, dtype=torch.long)
+    x = torch.zeros(B, T, C)
+    m = torch.zeros(B, T, dtype=torch.bool)
+    for i, (s, e) in enumerate(spans):
+        tok[i, :e - s] = data["tokens"][s:e].long()
+        x[i, :e - s] = X[s:e].float()
+        m[i, :e - s] = True
+    f = norm(x)
+    with torch.no_grad():
+        lp = (f @ W_sub.t()).float().log_softmax(-1)
+    return tok, x, f, lp, m
+
+
+def soft_ce(logits: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+    """-sum p log q per row, q = softmax(logits), p = exp(lp)."""
+    return -(lp.exp() * logits.float().log_softmax(-1)).sum(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. eagle: training-time test over U steps
+
+def ttt_mask(T: int, U: int) -> torch.Tensor:
+    """(U*T, U*T) bool: query (s, t) (step s = 1..U, entry t) sees step-1 keys j <= t-s+1 and, for
+    r = 2..s, the step-r key at t-(s-r): the committed entries and its own draft chain."""
+    n = U * T
+    vis = torch.zeros(n, n, dtype=torch.bool)
+    t = torch.arange(T)
+    for s in range(1, U + 1):
+        q = (s - 1) * T + t
+        vis[q[:, None], t[None, :]] = t[None, :] <= (t[:, None] - s + 1)
+        for r in range(2, s + 1):
+            j = t - (s - r)
+            ok = j >= 0
+            vis[q[ok], (r - 1) * T + j[ok]] = True
+        vis[q, q] = True                                    # every row sees itself (no empty row)
+    return vis
+
+
+def eagle_forward(head, f: torch.Tensor, tok: torch.Tensor, U: int) -> torch.Tensor:
+    """Head outputs (U, B, T-1, C) for entries t = 0..T-2: step 1 reads the target's features,
+    step s the head's own output of step s-1 at t-1 (earlier steps under no_grad)."""
+    from speclab.models.heads import eagle_fuse
+    B, T, C = f.shape
+    Tn = T - 1
+    e_in = tok[:, 1:]                                        # entry t pairs f_t with token t+1
+    layer, rot = head.model.layers[0], head.model.rotary_emb
+    pos = torch.arange(Tn).repeat(U)[None].expand(B, -1)
+    inputs = [eagle_fuse(head, f[:, :Tn], e_in)]
+    out = None
+    for s in range(1, U + 1):
+        vis = ttt_mask(Tn, s)
+        mask = torch.zeros(vis.shape).masked_fill(~vis, float("-inf"))[None, None]
+        x = torch.cat(inputs, 1)                                     # (B, s*Tn, C)
+        cos, sin = rot(x, pos[:, :s * Tn])
+        with torch.set_grad_enabled(torch.is_grad_enabled() and s == U):
+            h = layer(x, attention_mask=mask, position_ids=pos[:, :s * Tn], position_embeddings=(cos, sin))
+            h = h[0] if isinstance(h, tuple) else h
+        out = h.view(B, s, Tn, C)
+        if s < U:                                                    # next step: own prediction at t-1
+            prev = head.model.norm(out[:, s - 1].detach())
+            shifted = torch.cat([prev[:, :1], prev[:, :-1]], 1)
+            inputs = [i.detach() for i in inputs] + [eagle_fuse(head, shifted, e_in)]
+    return out.transpose(0, 1)                                       # (U, B, Tn, C)
+
+
+def eagle_loss(head, tok, f, lp, m, U: int, reg_weight: float):
+    """Per step: soft CE to the target's p_{t+1} + reg_weight x smooth L1 to f_{t+1}, over valid
+    entries (t >= s-1, real tokens)."""
+    o = eagle_forward(head, f, tok, U)                              # (U, B, Tn, C)
+    Tn = o.shape[2]
+    fo = head.model.norm(o)
+    logits = fo @ head.lm_head.weight.t()                           # (U, B, Tn, N)
+    total, stats = 0.0, {}
+    for s in range(U):
+        valid = (m[:, 1:] & m[:, :-1]).clone()
+        valid[:, :s] = False
+        ce = soft_ce(logits[s], lp[:, 1:])                          # (B, Tn)
+        reg = F.smooth_l1_loss(fo[s].float(), f[:, 1:].float(), reduction="none").mean(-1)
+        loss = ((ce + reg_weight * reg) * valid).sum() / valid.sum().clamp(min=1)
+        total = total + loss
+        hit = (logits[s].argmax(-1) == lp[:, 1:].argmax(-1)) & valid
+        stats[f"acc{s + 1}"] = float(hit.sum()) / max(int(valid.sum()), 1)
+        stats[f"n{s + 1}"] = int(valid.sum())
+    return total / U, stats
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. medusa
+
+def medusa_loss(heads, x, lp, m):
+    """Head k (1..K) at position t: soft CE to p_{t+k}."""
+    K, T = heads.n_heads, x.shape[1]
+    logits = heads.hidden(x) @ heads.lm_head.weight.t()              # (K, B, T, N)
+    total, stats = 0.0, {}
+    for k in range(1, K + 1):
+        valid = m[:, :T - k] & m[:, k:]
+        ce = soft_ce(logits[k - 1, :, :T - k], lp[:, k:])
+        total = total + (ce * valid).sum() / valid.sum().clamp(min=1)
+        hit = (logits[k - 1, :, :T - k].argmax(-1) == lp[:, k:].argmax(-1)) & valid
+        stats[f"acc{k}"] = float(hit.sum()) / max(int(valid.sum()), 1)
+        stats[f"n{k}"] = int(valid.sum())
+    return total / K, stats
+
+
+# ----------------------------------------------------------------------------------------------
+# main
+
+def get_args(argv):
+    ap = argparse.ArgumentParser(prog="speclab train eagle|medusa", description=__doc__.split("\n")[0])
+    ap.add_argument("kind", choices=["eagle", "medusa"])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--out", default=None, help="default: speclab/zoo/smollm2-<kind>")
+    ap.add_argument("--data-dirs", nargs="*", default=DATA_DIRS)
+    ap.add_argument("--minutes", type=float, default=30.0, help="training budget (wall time)")
+    ap.add_argument("--head-size", type=int, default=12288, help="trimmed vocabulary: most frequent ids")
+    ap.add_argument("--unroll", type=int, default=3, help="eagle: training-time test steps")
+    ap.add_argument("--reg-weight", type=float, default=0.5, help="eagle: smooth L1 weight on the features")
+    ap.add_argument("--medusa-heads", type=int, default=4)
+    ap.add_argument("--init-layer", type=int, default=-1, help="eagle: copy this target layer first (-1: the last)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--held-frac", type=float, default=0.05)
+    ap.add_argument("--eval-every", type=float, default=5.0, help="minutes between held-out evals + saves")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def build(kind: str, base, head_ids, args):
+    from speclab.models.heads import build_eagle, build_medusa, head_config
+    if kind == "eagle":
+        head = build_eagle(base, head_config(base.config, "eagle"), head_ids)
+        if args.init_layer is not None:            # a prior in the right space; EAGLE starts at random
+            head.model.layers[0].load_state_dict(base.model.layers[args.init_layer].state_dict())
+    else:
+        head = build_medusa(base, head_config(base.config, "medusa", args.medusa_heads), head_ids)
+    for p in head.lm_head.parameters():
+        p.requires_grad_(False)
+    return head.float().train()
+
+
+@torch.no_grad()
+def evaluate(kind, head, data, X, spans, norm, W_sub, args, U) -> dict:
+    head.eval()
+    agg: dict[str, float] = {}
+    for i in range(0, len(spans), args.batch):
+        tok, x, f, lp, m = batch(data, X, spans[i:i + args.batch], norm, W_sub)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, st = eagle_loss(head, tok, f, lp, m, U, 0.0) if kind == "eagle" else medusa_loss(head, x, lp, m)
+        for k in [k for k in st if k.startswith("acc")]:
+            n = st["n" + k[3:]]
+            agg[k] = agg.get(k, 0.0) + st[k] * n
+            agg["n" + k[3:]] = agg.get("n" + k[3:], 0) + n
+    head.train()
+    return {k: round(v / max(agg["n" + k[3:]], 1), 4) for k, v in agg.items() if k.startswith("acc")}
+
+
+def main(argv=None):
+    from tqdm.auto import tqdm
+    from speclab.models import zoo
+    from speclab.models.adapter import save_draft
+    from speclab.train.smollm2_draft import load_checkpoint, save_checkpoint, select_head_ids, trainable
+
+    args = get_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out or f"speclab/zoo/smollm2-{args.kind}")
+    data = load_data(args.data_dirs)
+    first = Path(args.data_dirs[0]).expanduser()
+    base, tok = zoo.load(args.target, dtype="bf16")
+    X = target_features(base, data, first / "features.safetensors")
+    del base
+    base = zoo.load(args.target, dtype="fp32")[0]               # fp32 master weights, bf16 autocast
+    for p in base.parameters():
+        p.requires_grad_(False)
+    V = base.config.vocab_size
+    specials = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+    train_rows, held_rows = split_rows(data, args.held_frac, args.seed)
+    pos = torch.cat([torch.arange(int(data["offsets"][r]), int(data["offsets"][r + 1])) for r in train_rows])
+    counts = torch.bincount(data["tokens"][pos].long(), minlength=V).float()
+    top = data["top_ids"][pos][data["has_top"][pos].bool()].long()
+    counts += torch.bincount(top[:, 0], minlength=V) + 0.1 * torch.bincount(top.flatten(), minlength=V)
+    head_ids = select_head_ids(None, args.head_size, specials, V, counts=counts, fill=True)
+    head = build(args.kind, base, head_ids, args)
+    W_sub = head.lm_head.weight.detach().float()                    # (N, C): the target's rows
+    nw, eps = base.model.norm.weight.detach().float(), base.config.rms_norm_eps
+    norm = lambda x: F.rms_norm(x.float(), x.shape[-1:], nw, eps)
+    params = trainable(head)
+    print(f"{args.kind}: {sum(p.numel() for p in params.values()) / 1e6:.2f}M trained params, "
+          f"head {len(head_ids)} ids, {len(train_rows)} train rows, {len(held_rows)} held out, "
+          f"{len(data['tokens'])} positions")
+    opt = torch.optim.AdamW(list(params.values()), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    ckpt = out.parent / f".{out.name}-ckpt"
+    state = {"step": 0, "elapsed": 0.0, "epoch": 0, "log": []}
+    if args.resume and (ckpt / "state.json").exists():
+        state = load_checkpoint(ckpt, head, opt)
+        print(f"resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min)")
+    spans = windows(data, train_rows, args.seq_len)
+    held = windows(data, held_rows, args.seq_len)
+    U = args.unroll
+    rng = random.Random(args.seed + state["epoch"])
+    order = list(range(len(spans)))
+    rng.shuffle(order)
+    budget, t_start, elapsed0 = args.minutes * 60, time.time(), state["elapsed"]
+    last_eval = time.time()
+    bar = tqdm(total=int(budget), desc=f"train {args.kind}", unit="s", mininterval=10)
+
+    def save():
+        ev = evaluate(args.kind, head, data, X, held, norm, W_sub, args, U)
+        score = sum(ev.values()) / len(ev)
+        state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
+        print(f"\nheld-out agreement step {state['step']}: {ev}")
+        if score >= state.get("best", -1.0):
+            state["best"] = score
+            save_draft(head, out, args.target, kind=args.kind)
+            print(f"saved {out}")
+        save_checkpoint(ckpt, head, opt, state)
+
+    k = 0
+    while state["elapsed"] < budget:
+        if k >= len(order):
+            state["epoch"] += 1
+            rng.shuffle(order)
+            k = 0
+        pick = [spans[j] for j in order[k:k + args.batch]]
+        k += args.batch
+        frac = state["elapsed"] / budget
+        lr = args.lr * min(1.0, (state["step"] + 1) / args.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        tok_b, x, f, lp, m = batch(data, X, pick, norm, W_sub)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, st = (eagle_loss(head, tok_b, f, lp, m, U, args.reg_weight) if args.kind == "eagle"
+                        else medusa_loss(head, x, lp, m))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
+        opt.step()
+        state["step"] += 1
+        state["elapsed"] = elapsed0 + time.time() - t_start
+        bar.n = int(min(state["elapsed"], budget))
+        bar.set_postfix(loss=f"{float(loss):.3f}", **{k_: f"{v:.2f}" for k_, v in st.items() if k_.startswith("acc")})
+        if time.time() - last_eval > args.eval_every * 60:
+            save()
+            last_eval = time.time()
+    bar.close()
+    save()
+    (ckpt / "state.json").write_text(json.dumps(state, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

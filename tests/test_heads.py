@@ -1,0 +1,180 @@
+"""EAGLE and Medusa heads (speclab.models.heads, decoding/drafters/heads.py, train/heads.py) on the
+code zoo with untrained heads: lossless greedy and sampling, the training forward equal to the
+drafting forward, the training-time-test mask, a training step that lowers the loss, the adapter
+round trip and the errors of a wrong pairing. The trained smollm2 heads: tests/test_real_model.py."""
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.stats import chisquare
+
+import speclab
+from speclab.decoding.acceptance import Sampler, warp
+from speclab.models.heads import build_eagle, build_medusa, eagle_fuse, head_config
+from speclab.train import heads as th
+
+NEW = 48
+
+
+@pytest.fixture(scope="module")
+def heads(target):
+    """An EAGLE head (layer copied from the target's last) and Medusa heads with small random
+    residuals, both over a trimmed vocabulary that leaves out the 50 highest ids."""
+    base, tok = target
+    torch.manual_seed(0)
+    ids = torch.arange(base.config.vocab_size - 50)
+    eagle = build_eagle(base, head_config(base.config, "eagle"), ids)
+    eagle.model.layers[0].load_state_dict(base.model.layers[-1].state_dict())
+    medusa = build_medusa(base, head_config(base.config, "medusa", 3), ids)
+    for w in medusa.w2:
+        torch.nn.init.normal_(w.weight, std=0.02)
+    return (eagle.eval(), tok), (medusa.eval(), tok)
+
+
+CASES = [("eagle", 0, dict(budget=10, width=3, depth=4)), ("eagle-chain", 0, dict(k=4)),
+         ("eagle-chain", 0, dict(schedule="heuristic")), ("medusa", 1, dict())]
+
+
+@pytest.mark.parametrize("method,which,params", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_greedy_identical_to_ar(method, which, params, target, heads, heldout_prompts):
+    drafted = accepted = 0
+    for prompt in heldout_prompts[:6]:
+        ref = speclab.generate(target, prompt, "ar", max_new_tokens=NEW, record=None).ids
+        r = speclab.generate(target, prompt, method, draft=heads[which], max_new_tokens=NEW, **params)
+        assert r.ids == ref, f"{method} diverged from ar on {prompt[:40]!r}"
+        t = r.trace.totals
+        assert t.new_tokens == len(ref) and t.accepted == sum(len(x.accepted) for x in r.trace.rounds)
+        assert not r.trace.rounds[0].drafted       # round 1: the prompt has no hidden state yet
+        drafted, accepted = drafted + t.drafted, accepted + t.accepted
+    assert drafted > 0 and accepted > 0            # the heads draft, and some of it is right
+
+
+def test_provenance_and_coverage(target, heads, heldout_prompts):
+    r = speclab.generate(target, heldout_prompts[0], "eagle", draft=heads[0], max_new_tokens=24, record="full")
+    n_prompt = len(r.trace.prompt_ids)
+    rnd = r.trace.rounds[1]                        # drafted from the hidden state of the prompt's last token
+    assert {n.source for n in rnd.nodes if n.depth == 1} == {f"h{n_prompt - 1}"}
+    assert any(n.source == f"h{n_prompt - 1}+1" for n in rnd.nodes if n.depth == 2)
+    m = speclab.generate(target, heldout_prompts[0], "medusa", draft=heads[1], max_new_tokens=24, record="full")
+    assert {n.source for n in m.trace.rounds[1].nodes} <= {f"medusa{d}@h{n_prompt - 1}" for d in (1, 2, 3)}
+    # a token outside the trimmed vocabulary can never be drafted: each one is recorded
+    V = target[0].config.vocab_size
+    for res in (r, m):
+        for rnd in res.trace.rounds:
+            miss = rnd.info.get("coverage_miss")
+            assert (miss is not None) == (rnd.emitted >= V - 50)
+            assert all(n.token < V - 50 for n in rnd.nodes)
+
+
+@pytest.mark.parametrize("method,which,params", [("eagle", 0, dict(budget=6, width=2, depth=3)),
+                                                 ("eagle-chain", 0, dict(k=2)), ("medusa", 1, dict())])
+def test_second_sampled_token_follows_target_distribution(method, which, params, target, heads):
+    """Round 1 has no draft, so the drafted position is the second token: its joint law with the
+    first must be the target's, p(x1) p(x2 | x1), under recursive rejection / speculative sampling."""
+    model, tok = target
+    prompt = "    def __repr__(self):\n        return"
+    sampler = Sampler(1.0, top_k=3)
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        p1 = warp(model(input_ids=torch.tensor([ids])).logits[0, -1], sampler)
+        firsts = p1.nonzero()[:, 0].tolist()
+        joint = {}
+        for a in firsts:
+            p2 = warp(model(input_ids=torch.tensor([ids + [a]])).logits[0, -1], sampler)
+            for b in p2.nonzero()[:, 0].tolist():
+                joint[(a, b)] = float(p1[a] * p2[b])
+    n, counts = 900, dict.fromkeys(joint, 0)
+    for seed in range(n):
+        r = speclab.generate(target, prompt, method, draft=heads[which], max_new_tokens=2, temperature=1.0,
+                             top_k=3, seed=seed, record=None, **params)
+        counts[tuple(r.ids)] += 1                  # KeyError = a pair the target cannot produce
+    keys = list(joint)
+    exp = torch.tensor([joint[k] for k in keys], dtype=torch.float64)
+    exp = exp / exp.sum() * n
+    assert chisquare([counts[k] for k in keys], exp.numpy()).pvalue > 1e-3
+
+
+def test_training_forward_equals_drafting_forward(target, heads):
+    """train/heads.eagle_forward (the HF layer with the TTT mask) gives, at step 1 and step 2, the
+    outputs the drafter computes with the lean forward and its own cache."""
+    from speclab.models.causal import make_lm
+    base, _ = target
+    head = heads[0][0]
+    T = 12
+    tok = torch.randint(0, 500, (1, T))
+    with torch.no_grad():
+        hs = base(input_ids=tok, output_hidden_states=True).hidden_states[-1]  # post-norm f (1, T, C)
+        o = th.eagle_forward(head, hs, tok, U=2)                               # (2, 1, T-1, C)
+        lm = make_lm(head, "eagle", "fast")
+        lm.capture_layers = (1,)
+        lm.forward(None, embeds=eagle_fuse(head, hs[0, :T - 1], tok[0, 1:]))
+        step1 = lm.captured[1][0]
+        assert torch.allclose(step1, o[0, 0], atol=1e-4)
+        # step 2 at entry t: the head's own prediction for position t, after the committed t-1 entries
+        t = 7
+        lm.keep(t)
+        x = eagle_fuse(head, head.model.norm(step1[t - 1:t]), tok[0, t + 1:t + 2])
+        lm.forward(None, embeds=x)
+        assert torch.allclose(lm.captured[1][0, -1], o[1, 0, t], atol=1e-4)
+
+
+def test_ttt_mask_rows():
+    vis = th.ttt_mask(5, 3)
+    T = 5
+    see = lambda s, t: {((k // T) + 1, k % T) for k in vis[(s - 1) * T + t].nonzero()[:, 0].tolist()}
+    assert see(1, 3) == {(1, 0), (1, 1), (1, 2), (1, 3)}
+    assert see(2, 3) == {(1, 0), (1, 1), (1, 2), (2, 3)}
+    assert see(3, 4) == {(1, 0), (1, 1), (1, 2), (2, 3), (3, 4)}
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_a_few_steps_lower_the_loss(kind, target):
+    base, _ = target
+    torch.manual_seed(0)
+    ids = torch.arange(400)
+    head = (build_eagle(base, head_config(base.config, "eagle"), ids) if kind == "eagle"
+            else build_medusa(base, head_config(base.config, "medusa", 2), ids)).float().train()
+    for p in head.lm_head.parameters():
+        p.requires_grad_(False)
+    tok = torch.randint(0, 400, (2, 16))
+    with torch.no_grad():
+        x = base.model(input_ids=tok).last_hidden_state                     # post-norm stands in for x
+        f = base.model.norm(x)
+        lp = (f @ head.lm_head.weight.t()).log_softmax(-1)
+    m = torch.ones(2, 16, dtype=torch.bool)
+    loss_fn = (lambda: th.eagle_loss(head, tok, f, lp, m, 2, 0.5)[0]) if kind == "eagle" else \
+        (lambda: th.medusa_loss(head, x, lp, m)[0])
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=3e-3)
+    first = float(loss_fn())
+    for _ in range(15):
+        opt.zero_grad()
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+    assert float(loss_fn()) < first * 0.9
+
+
+def test_adapter_round_trip_and_wrong_pairings(target, draft, heads, tmp_path):
+    from speclab.models.adapter import load_draft, save_draft
+    base, tok = target
+    for (head, _), kind in zip(heads, ("eagle", "medusa")):
+        save_draft(head, tmp_path / kind, "code-target", kind=kind)
+        back = load_draft(tmp_path / kind, base, torch.float32)
+        assert type(back) is type(head)
+        x = torch.randn(3, base.config.hidden_size)
+        if kind == "medusa":
+            assert torch.allclose(back(x), head(x).to(torch.bfloat16).float(), atol=0.1, equal_nan=True)
+        else:
+            assert torch.allclose(back.eagle_fc.weight, head.eagle_fc.weight.to(torch.bfloat16).float())
+    with pytest.raises(ValueError, match="needs an EAGLE head"):
+        speclab.generate(target, "def f(x):", "eagle", draft=draft)
+    with pytest.raises(ValueError, match="needs Medusa heads"):
+        speclab.generate(target, "def f(x):", "medusa", draft=heads[0])
+    small = head_config(base.config, "eagle")
+    small.hidden_size, small.intermediate_size = 32, 64
+    other = build_eagle(base, head_config(base.config, "eagle"), torch.arange(10))
+    other.config = small
+    with pytest.raises(ValueError, match="hidden_size"):
+        speclab.generate(target, "def f(x):", "eagle", draft=(other, tok))
+    with pytest.raises(ValueError, match="at most 3 ranks"):
+        speclab.generate(target, "def f(x):", "medusa", draft=heads[1], paths=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])

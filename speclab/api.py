@@ -56,11 +56,16 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     unknown = set(method_params_) - set(method_params(method) if custom is None else [])
     if unknown:
         raise ValueError(f"method {method!r} does not take {sorted(unknown)}; it takes {method_params(method)}")
+    if m.needs_draft and draft is None:
+        from speclab.models.zoo import paired_draft
+        draft = paired_draft(target, m.draft_kind)
+        if draft is None:
+            what = {"eagle": "an EAGLE head", "medusa": "Medusa heads"}.get(m.draft_kind, "a draft model")
+            raise ValueError(f"method {method!r} needs {what} for this target: pass draft=... (or --draft); "
+                             f"the zoo ships them for {', '.join(sorted(zoo_pairs(m.draft_kind)))}")
     check_pairing(m.engine, method, target, draft if m.needs_draft else None)
     sampler = Sampler(temperature, top_k, top_p)
     tgt = as_model(target, device, dtype)
-    if m.needs_draft and draft is None:
-        raise ValueError(f"method {method!r} needs a draft model: pass draft='code-draft' (or --draft)")
     dft = as_model(draft, device, dtype) if m.needs_draft else None
     if dft is not None:
         check_vocab(tgt, dft)
@@ -84,6 +89,11 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
                   prompt_ids=ids, output_ids=new, token_text=token_table(tok, table_ids),
                   totals=totals, rounds=rounds)
     return Result(text=tok.decode(new), ids=new, trace=trace)
+
+
+def zoo_pairs(kind: str) -> list[str]:
+    from speclab.models.zoo import PAIRED
+    return [t for t, d in PAIRED.items() if kind in d]
 
 
 def run(target, prompt, method: str = "ar", **kw) -> Result:

@@ -52,7 +52,7 @@ def test_methods_table(capsys):
     (["--prompt", "x", "--method", "draft-model", "--draft", "code-draft", "--k", "0"], "k must be an integer >= 1"),
     (["--prompt", "x", "--method", "draft-model", "--draft", "code-draft", "--threshold", "1.5"], "threshold must be in (0, 1)"),
     (["--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),
-    (["--prompt", "x", "--method", "draft-model"], "needs a draft model"),
+    (["--prompt", "x", "--method", "eagle"], "needs an EAGLE head for this target"),
     (["--prompt", "x", "--method", "layer-skip", "--exit-layer", "8"], "exit layer must be in 1..7"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, args, words):

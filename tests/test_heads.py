@@ -56,6 +56,9 @@ def test_provenance_and_coverage(target, heads, heldout_prompts):
     assert any(n.source == f"h{n_prompt - 1}+1" for n in rnd.nodes if n.depth == 2)
     m = speclab.generate(target, heldout_prompts[0], "medusa", draft=heads[1], max_new_tokens=24, record="full")
     assert {n.source for n in m.trace.rounds[1].nodes} <= {f"medusa{d}@h{n_prompt - 1}" for d in (1, 2, 3)}
+    from speclab.figures.tree import source_text          # the tree view says it in words
+    assert source_text(f"h{n_prompt - 1}+1").startswith(f"EAGLE head on the target's hidden state at position {n_prompt - 1}")
+    assert source_text("medusa2@h7") == "Medusa head 2 on the target's hidden state at position 7"
     # a token outside the trimmed vocabulary can never be drafted: each one is recorded
     V = target[0].config.vocab_size
     for res in (r, m):

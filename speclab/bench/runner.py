@@ -83,8 +83,12 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
         t = res.trace.totals
         return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=None,
                     drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=res.trace)
+    if "draft" in params:                       # a per-method draft, e.g. eagle[draft=DIR]
+        draft = params.pop("draft")
+    elif get_method(spec.method).draft_kind != "draft":
+        draft = None                            # its head: the zoo's for this target (api.generate)
     res = speclab.generate(target, prompt_ids, spec.method, draft=draft, max_new_tokens=max_new_tokens,
-                           record=record, **params)
+                           record=record, dtype=next(target[0].parameters()).dtype, **params)
     t = res.trace.totals
     return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=t.draft_forwards,
                 drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s, verify_s=t.verify_s,

@@ -15,6 +15,7 @@ class Method:
     needs_draft: bool
     summary: str
     build: Callable | None = None   # (target_model, draft_model, **params) -> Drafter
+    draft_kind: str = "draft"       # what `draft` must be: a draft LM, an "eagle" head, "medusa" heads
 
 
 def _none(target, draft, **kw):
@@ -24,25 +25,38 @@ def _none(target, draft, **kw):
     return Drafter()
 
 
-def _draft_model(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", backend="auto"):
+def gated(drafter, gate, adaptive: bool):
+    """gate: "auto" (on for adaptive length policies), True / "on", False / "off". See decoding/gate.py."""
+    if gate not in ("auto", True, False, "on", "off"):
+        raise ValueError(f"gate must be 'auto', 'on' or 'off', got {gate!r}")
+    if gate in (True, "on") or gate == "auto" and adaptive:
+        from speclab.decoding.gate import CostGate
+        return CostGate(drafter)
+    return drafter
+
+
+def _draft_model(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", gate="auto", backend="auto"):
     from speclab.decoding.drafters.model import DraftModelDrafter
-    return DraftModelDrafter(draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule, backend=backend)
+    return gated(DraftModelDrafter(draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule, backend=backend),
+                 gate, threshold is not None or schedule != "fixed")
 
 
-def _layer_skip(target, draft, exit_layer="auto", k=4, threshold=None, max_k=8, schedule="fixed"):
+def _layer_skip(target, draft, exit_layer="auto", k=4, threshold=None, max_k=8, schedule="fixed", gate="auto"):
     from speclab.decoding.drafters.model import LayerSkipDrafter
-    return LayerSkipDrafter(target, exit_layer=exit_layer, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
+    return gated(LayerSkipDrafter(target, exit_layer=exit_layer, k=k, threshold=threshold, max_k=max_k,
+                                  schedule=schedule), gate, exit_layer == "auto")
 
 
-def _prompt_lookup(target, draft, k=8, max_ngram=3, min_ngram=1, prefer="first", grow=0):
+def _prompt_lookup(target, draft, k=8, max_ngram=3, min_ngram=1, prefer="first", grow=0, gate="auto"):
     from speclab.decoding.drafters.lookup import PromptLookupDrafter
-    return PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram, prefer=prefer, grow=grow)
+    return gated(PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram, prefer=prefer, grow=grow),
+                 gate, grow > 0)
 
 
-def _suffix(target, draft, max_k=16, factor=1.0, min_match=2, k=None, history=None):
+def _suffix(target, draft, max_k=16, factor=1.0, min_match=2, k=None, history=None, gate="auto"):
     from speclab.decoding.drafters.lookup import SuffixDrafter, SuffixHistory
-    return SuffixDrafter(max_k=k or max_k, factor=factor, min_match=min_match, history=history,
-                         key=SuffixHistory.key_of(target))
+    return gated(SuffixDrafter(max_k=k or max_k, factor=factor, min_match=min_match, history=history,
+                               key=SuffixHistory.key_of(target)), gate, True)
 
 
 def _recycling(target, draft, k=6, topk=8, width=1, budget=None):
@@ -99,11 +113,11 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("tree-dynamic", "speculative-tree", "speculative", True, True,
            "grow the tree by cumulative draft probability under a node budget (EAGLE-2 / DySpec)", _tree_dynamic),
     Method("eagle", "feature-head", "speculative", True, True,
-           "EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE head)", _eagle),
+           "EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE head)", _eagle, "eagle"),
     Method("eagle-chain", "feature-head", "speculative", True, True,
-           "EAGLE: the head drafts a chain of k tokens from the target's hidden state (draft: an EAGLE head)", _eagle_chain),
+           "EAGLE: the head drafts a chain of k tokens from the target's hidden state (draft: an EAGLE head)", _eagle_chain, "eagle"),
     Method("medusa", "feature-head", "speculative", True, True,
-           "Medusa-1: K heads on the last hidden state, a static tree of top-k products (draft: Medusa heads)", _medusa),
+           "Medusa-1: K heads on the last hidden state, a static tree of top-k products (draft: Medusa heads)", _medusa, "medusa"),
 ]}
 
 

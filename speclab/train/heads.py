@@ -243,6 +243,7 @@ def get_args(argv):
     ap.add_argument("--held-frac", type=float, default=0.05)
     ap.add_argument("--eval-every", type=float, default=5.0, help="minutes between held-out evals + saves")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--limit-rows", type=int, default=0, help="use only the first N rows (a smoke run)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
@@ -288,9 +289,14 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     out = Path(args.out or f"speclab/zoo/smollm2-{args.kind}")
     data = load_data(args.data_dirs)
+    if args.limit_rows:
+        n = int(data["offsets"][args.limit_rows])
+        data = {k: (v[:args.limit_rows + 1] if k == "offsets" else v[:args.limit_rows] if k == "is_code" else v[:n])
+                for k, v in data.items()}
     first = Path(args.data_dirs[0]).expanduser()
+    cache = first / ("features.safetensors" if not args.limit_rows else f"features-{args.limit_rows}.safetensors")
     base, tok = zoo.load(args.target, dtype="bf16")
-    X = target_features(base, data, first / "features.safetensors")
+    X = target_features(base, data, cache)
     del base
     base = zoo.load(args.target, dtype="fp32")[0]               # fp32 master weights, bf16 autocast
     for p in base.parameters():

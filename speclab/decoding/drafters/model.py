@@ -78,7 +78,7 @@ class ChainDrafter(Drafter):
         return lambda inp: lm.forward(inp, last_only=True)[-1]
 
     def adapt(self, out: Outcome):
-        if self.schedule == "heuristic":
+        if self.schedule == "heuristic" and len(out.tree):     # an ar round (gated off) says nothing
             drafted = len(out.tree)
             self.k = min(self.max_k, self.k + 2) if len(out.path) == drafted else max(1, self.k - 1)
 
@@ -124,11 +124,11 @@ class LayerSkipDrafter(ChainDrafter):
     name = "layer-skip"
 
     def __init__(self, target_model, exit_layer: int | str = "auto", candidates=None,
-                 overhead: float = 0.25, **kw):
+                 overhead: float = 0.25, per_round: int = 3, **kw):
         super().__init__(**kw)
         n = len(getattr(getattr(target_model, "model", None), "layers", []))
         early_exit_view(target_model, 1 if exit_layer == "auto" else int(exit_layer))  # validates
-        self.model, self.n_layers, self.overhead = target_model, n, overhead
+        self.model, self.n_layers, self.overhead, self.per_round = target_model, n, overhead, per_round
         self.auto = exit_layer == "auto"
         trained = getattr(target_model.config, "speclab_exit_layers", None)
         self.candidates = list(candidates or trained or range(1, n))
@@ -138,6 +138,7 @@ class LayerSkipDrafter(ChainDrafter):
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
         self.matches = {l: 1.0 for l in self.candidates}  # running acceptance estimate per exit
+        self.turn = 0
         if self.auto:   # every verify also keeps the hidden state after each candidate exit
             target.capture_layers = self.candidates
 
@@ -163,7 +164,13 @@ class LayerSkipDrafter(ChainDrafter):
         # then each accepted node
         rows = [out.n_pending - 1] + [out.n_pending + i for i in out.path]
         want = torch.tensor(out.accepted_tokens + [out.emitted], device=out.logits.device)
-        for l, h in self.captured.items():
+        # each exit's head costs an LM-head matmul: score the current exit and `per_round` others
+        # in turn (all 29 of a real model every round cost more than the target forward itself)
+        n = len(self.candidates)
+        turn = [self.candidates[(self.turn + j) % n] for j in range(min(self.per_round, n))]
+        self.turn = (self.turn + len(turn)) % n
+        for l in {self.layer, *turn}:
+            h = self.captured[l]
             hit = (self.target.final_norm_head(h[0, rows]).argmax(-1) == want).float().mean().item()
             self.matches[l] = 0.9 * self.matches[l] + 0.1 * hit
         self.captured = {}

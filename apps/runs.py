@@ -37,6 +37,8 @@ def zoo_models() -> dict[str, list[str]]:
     kinds = {"causal": [n for n in REAL if importlib.util.find_spec(PACKAGED[n].package)], "dag": [], "diffusion": []}
     for name in zoo_names():
         cfg = json.loads((ZOO_DIR / name / "config.json").read_text())
+        if cfg.get("speclab_adapter", {}).get("kind") in ("eagle", "medusa"):
+            continue            # feature heads decode nothing alone: methods pick them (zoo.PAIRED)
         kind = ("dag" if cfg.get("model_type") == "da-transformer"
                 else "diffusion" if cfg.get("speclab_engine") == "diffusion" else "causal")
         kinds[kind].append(name)
@@ -146,7 +148,8 @@ def run_one(target: str, prompt: str, method: str, draft: str | None = None, max
         raise ValueError(f"{target} is a DAG model: pick a dag-* method, or code-target for {method}")
     if target in kinds["diffusion"]:
         raise ValueError(f"{target} is a masked-diffusion model: pick a dllm-* method, or code-target for {method}")
-    r = speclab.generate(target, prompt, method, draft=draft if needs_draft(method) else None,
+    # eagle / medusa take their target's head from the zoo, not the draft-model picker
+    r = speclab.generate(target, prompt, method, draft=draft if needs_draft(method) and get_method(method).draft_kind == "draft" else None,
                          max_new_tokens=int(max_new_tokens), temperature=float(temperature), seed=int(seed),
                          record=record, progress=progress, **kw)
     return r.trace

@@ -66,7 +66,8 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     check_pairing(m.engine, method, target, draft if m.needs_draft else None)
     sampler = Sampler(temperature, top_k, top_p)
     tgt = as_model(target, device, dtype)
-    dft = as_model(draft, device, dtype) if m.needs_draft else None
+    # a draft given by name loads in the target's dtype (one regime per run)
+    dft = as_model(draft, device, next(tgt[0].parameters()).dtype) if m.needs_draft else None
     if dft is not None:
         check_vocab(tgt, dft)
     model, tok = tgt

@@ -189,3 +189,12 @@ def test_dag_figure_paths_links_and_emissions(dag_trace):
     assert F.n_steps(dag_trace) == len(names)
     with pytest.raises(ValueError):
         F.dag_figure(Trace(engine="speculative", method="ar"))
+
+
+def test_token_text_escaped_once(runs):
+    """Quotes reach plotly as quotes (it would print `&quot;` literally); markup stays escaped."""
+    from speclab.figures._util import tok
+    tr = runs["tree"]
+    tr.token_text[99999] = '"""<b>'
+    assert tok(tr, 99999) == '"""&lt;b&gt;'
+    del tr.token_text[99999]

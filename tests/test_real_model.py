@@ -104,13 +104,15 @@ def fp32_ar(fp32):
     return [speclab.generate(fp32, q, "ar", max_new_tokens=32, chat=True, record=None).ids for q in QUESTIONS]
 
 
-@pytest.mark.parametrize("method", ["prompt-lookup", "recycling", "draft-model"])
+@pytest.mark.parametrize("method", ["prompt-lookup", "recycling", "draft-model", "eagle", "eagle-chain", "medusa"])
 def test_fp32_lossless_methods_identical_to_ar(fp32, fp32_ar, method):
     kw = {}
     if method == "draft-model":
         if "smollm2-draft" not in zoo.zoo_names():
             pytest.skip("smollm2-draft is not in the zoo")
         kw = dict(draft=zoo.load_shared("smollm2-draft", "cpu", "fp32"), k=4)
+    elif zoo.paired_draft("smollm2-135m", "medusa" if method == "medusa" else "eagle") is None:
+        pytest.skip(f"no head for {method} in the zoo")     # else the zoo's head, loaded in fp32
     for q, ref in zip(QUESTIONS, fp32_ar):
         r = speclab.generate(fp32, q, method, max_new_tokens=32, chat=True, record=None, **kw)
         assert r.ids == ref, (method, q)
@@ -145,7 +147,8 @@ def test_equality_helpers():
     assert rounding_step(1.0, torch.float32) == torch.finfo(torch.float32).eps
 
 
-@pytest.mark.parametrize("method,kw", [("prompt-lookup", {}), ("recycling", {"width": 2})])
+@pytest.mark.parametrize("method,kw", [("prompt-lookup", {}), ("recycling", {"width": 2}), ("eagle", {}),
+                                       ("medusa", {})])
 def test_bf16_exact_backend_is_bitwise_identical_to_ar(bf16, method, kw):
     """backend="exact": every row of a verify computed as a one-token forward computes it (row-count
     invariant matmuls, attention row by row), so bf16 speculative output equals bf16 ar bit for bit,

@@ -13,7 +13,9 @@ def show_token(text: str) -> str:
 
 
 def tok(trace: Trace, token: int) -> str:
-    return html.escape(show_token(trace.text_of(token)))
+    """A token for plotly text and hover: <, > and & escaped (plotly reads a subset of HTML), quotes
+    left alone (plotly decodes only a few named entities: `&quot;` would show as written)."""
+    return html.escape(show_token(trace.text_of(token)), quote=False)
 
 
 def num(x) -> str:

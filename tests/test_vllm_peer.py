@@ -64,7 +64,8 @@ COUNTERS = {"vllm:spec_decode_num_drafts": 19, "vllm:spec_decode_num_draft_token
 
 def test_to_run_from_per_request_metrics():
     r = vp.to_run(dict(ids=list(range(64)), wall_s=0.94, finish_reason="length", spec=SPEC, counters=COUNTERS))
-    assert (r["drafted"], r["accepted"], r["rounds"]) == (152, 37, SPEC["per_step_accepted"])
+    assert (r["drafted"], r["accepted"]) == (152, 37)
+    assert [len(x.accepted) for x in r["rounds"]] == SPEC["per_step_accepted"]
     # 64 tokens = 37 accepted + 27 forwards (19 verify steps + 8 with no draft, the prefill among them)
     assert r["target_forwards"] == 27 and r["wall_s"] == 0.94 and r["trace"] is None
     assert r["vllm"]["spec"] == SPEC and r["draft_forwards"] == 0           # ngram: no draft model
@@ -77,9 +78,34 @@ def test_to_run_from_per_request_metrics():
 def test_to_run_from_counters_only_and_greedy():
     r = vp.to_run(dict(ids=list(range(64)), wall_s=1.0, spec=None, counters=COUNTERS))
     assert (r["drafted"], r["accepted"], r["target_forwards"]) == (152, 37, 27)
-    assert sorted(r["rounds"]) == sorted(SPEC["per_step_accepted"])    # the multiset: order is lost
+    assert sorted(len(x.accepted) for x in r["rounds"]) == sorted(SPEC["per_step_accepted"])  # order is lost
     g = vp.to_run(dict(ids=[5, 6, 2], wall_s=0.1, spec=None, counters={}))
     assert g["target_forwards"] == 3 and g["drafted"] is None and g["rounds"] is None
+
+
+def test_vllm_run_as_a_summary_trace(target):
+    """A vLLM request's metrics as a speclab trace: counts, per-position acceptance and the
+    histogram exact; tokens attributed in order, flagged approximate when steps without drafts exist."""
+    from speclab import metrics
+    from speclab.bench.vllm_trace import vllm_trace
+    from speclab.trace import Trace, replay
+    ids = list(range(100, 164))
+    tr = vllm_trace(ids, SPEC, [1, 2, 3], target[1], method="vllm-ngram", wall_s=0.94)
+    assert replay(tr) == ids and tr.totals.new_tokens == 64
+    assert (tr.totals.drafted, tr.totals.accepted) == (152, 37)
+    drafted = [r for r in tr.rounds if r.drafted]
+    assert [len(r.accepted) for r in drafted] == SPEC["per_step_accepted"]
+    assert [sum(len(r.accepted) == j for r in drafted) for j in range(9)] == SPEC["acceptance_histogram"]
+    # 64 tokens = 1 prefill + 19 steps (37 accepted + 19) + 7 steps without drafts
+    assert len(tr.rounds) == 1 + 19 + 7 and "approximate" in tr.params["attribution"]
+    _, cond, unc = metrics.per_position(tr.rounds)
+    assert unc[0] == pytest.approx(8 / 19) and unc[7] == pytest.approx(4 / 19)
+    assert Trace.from_dict(tr.to_dict()).rounds[16].path_tokens == tr.rounds[16].path_tokens
+    # a draft model drafts at every step: the attribution is exact
+    spec = dict(SPEC, per_step_accepted=[3] * 16, per_step_drafted=[4] * 16, acceptance_histogram=[0, 0, 0, 16, 0])
+    tr = vllm_trace(ids, spec, [1], method="vllm-draft")
+    assert tr.params["attribution"] == "exact" and all(r.emitted_kind == "correction" for r in tr.rounds[1:])
+    assert [r.path_tokens + [r.emitted] for r in tr.rounds[1:3]] == [ids[1:5], ids[5:9]]
 
 
 def test_rounds_from_positions():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from speclab.bench.whatif import forward_costs, ideal_speedup, whatif_table
 
@@ -27,6 +28,8 @@ def add_bench(sub):
     p.add_argument("--record", choices=["none", "light", "full"], default="light")
     p.add_argument("--whatif", action="store_true", help="what-if tau(k) and efficiency for draft-model")
     p.add_argument("--json", dest="json_out")
+    p.add_argument("--traces", metavar="DIR", help="save each run's trace (first pass) as DIR/<set>/<method>/<i>.json; "
+                   "vLLM peers as summary traces of their per-request metrics")
     p.add_argument("--html")
     p.add_argument("--device")
     p.add_argument("--vllm-python", help="the interpreter of vLLM's venv for vllm-* peers (default .venv-vllm; `make vllm`)")
@@ -60,7 +63,9 @@ def cmd_bench(a):
     results = []
     for prompt_set in sets:
         results.append(bench(target, draft, specs, prompt_set, a.max_new_tokens, a.repeats, a.limit, a.k,
-                             a.exit_layer, record, keep_traces=a.whatif, vllm_python=a.vllm_python))
+                             a.exit_layer, record, keep_traces=a.whatif or bool(a.traces), vllm_python=a.vllm_python))
+        if a.traces:
+            save_traces(results[-1]["traces"], Path(a.traces) / prompt_set)
     res = results[0] if len(results) == 1 else dict(results[0], rows=[r for x in results for r in x["rows"]],
                                                     prompt_set=",".join(sets))
     res["dtype"] = str(next(target[0].parameters()).dtype).removeprefix("torch.")
@@ -102,6 +107,17 @@ def add_bandwidth(res: dict, target_model):
     b["ar_share_of_limit"] = round(tps / b["limit_tokens_per_s"], 3)
     b["ar_share_of_gemv_limit"] = round(tps / b["gemv_limit_tokens_per_s"], 3)
     res["bandwidth"] = b
+
+
+def save_traces(traces: dict, where: Path):
+    """label -> [Trace or None per prompt] as where/<label>/<i>.json (peers without traces skipped)."""
+    import re
+    for label, ts in traces.items():
+        for i, t in enumerate(ts):
+            if t is not None:
+                d = where / re.sub(r"[^\w.=-]+", "_", label)
+                d.mkdir(parents=True, exist_ok=True)
+                t.save(d / f"{i:03d}.json")
 
 
 def add_efficiency(res: dict, target_model, draft_model, k: int):

@@ -124,6 +124,11 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         runs[s.label] = run_vllm_peer_passes(
             s.method, getattr(model, "name_or_path"), prompt_ids, max_new_tokens, dtype, s.params.get("k"),
             getattr(draft[0], "name_or_path", None) if draft else None, vllm_python, repeats=repeats)
+        from speclab.bench.vllm_trace import vllm_trace   # each request as a summary trace
+        for rep in runs[s.label]:
+            for i, r in enumerate(rep):
+                r["trace"] = vllm_trace(r["ids"], r["vllm"]["spec"], prompt_ids[i], tok, s.label,
+                                        getattr(model, "name_or_path", "target"), r["wall_s"])
     specs = ours + vllm
     bar = tqdm(total=repeats * len(prompts) * len(ours), desc=f"bench {prompt_set}", disable=not progress)
     for rep in range(repeats):
@@ -136,7 +141,6 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                                                 history[s.label])
                 bar.update(1)
     bar.close()
-    ar_ids = [r["ids"] for r in runs[base][0]]
     ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs[base])
     # identity is judged against ar on the same backend (backend=exact rows against ar[backend=exact])
     ref = {s.label: reference_label(s, specs, base) for s in specs}

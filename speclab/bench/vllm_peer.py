@@ -130,7 +130,7 @@ def to_run(r: dict, draft_model: bool = False) -> dict:
     token each), so tokens = accepted + all steps. Exact except when EOS or max_tokens cut the last
     step's tokens short (vLLM counts its acceptances before the cut): then the no-draft steps are
     undercounted by the cut tokens (at most k), floored at the one prefill.
-    rounds: the accepted length of each verify step, in order (vLLM's per_step_accepted).
+    rounds: one speclab Round per verify step, in order (vLLM's per_step_accepted / _drafted).
     draft_forwards: 0 for ngram / suffix (no model drafts); for a draft model, one forward per
     drafted token (vLLM's draft_model proposer runs k chained forwards per step).
     """
@@ -151,8 +151,15 @@ def to_run(r: dict, draft_model: bool = False) -> dict:
         rounds = rounds_from_positions(steps, counters.get("vllm:spec_decode_num_accepted_tokens_per_pos", []))
     else:
         return run
+    # as speclab Rounds (counts only; speclab.bench.vllm_trace says what can and cannot be known)
+    from speclab.bench.vllm_trace import vllm_rounds
+    per_step = dict(per_step_accepted=list(rounds), num_spec_tokens=(spec or {}).get("num_spec_tokens", 0),
+                    per_step_drafted=(spec or {}).get("per_step_drafted"))
+    if per_step["per_step_drafted"] is None and rounds:
+        per_step["per_step_drafted"] = [max(1, round(drafted / len(rounds)))] * len(rounds)
+    rounds = [x for x in vllm_rounds(ids, per_step)[0] if x.drafted]
     # the steps without drafts (the prefill among them: at least one) each emitted one token
-    run.update(drafted=drafted, accepted=accepted, rounds=list(rounds),
+    run.update(drafted=drafted, accepted=accepted, rounds=rounds,
                target_forwards=steps + max(1, len(ids) - accepted - steps),
                draft_forwards=drafted if draft_model else 0)
     return run

@@ -26,7 +26,8 @@ import panel as pn
 
 from speclab.apps import runs
 from speclab.decoding.drafters.lookup import SuffixHistory
-from speclab.figures import acceptance_summary, confidence_bands, decoding_order, round_strip, step_figure, timing
+from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, round_strip, step_figure,
+                             step_label, step_title, timing)
 from speclab.metrics import n_steps
 from speclab.models.zoo import ModelLoadError
 from speclab.trace import Trace, TraceError
@@ -41,14 +42,22 @@ CHAT_PROMPT = "Explain in a few sentences why the sky is blue."
 REAL_PAIR, TOY_PAIR = ("smollm2-135m", "smollm2-draft"), ("code-target", "code-draft")
 DAG_PROMPTS = {"dates-dat": "2024-03-05", "numwords-dat": "305"}
 DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):"}
+EXAMPLE_PROMPTS = {DEFAULT_PROMPT, CHAT_PROMPT, "2024-03-05", *DAG_PROMPTS.values(), *DLLM_PROMPTS.values()}
 SUMMARY = {"speculative": (round_strip, acceptance_summary, timing),   # Summary tab figures by engine
            "diffusion": (confidence_bands, decoding_order)}
 SUMMARY_HEIGHTS = (260, 380, 300)
+# what each of the player's nine buttons does ({} is the step's name: round, step, strategy)
+PLAYER_TIPS = {"slower": "play slower", "first": "first {}", "previous": "previous {}", "reverse": "play backwards",
+               "pause": "pause", "play": "play", "next": "next {}", "last": "last {}", "faster": "play faster"}
+
+
+def _config(model: str, key: str) -> int:
+    cfg = runs.ZOO_DIR / model / "config.json"
+    return json.loads(cfg.read_text()).get(key, 0) if cfg.exists() else 0
 
 
 def _layers(model: str) -> int:
-    cfg = runs.ZOO_DIR / model / "config.json"
-    return json.loads(cfg.read_text()).get("num_hidden_layers", 0) if cfg.exists() else 0
+    return _config(model, "num_hidden_layers")
 
 
 class Dashboard:
@@ -93,9 +102,11 @@ class Dashboard:
         self.status = pn.pane.HTML("No run yet: choose a method and press Run, or open a saved trace.",
                                    css_classes=["speclab-status"])
         # -- the step view -----------------------------------------------------------------------
-        self.player = w.Player(name="step", start=0, end=1, value=0, interval=900, loop_policy="once",
-                               show_value=True, show_loop_controls=False,
+        # the player's own readout is off: it went stale when a new trace loaded, and counted from 0
+        self.player = w.Player(name="", start=0, end=1, value=0, interval=900, loop_policy="once",
+                               show_value=False, show_loop_controls=False, stylesheets=[player_css("round")],
                                css_classes=["speclab-player"])
+        self.step_text = pn.pane.HTML("", css_classes=["speclab-step-text"])
         self.step_fig = pn.pane.Plotly(None, css_classes=["speclab-step"], sizing_mode="stretch_width")
         self.detail = pn.pane.HTML("", css_classes=["speclab-detail"])
         self.summary_figs = [pn.pane.Plotly(None, height=h, sizing_mode="stretch_width", visible=False)
@@ -120,7 +131,7 @@ class Dashboard:
         self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
         self.method.param.watch(lambda e: self._fit_form(), "value")
         self.target.param.watch(lambda e: self._fit_form(), "value")
-        self.target.param.watch(lambda e: self._fit_chat(e.old, e.new), "value")
+        self.target.param.watch(lambda e: self._fit_target(e.old, e.new), "value")
         self.gen_length.param.watch(lambda e: self._fit_blocks(), "value")
         self._fit_form()
         self.view = self._layout()
@@ -132,10 +143,12 @@ class Dashboard:
             self.k, self.threshold, self.exit_layer, self.budget, self.gen_length, self.block_length,
             self.max_new_tokens, self.temperature,
             self.seed, self.extra, self.run_button, self.progress, self.queue_note, width=330)
-        step = pn.Column(self.player, self.step_fig, self.detail)
+        step = pn.Column(pn.Row(self.player, self.step_text), self.step_fig, self.detail)
         compare = pn.Column(
-            "Runs every chosen method on the prompt and settings on the left, plus greedy `ar` as the "
-            "reference: tau = new tokens / target forwards, alpha = accepted / drafted draft tokens.",
+            "Runs every chosen method on the prompt and settings on the left, plus `ar` (one target forward "
+            "per token) as the reference: speed-up = ar's wall time / the method's, tau = new tokens / target "
+            "forwards, alpha = accepted / drafted draft tokens. Each method first runs once untimed, so model "
+            "loading and warm-up are not in the timings.",
             self.compare_methods, self.compare_button, self.compare_out)
         files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
                           self.download)
@@ -152,8 +165,7 @@ class Dashboard:
         if list(self.target.options) != models:
             self.target.options = models
             self.target.value = _pick(models, "code-dllm" if engine == "diffusion" else self.default_target)
-            self.prompt.value = (DAG_PROMPTS.get(self.target.value, "2024-03-05") if dag
-                                 else DLLM_PROMPTS.get(self.target.value, DEFAULT_PROMPT))
+            self.prompt.value = self.example_prompt(self.target.value)
         takes = runs.takes(m)
         for name in runs.KNOBS:
             getattr(self, name).visible = name in takes
@@ -165,15 +177,32 @@ class Dashboard:
         opts = ["auto"] + [str(i) for i in range(1, n)]
         if list(self.exit_layer.options) != opts:
             self.exit_layer.options, self.exit_layer.value = opts, "auto"
+        if engine == "diffusion" and self.target.value:
+            self._fit_canvas(_config(self.target.value, "max_position_embeddings"))
 
-    def _fit_chat(self, old: str | None, new: str | None) -> None:
-        """A chat model gets a question in its chat template, a code model a code prompt (only the
-        untouched default prompt is swapped; a prompt the user wrote stays)."""
+    def _fit_canvas(self, context: int) -> None:
+        """Gen lengths the diffusion target can hold: its context window less room for a short prompt."""
+        end = min(128, max(8, (context - 8) // 8 * 8)) if context else 128
+        if self.gen_length.end != end:
+            self.gen_length.param.update(end=end, value=min(self.gen_length.value, end))
+
+    def example_prompt(self, target: str | None) -> str:
+        """The prompt the page offers a target under the chosen method."""
+        m = self.method.value
+        if runs.is_dag(m):
+            return DAG_PROMPTS.get(target, "2024-03-05")
+        if runs.engine(m) == "diffusion":
+            return DLLM_PROMPTS.get(target, DEFAULT_PROMPT)
+        return CHAT_PROMPT if target in REAL_PAIR else DEFAULT_PROMPT
+
+    def _fit_target(self, old: str | None, new: str | None) -> None:
+        """A chat model gets a question in its chat template, each model its own example prompt (only
+        an untouched example prompt is swapped; a prompt the user wrote stays)."""
         was, now = old in REAL_PAIR, new in REAL_PAIR
         if was != now and runs.engine(self.method.value) == "speculative":
             self.chat.value = now
-            if self.prompt.value in (CHAT_PROMPT, DEFAULT_PROMPT):
-                self.prompt.value = CHAT_PROMPT if now else DEFAULT_PROMPT
+        if self.prompt.value in EXAMPLE_PROMPTS:
+            self.prompt.value = self.example_prompt(new)
 
     def _fit_blocks(self) -> None:
         """Block lengths must divide the gen length: offer only those, keeping the choice if it fits."""
@@ -194,20 +223,23 @@ class Dashboard:
         engine = runs.engine(self.method.value)
         return {"dag": 1, "diffusion": self.gen_length.value}.get(engine, self.max_new_tokens.value)
 
-    def job(self, method: str | None = None, progress=None):
+    def job(self, method: str | None = None, progress=None, warmup: bool = False):
         """The decode the form describes, as a no-argument function for the worker. Raises
-        ValueError now for what can be checked without a model (empty prompt, bad extras)."""
+        ValueError now for what can be checked without a model (empty prompt, bad extras).
+        warmup=True: a 2-token run that loads the models and runs their first forwards, with a
+        history of its own (the session's suffix history never sees it)."""
         method = method or self.method.value
         prompt = self.prompt.value
         if not prompt or not prompt.strip():
             raise ValueError("empty prompt: type some text to continue")
         kw = runs.method_kwargs(method, self._knobs(), self.extra.value if not runs.is_dag(method) else "")
         if "history" in runs.takes(method):
-            kw["history"] = self.history
+            kw["history"] = SuffixHistory() if warmup else self.history
         if runs.engine(method) == "speculative" and self.chat.value:
             kw["chat"] = True
         args = dict(target=self.target.value, prompt=prompt, method=method, draft=self.draft.value,
-                    max_new_tokens=self.max_new_tokens.value, temperature=self.temperature.value,
+                    max_new_tokens=min(2, self.max_new_tokens.value) if warmup else self.max_new_tokens.value,
+                    temperature=self.temperature.value,
                     seed=self.seed.value or 0, progress=progress, **kw)
         return lambda: runs.run_one(**args)
 
@@ -216,7 +248,7 @@ class Dashboard:
         try:
             trace = self.job()()
         except (ValueError, ModelLoadError, TraceError) as e:
-            self.error(e)
+            self.run_failed(e)
             return None
         self.show_trace(trace)
         return trace
@@ -227,7 +259,7 @@ class Dashboard:
         try:
             fn = self.job(progress=lambda n: done.__setitem__(0, done[0] + n))
         except ValueError as e:
-            self.error(e)
+            self.run_failed(e)
             return None
         self._busy(True, self._total())
         try:
@@ -237,10 +269,10 @@ class Dashboard:
                 await asyncio.wait([fut], timeout=0.25)
             trace = fut.result()
         except (ValueError, ModelLoadError, TraceError) as e:
-            self.error(e)
+            self.run_failed(e)
             return None
         except Exception as e:   # a bug, not bad input: still say so in the page and keep the session
-            self.error(f"the run failed unexpectedly: {type(e).__name__}: {e}")
+            self.run_failed(f"the run failed unexpectedly: {type(e).__name__}: {e}")
             return None
         finally:
             self._busy(False)
@@ -291,29 +323,44 @@ class Dashboard:
         self.status.object = status_html(trace)
         self.download.disabled = False
         self.download.filename = runs.default_path(trace).name
-        # moving the player to 0 draws step 0 through its watcher; if it is already at 0, draw here
+        self.player.stylesheets = [player_css(step_label(trace))]
+        # moving the player to 0 draws step 0 (step view, summary) through its watcher; if it is already at 0, here
         at_zero = self.player.value == 0
         self.player.param.update(start=0, end=max(n - 1, 1), value=0)
         if at_zero:
             self.show_step(0)
-        self._show_summary(trace)
 
     def show_step(self, step: int) -> None:
         if self.trace is None:
             return
         step = min(int(step), n_steps(self.trace) - 1)
         with pn.io.hold():
+            self.step_text.object = f"<b>{step_title(self.trace, step)}</b>"
             self.step_fig.object = step_figure(self.trace, step)
             self.detail.object = detail_html(self.trace, step)
+            self._show_summary(self.trace, step)
 
-    def _show_summary(self, trace: Trace) -> None:
+    def _show_summary(self, trace: Trace, step: int | None = None) -> None:
+        """The Summary tab's figures, each marking `step` (the Step tab's current one)."""
         makers = SUMMARY.get(trace.engine, ())
         for i, pane in enumerate(self.summary_figs):
-            fig = makers[i](trace) if i < len(makers) else None
+            fig = makers[i](trace, step) if i < len(makers) else None
             pane.visible, pane.object = fig is not None, fig
             # diffusion figures size themselves (the order map grows with the steps)
             pane.height = SUMMARY_HEIGHTS[i] if trace.engine != "diffusion" or fig is None else fig.layout.height + 20
         self.summary_note.visible = not makers
+
+    def run_failed(self, e) -> None:
+        """A run the form asked for failed: say why, and take the previous run off the page so it
+        is not read as this run's result (a failed upload leaves the page as it was)."""
+        with pn.io.hold():
+            self.trace = None
+            self.status.object = "No run: the last one failed (the message above says why)."
+            self.step_text.object, self.step_fig.object, self.detail.object = "", None, ""
+            for pane in self.summary_figs:
+                pane.visible, pane.object = False, None
+            self.download.disabled = True
+            self.error(e)
 
     def clear_error(self) -> None:
         # emptied as well as hidden, so what the page holds is what the user sees
@@ -328,21 +375,30 @@ class Dashboard:
 
     # -- compare ----------------------------------------------------------------------------------
     def compare_job(self):
-        chosen = [m for m in self.compare_methods.value if runs.engine(m) == "speculative"]
+        """The comparison as a no-argument function for the worker -> (traces, the ar trace, errors).
+        `ar` (plain decoding, one target forward per token) always runs: it is the speed-up's
+        reference and, when greedy, the lossless check's. Every method first runs once untimed, so
+        no timing includes loading models or the first forwards."""
+        chosen = [m for m in self.compare_methods.value if runs.engine(m) == "speculative" and m != "ar"]
         if not chosen:
-            raise ValueError("choose at least one method to compare")
-        jobs = {m: self.job(m) for m in chosen}                  # checks every method's extras now
-        ref = self.job("ar") if self.temperature.value == 0 else None
+            raise ValueError("choose at least one method to compare with ar")
+        order = ["ar", *chosen]
+        jobs = {m: self.job(m) for m in order}                   # checks every method's extras now
+        warm = [self.job(m, warmup=True) for m in order]
 
         def work():
+            for fn in warm:
+                try:
+                    fn()
+                except (ValueError, ModelLoadError):
+                    pass                                         # the timed run below reports it
             traces, errors = {}, {}
             for m, fn in jobs.items():
                 try:
                     traces[m] = fn()
                 except (ValueError, ModelLoadError) as e:
                     errors[m] = str(e)
-            reference = ref() if ref is not None and traces else None
-            return traces, reference, errors
+            return traces, traces.pop("ar", None), errors
         return work
 
     def compare_now(self) -> list[dict]:
@@ -360,7 +416,7 @@ class Dashboard:
             self.error(e)
             return
         self._busy(True, 1)
-        self.queue_note.object = "running " + ", ".join(self.compare_methods.value) + " and greedy ar"
+        self.queue_note.object = f"running ar and {', '.join(self.compare_methods.value)} (each once untimed first)"
         try:
             result = await asyncio.wrap_future(runs.submit(work))
         except Exception as e:
@@ -429,6 +485,18 @@ def blocks(gen_length: int) -> list[int]:
     return [b for b in range(1, gen_length + 1) if gen_length % b == 0 and (b >= 4 or b == gen_length)]
 
 
+def player_css(step_name: str) -> str:
+    """Tooltips for the player's buttons (its model gives them no title), and words instead of the
+    "-" / "+" icons, which change the playback speed, not the step."""
+    tip = ("content: '{}'; position: absolute; top: 105%; left: 50%; transform: translateX(-50%); z-index: 10; "
+           "background: #333; color: white; padding: 2px 6px; border-radius: 3px; font-size: 12px; "
+           "white-space: nowrap; pointer-events: none;")
+    rules = ["button { position: relative; }", "button.slower svg, button.faster svg { display: none; }",
+             "button.slower::before { content: 'slower'; } button.faster::before { content: 'faster'; }"]
+    rules += [f"button.{b}:hover::after {{ {tip.format(t.format(step_name))} }}" for b, t in PLAYER_TIPS.items()]
+    return "\n".join(rules)
+
+
 def _pick(options: list[str], preferred: str) -> str | None:
     return preferred if preferred in options else (options[0] if options else None)
 
@@ -445,6 +513,13 @@ def status_html(trace: Trace) -> str:
     models = ", ".join(f"{role} {m.name}" for role, m in trace.models.items())
     if trace.engine == "diffusion":     # no draft: one model checks its own parallel proposals
         stats = f"{t.new_tokens} new tokens in {t.target_forwards} forwards ({t.tau:.2f} tokens per forward)"
+    elif trace.engine == "dag":         # no draft, no rounds: one forward, then a path through the DAG
+        stats = f"{t.new_tokens} output tokens from {t.target_forwards} forward(s)"
+        if trace.dag is not None:
+            run = trace.dag
+            path = run.paths.get(run.chosen, [])
+            stats += (f"; strategy {html.escape(run.chosen)}: a path through {len(path)} of {run.num_vertices} "
+                      f"vertices ({len(run.paths)} strateg{'y' if len(run.paths) == 1 else 'ies'} decoded)")
     else:
         stats = (f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha}, target forwards {t.target_forwards}, "
                  f"draft forwards {t.draft_forwards}")

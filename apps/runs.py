@@ -141,8 +141,12 @@ def run_one(target: str, prompt: str, method: str, draft: str | None = None, max
         if target not in kinds["diffusion"]:
             have = ", ".join(kinds["diffusion"]) or "none is in the zoo yet"
             raise ValueError(f"{method} needs a masked-diffusion model ({have}), not {target!r}")
-        r = speclab.run(target, prompt, method, temperature=float(temperature), seed=int(seed), record=record,
-                        progress=_increments(progress) if progress else None, **kw)
+        try:
+            r = speclab.run(target, prompt, method, temperature=float(temperature), seed=int(seed), record=record,
+                            progress=_increments(progress) if progress else None, **kw)
+        except ValueError as e:     # the shared context check counts new tokens: here they are canvas slots
+            msg = str(e).replace("max_new_tokens", "the gen length").replace("new tokens", "canvas slots")
+            raise ValueError(msg) from e
         return r.trace
     if target in kinds["dag"]:
         raise ValueError(f"{target} is a DAG model: pick a dag-* method, or code-target for {method}")
@@ -166,21 +170,32 @@ def _increments(progress):
 
 
 # -- comparing ------------------------------------------------------------------------------------
-COMPARE_COLS = ("method", "new tokens", "tau", "alpha", "target fwd", "draft fwd", "wall s", "identical to greedy ar")
+COMPARE_COLS = ("method", "new tokens", "tau", "alpha", "target fwd", "draft fwd", "wall s", "speed-up vs ar",
+                "identical to greedy ar")
+
+
+def speedup(t: Trace, reference: Trace | None) -> float | None:
+    """ar's wall time / this run's (None without a reference or a measured time)."""
+    if reference is None or not t.totals.wall_s:
+        return None
+    return reference.totals.wall_s / t.totals.wall_s
 
 
 def compare_rows(traces: dict[str, Trace], reference: Trace | None) -> list[dict]:
-    """One row per method; `identical` compares output ids with greedy ar (None when sampling, since
-    a sampled run is lossless in distribution, not token for token)."""
+    """The ar reference first (when given), then one row per method. `identical` compares output ids
+    with greedy ar (None when sampling, since a sampled run is lossless in distribution, not token
+    for token)."""
     rows = []
-    for name, t in traces.items():
+    for name, t in ([("ar", reference)] if reference is not None else []) + list(traces.items()):
         tot = t.totals
         same = None if reference is None or t.sampling.temperature > 0 else t.output_ids == reference.output_ids
+        up = speedup(t, reference)
         rows.append({"method": name, "new tokens": tot.new_tokens, "tau": round(tot.tau, 2),
                      "alpha": None if tot.alpha is None else round(tot.alpha, 2),
                      "target fwd": tot.target_forwards, "draft fwd": tot.draft_forwards,
-                     "wall s": round(tot.wall_s, 2),
-                     "identical to greedy ar": {None: "n/a (sampling)", True: "yes", False: "NO"}[same]})
+                     "wall s": round(tot.wall_s, 2), "speed-up vs ar": None if up is None else f"{up:.2f}x",
+                     "identical to greedy ar": ("reference" if t is reference else
+                                                {None: "n/a (sampling)", True: "yes", False: "NO"}[same])})
     return rows
 
 

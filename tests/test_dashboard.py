@@ -57,8 +57,9 @@ def test_compare_rows_and_lossless_check():
     d = small(Dashboard(), n=5)
     d.compare_methods.value = ["prompt-lookup", "draft-model"]
     rows = d.compare_now()
-    assert [r["method"] for r in rows] == ["prompt-lookup", "draft-model"]
-    assert all(r["identical to greedy ar"] == "yes" for r in rows)   # greedy speculation is lossless
+    assert [r["method"] for r in rows] == ["ar", "prompt-lookup", "draft-model"]   # ar: the reference row
+    assert rows[0]["identical to greedy ar"] == "reference" and rows[0]["speed-up vs ar"] == "1.00x"
+    assert all(r["identical to greedy ar"] == "yes" for r in rows[1:])   # greedy speculation is lossless
     assert all(r["new tokens"] == 5 and r["target fwd"] >= 1 for r in rows)
     assert "speclab-compare-table" in d.compare_out.object and "tau" in d.compare_out.object
 

@@ -152,7 +152,7 @@ def test_timing_and_round_strip(runs):
     assert sum(t.data[0].y) == pytest.approx(tr.totals.draft_s)
     assert sum(t.data[1].y) == pytest.approx(tr.totals.verify_s)
     s = F.round_strip(tr, 1)
-    assert list(s.data[0].y) == [len(r.accepted) for r in tr.rounds] and list(s.data[2].x) == [1, 1]
+    assert list(s.data[0].y) == [len(r.accepted) for r in tr.rounds] and list(s.data[2].x) == [2, 2]   # round 2
 
 
 def test_figures_of_a_saved_trace_equal_the_live_ones(runs, tmp_path):

@@ -37,7 +37,7 @@ def test_slider_updates_the_same_figure_in_place(result):
     assert now != first and now == expected(result.trace, last)
     assert [t.uid for t in fig.data] == uids               # the same traces, updated, not re-created
     assert fig.layout.annotations[0].text.startswith(f"round {last + 1}/")
-    assert list(v.strip.data[2].x) == [last, last]          # the summary strip marks the round
+    assert list(v.strip.data[2].x) == [last + 1, last + 1]  # the summary strip marks the round (1-based)
     v.update(0)                                             # the callback, called directly
     assert v.slider.value == 0 and data(fig) == first
 

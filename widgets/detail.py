@@ -6,6 +6,7 @@ import html
 from speclab.figures._util import num, tok, topk_text
 from speclab.figures.dag import output_text
 from speclab.figures.diffusion import label, step_note
+from speclab.figures.steps import step_title
 from speclab.figures.tree import round_nodes
 from speclab.trace import Trace
 
@@ -14,7 +15,7 @@ COLS = ("node", "parent", "token", "q", "p", "u", "decision", "try", "rule", "so
 
 def round_html(trace: Trace, step: int) -> str:
     r = trace.rounds[step]
-    head = (f"<b>round {step + 1} of {len(trace.rounds)}</b>: drafted {r.drafted}, accepted "
+    head = (f"<b>{step_title(trace, step)}</b>: drafted {r.drafted}, accepted "
             f"{len(r.accepted)}, then the target's {r.emitted_kind} <code>{tok(trace, r.emitted)}</code>; "
             f"{r.kept} token(s) kept. draft {r.draft_s * 1e3:.1f} ms, verify {r.verify_s * 1e3:.1f} ms")
     if r.info:
@@ -53,7 +54,7 @@ def denoise_html(trace: Trace, step: int) -> str:
     lo, hi = s.block
     canvas = "".join(label(trace, t) if t != trace.params.get("mask_id") else "_" for t in s.tokens)
     note = step_note(trace, s)
-    head = (f"<b>step {step + 1} of {len(trace.denoise)}</b>: block [{lo}, {hi}), {len(s.masked)} masked before, "
+    head = (f"<b>{step_title(trace, step)}</b>: block [{lo}, {hi}), {len(s.masked)} masked before, "
             f"committed {len(s.committed)} at {s.committed}" + (f"; {html.escape(note)}" if note else "")
             + f"<br>canvas after: <code>{html.escape(canvas)}</code>")
     rest = {k: v for k, v in s.info.items() if k not in ("forced", "finish", "gap", "g", "entropy")}

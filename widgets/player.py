@@ -16,7 +16,7 @@ from pathlib import Path
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from speclab.figures import n_steps, run_strip, step_dict, step_label
+from speclab.figures import n_steps, run_strip, step_dict, step_label, step_title
 from speclab.trace import Trace
 from speclab.widgets.detail import detail_html
 
@@ -37,7 +37,8 @@ def as_trace(obj) -> Trace:
 
 
 class Player(widgets.VBox):
-    """Play + slider, the step figure, the detail panel and the summary strip."""
+    """Play + slider (its own readout off: `label` says "round 3 of 20", numbered like every title),
+    the step figure, the detail panel and the summary strip."""
 
     def __init__(self, trace: Trace, interval_ms: int = 900):
         self.trace = trace
@@ -46,8 +47,9 @@ class Player(widgets.VBox):
             raise ValueError("this trace has no steps to show")
         label = step_label(trace)
         self.play = widgets.Play(value=0, min=0, max=n - 1, interval=interval_ms, description="play")
-        self.slider = widgets.IntSlider(value=0, min=0, max=n - 1, description=label,
+        self.slider = widgets.IntSlider(value=0, min=0, max=n - 1, description=label, readout=False,
                                         layout=widgets.Layout(width="60%"))
+        self.label = widgets.Label(step_title(trace, 0))
         widgets.jslink((self.play, "value"), (self.slider, "value"))   # in the browser, no kernel round trip
         self.figure = go.FigureWidget(step_dict(trace, 0))
         self.detail = widgets.HTML(detail_html(trace, 0))
@@ -55,7 +57,7 @@ class Player(widgets.VBox):
         self.strip = go.FigureWidget(strip) if strip is not None else None
         self.step = 0
         self.slider.observe(lambda change: self.update(change["new"]), names="value")
-        parts = [widgets.HBox([self.play, self.slider]), self.figure, self.detail]
+        parts = [widgets.HBox([self.play, self.slider, self.label]), self.figure, self.detail]
         super().__init__(parts + ([self.strip] if self.strip is not None else []))
 
     def update(self, step: int) -> None:
@@ -76,6 +78,7 @@ class Player(widgets.VBox):
                 mark = next(t for t in run_strip(self.trace, step).data if t.name == "current")
                 self.strip.update_traces(dict(x=mark.x, y=mark.y), selector=dict(name="current"))
         self.detail.value = detail_html(self.trace, step)
+        self.label.value = step_title(self.trace, step)
         self.step = step
         if self.slider.value != step:
             self.slider.value = step

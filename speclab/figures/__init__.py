@@ -16,14 +16,16 @@ step, so a player can update a figure in place and an export can animate it with
     decoding_order(trace, step)    position x step confidence heatmap, marked where committed
     confidence_bands(trace, step)  min / median / max confidence and commits per denoising step
     run_strip(trace, step)         the run at a glance under a step view (round strip or bands)
+    step_title(trace, step)        "round 3 of 20": how every view numbers a step (1-based)
 """
-from speclab.figures.compose import n_steps, run_strip, step_dict, step_figure, step_label, step_names
+from speclab.figures.compose import n_steps, run_strip, step_dict, step_figure
 from speclab.figures.dag import dag_figure
 from speclab.figures.diffusion import canvas_figure, confidence_bands, decoding_order
+from speclab.figures.steps import step_label, step_names, step_title
 from speclab.figures.summary import acceptance_summary, per_position, round_strip, timing
 from speclab.figures.tokens import cells, token_strip
 from speclab.figures.tree import draft_tree
 
 __all__ = ["token_strip", "draft_tree", "step_figure", "round_strip", "acceptance_summary", "timing",
            "dag_figure", "per_position", "cells", "n_steps", "step_dict", "canvas_figure", "decoding_order",
-           "confidence_bands", "run_strip", "step_label", "step_names"]
+           "confidence_bands", "run_strip", "step_label", "step_names", "step_title"]

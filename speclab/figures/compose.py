@@ -12,28 +12,13 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from speclab.figures.dag import dag_figure, strategies
+from speclab.figures.dag import dag_figure
 from speclab.figures.diffusion import canvas_dict, confidence_bands
 from speclab.figures.summary import round_strip
 from speclab.figures.tokens import strip_parts
 from speclab.figures.tree import tree_parts
 from speclab.metrics import n_steps
 from speclab.trace import Trace
-
-
-STEP_LABEL = {"speculative": "round", "dag": "strategy", "diffusion": "step"}
-
-
-def step_label(trace: Trace) -> str:
-    """What one step is called on a slider."""
-    return STEP_LABEL.get(trace.engine, "step")
-
-
-def step_names(trace: Trace) -> list[str]:
-    """Slider labels: strategy names for a DAG run, 1-based numbers otherwise."""
-    if trace.engine == "dag":
-        return strategies(trace)
-    return [str(k + 1) for k in range(n_steps(trace))]
 
 
 def run_strip(trace: Trace, step: int = 0) -> go.Figure | None:

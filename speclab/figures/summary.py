@@ -1,6 +1,8 @@
 """Whole-run figures: accepted length per round, its histogram, per-position acceptance, timing.
 
 Accepted length of a round = draft tokens the target accepted (the emitted token not counted).
+Rounds are numbered from 1 on every axis (speclab.figures.steps); `step` arguments are 0-based
+indices into `trace.rounds`, marked by a "current" line that a player moves.
 Per-position acceptance (conditional and unconditional) comes from speclab.metrics, where its
 denominators are written down.
 """
@@ -25,7 +27,7 @@ def round_strip(trace: Trace, step: int | None = None) -> go.Figure:
     """Accepted length per round as stacked bars (accepted draft + the emitted token); `step` marked.
     Meant for long runs: the whole run at a glance under the detailed view of one round."""
     step = check_step(trace, step, len(trace.rounds)) if step is not None else None
-    xs = list(range(len(trace.rounds)))
+    xs = rounds_axis(trace)
     fig = go.Figure()
     fig.add_trace(go.Bar(x=xs, y=[len(r.accepted) for r in trace.rounds], name="accepted draft",
                          marker_color=colors.ORIGIN["accepted"],
@@ -36,25 +38,35 @@ def round_strip(trace: Trace, step: int | None = None) -> go.Figure:
                          customdata=[r.emitted_kind for r in trace.rounds],
                          hovertemplate="round %{x}: %{customdata}<extra></extra>"))
     top = max((r.drafted for r in trace.rounds), default=1) + 1
-    fig.add_trace(go.Scatter(x=[step, step] if step is not None else [None], y=[0, top] if step is not None else [None],
-                             mode="lines", line=dict(color=colors.CURRENT, width=2), name="current",
-                             hoverinfo="skip", showlegend=False))
+    fig.add_trace(current(step, top))
     fig.update_layout(barmode="stack", bargap=0.05, height=170, margin=dict(l=40, r=10, t=30, b=30),
                       title=f"tokens per round (tau {trace.totals.tau:.2f})", plot_bgcolor="white",
                       legend=dict(orientation="h", y=1.15, x=1, xanchor="right"),
-                      xaxis=dict(title=None, range=[-0.6, len(xs) - 0.4]), yaxis=dict(range=[0, top]))
+                      xaxis=dict(title=None, range=[0.4, len(xs) + 0.6]), yaxis=dict(range=[0, top]))
     return fig
 
 
-def acceptance_summary(trace: Trace) -> go.Figure:
-    """Accepted length per round, its histogram, and per-position acceptance."""
+def rounds_axis(trace: Trace) -> list[int]:
+    return list(range(1, len(trace.rounds) + 1))
+
+
+def current(step: int | None, top: float) -> go.Scatter:
+    """The vertical line at round `step` (0-based; drawn at its 1-based number), or an empty trace."""
+    here = step is not None
+    return go.Scatter(x=[step + 1, step + 1] if here else [None], y=[0, top] if here else [None], mode="lines",
+                      line=dict(color=colors.CURRENT, width=2), name="current", hoverinfo="skip", showlegend=False)
+
+
+def acceptance_summary(trace: Trace, step: int | None = None) -> go.Figure:
+    """Accepted length per round (`step` marked), its histogram, and per-position acceptance."""
+    step = check_step(trace, step, len(trace.rounds))
     lengths = [len(r.accepted) for r in trace.rounds]
     depths, cond, uncond = per_position(trace)
     t = trace.totals
     alpha = f"{t.alpha:.2f}" if t.alpha is not None else "—"
     fig = make_subplots(rows=1, cols=3, column_widths=[0.45, 0.25, 0.3], subplot_titles=(
         "accepted length per round", "histogram", "acceptance by draft position"))
-    fig.add_trace(go.Bar(x=list(range(len(lengths))), y=lengths, marker_color=colors.ORIGIN["accepted"],
+    fig.add_trace(go.Bar(x=rounds_axis(trace), y=lengths, marker_color=colors.ORIGIN["accepted"],
                          name="accepted length", showlegend=False,
                          hovertemplate="round %{x}: %{y}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Histogram(x=lengths, xbins=dict(start=-0.5, size=1), marker_color=colors.ORIGIN["accepted"],
@@ -63,6 +75,7 @@ def acceptance_summary(trace: Trace) -> go.Figure:
                              line=dict(color=colors.DECISION["accepted"])), row=1, col=3)
     fig.add_trace(go.Scatter(x=depths, y=uncond, mode="lines+markers", name="unconditional",
                              line=dict(color=colors.VERIFY_TIME, dash="dot")), row=1, col=3)
+    fig.add_trace(current(step, max(lengths, default=0) + 0.5), row=1, col=1)      # last: fixed indices above
     fig.update_yaxes(range=[0, 1.05], row=1, col=3)
     fig.update_xaxes(title_text="round", row=1, col=1)
     fig.update_xaxes(title_text="accepted length", row=1, col=2)
@@ -74,12 +87,15 @@ def acceptance_summary(trace: Trace) -> go.Figure:
     return fig
 
 
-def timing(trace: Trace) -> go.Figure:
-    """Draft vs verify seconds per round, stacked."""
-    xs = list(range(len(trace.rounds)))
+def timing(trace: Trace, step: int | None = None) -> go.Figure:
+    """Draft vs verify seconds per round, stacked; `step` marked."""
+    step = check_step(trace, step, len(trace.rounds))
+    xs = rounds_axis(trace)
+    top = max((r.draft_s + r.verify_s for r in trace.rounds), default=0.0)
     fig = go.Figure([
         go.Bar(x=xs, y=[r.draft_s for r in trace.rounds], name="draft", marker_color=colors.DRAFT_TIME),
-        go.Bar(x=xs, y=[r.verify_s for r in trace.rounds], name="verify", marker_color=colors.VERIFY_TIME)])
+        go.Bar(x=xs, y=[r.verify_s for r in trace.rounds], name="verify", marker_color=colors.VERIFY_TIME),
+        current(step, top)])
     t = trace.totals
     fig.update_layout(barmode="stack", height=260, plot_bgcolor="white", margin=dict(l=50, r=10, t=50, b=40),
                       title=f"time per round: draft {t.draft_s:.2f} s, verify {t.verify_s:.2f} s, wall {t.wall_s:.2f} s",

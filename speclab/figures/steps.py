@@ -1,0 +1,34 @@
+"""What a step is called and how it is numbered, defined once for every view (figure titles,
+hovers, the players' labels, the detail panel, the export's slider).
+
+Steps are 0-based indices in code (`trace.rounds[step]`) and 1-based wherever a person reads
+them: "round 3 of 20" is `trace.rounds[2]`. n_steps (speclab.metrics) says how many there are.
+"""
+from __future__ import annotations
+
+from speclab.figures.dag import strategies
+from speclab.metrics import n_steps
+from speclab.trace import Trace
+
+STEP_LABEL = {"speculative": "round", "dag": "strategy", "diffusion": "step"}
+
+
+def step_label(trace: Trace) -> str:
+    """What one step is called on a slider."""
+    return STEP_LABEL.get(trace.engine, "step")
+
+
+def step_names(trace: Trace) -> list[str]:
+    """Slider labels: strategy names for a DAG run, 1-based numbers otherwise."""
+    if trace.engine == "dag":
+        return strategies(trace)
+    return [str(k + 1) for k in range(n_steps(trace))]
+
+
+def step_title(trace: Trace, step: int) -> str:
+    """Step `step` (0-based) as people read it: "round 3 of 20", "strategy viterbi (2 of 6)"."""
+    n = n_steps(trace)
+    step %= n
+    if trace.engine == "dag":
+        return f"{step_label(trace)} {step_names(trace)[step]} ({step + 1} of {n})"
+    return f"{step_label(trace)} {step + 1} of {n}"

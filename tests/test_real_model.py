@@ -77,7 +77,9 @@ def test_cli_bad_dtype_and_chat_without_template_are_one_line_errors(capsys):
     assert err.startswith("speclab: error:") and "no chat template" in err and "\n" not in err
 
 
-def test_lean_bf16_forward_matches_transformers(bf16):
+def test_lean_bf16_forward_matches_transformers(bf16, fp32):
+    """The lean bf16 forward is as close to the fp32 model as transformers' own bf16 forward (its
+    attention sums in fp32, so it rounds differently from transformers' bf16 SDPA, not worse)."""
     from speclab.models.causal import make_lm
     model, tok = bf16
     ids = torch.tensor(speclab.api.chat_prompt(tok, QUESTIONS[0]))
@@ -86,8 +88,10 @@ def test_lean_bf16_forward_matches_transformers(bf16):
     ours = lean.forward(ids)
     with torch.inference_mode():
         ref = model(ids[None]).logits[0].float()
+        exact = fp32[0](ids[None]).logits[0].float()
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.95
-    assert (ours - ref).abs().max() < 1.0          # a few bf16 steps at logits of 10-30
+    assert (ours - exact).abs().mean() <= 1.1 * (ref - exact).abs().mean()
+    assert (ours - exact).abs().max() < 2.0          # a few bf16 steps at logits of 10-30
 
 
 def test_chat_stops_at_end_of_turn_and_is_recorded(bf16):
@@ -154,6 +158,8 @@ def test_bf16_exact_backend_is_bitwise_identical_to_ar(bf16, method, kw):
     invariant matmuls, attention row by row), so bf16 speculative output equals bf16 ar bit for bit,
     chains and trees alike, on prompts where the default backend diverges at near-ties."""
     from speclab.bench.prompts import encode, load_prompts
+    if method in ("eagle", "medusa") and zoo.paired_draft("smollm2-135m", method) is None:
+        pytest.skip(f"no {method} head for smollm2-135m in the zoo")
     model, tok = bf16
     for item in load_prompts("code-edit", 2):
         ids = encode(tok, item, 48, None)

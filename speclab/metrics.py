@@ -38,9 +38,9 @@ def accepted_length(rnd) -> int:
 
 
 def draft_depth(rnd) -> int:
-    """How deep a round's draft went. Without per-node records (record=None) only `drafted` is
-    known, which is exact for chains and an upper bound for trees."""
-    return max((n.depth for n in rnd.nodes), default=rnd.drafted)
+    """How deep a round's draft went: from its nodes, or without per-node records (record=None)
+    from the depth a tree round notes in its info (a chain's depth is `drafted`)."""
+    return max((n.depth for n in rnd.nodes), default=rnd.info.get("depth", rnd.drafted))
 
 
 def per_position(rounds) -> tuple[list[int], list[float], list[float]]:

@@ -181,3 +181,12 @@ def test_adapter_round_trip_and_wrong_pairings(target, draft, heads, tmp_path):
         speclab.generate(target, "def f(x):", "eagle", draft=(other, tok))
     with pytest.raises(ValueError, match="at most 3 ranks"):
         speclab.generate(target, "def f(x):", "medusa", draft=heads[1], paths=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
+
+
+def test_per_position_of_a_tree_without_node_records(target, heads, heldout_prompts):
+    """record=None keeps no nodes; a tree round notes its depth so per-position acceptance stays exact."""
+    from speclab import metrics
+    runs = [speclab.generate(target, heldout_prompts[2], "eagle", draft=heads[0], max_new_tokens=32, record=rec)
+            for rec in (None, "light")]
+    assert runs[0].ids == runs[1].ids
+    assert metrics.per_position(runs[0].trace.rounds) == metrics.per_position(runs[1].trace.rounds)

@@ -17,7 +17,7 @@ import torch
 
 from speclab.decoding.acceptance import Sampler, walk_tree, warp
 from speclab.decoding.tree import DraftTree
-from speclab.models.causal import CausalLM
+from speclab.models.causal import CausalLM, is_chain
 from speclab.trace import ACCEPTED, NOT_REACHED, REJECTED, DraftNode, Round, Totals
 
 TOPK_RECORD = 5
@@ -133,6 +133,8 @@ def record_round(s: RunState, out: Outcome, tries, dist, p_at) -> Round:
     kind = "target" if not len(tree) else ("bonus" if out.path and not tree.children().get(out.path[-1]) else "correction")
     rnd = Round(accepted=list(out.path), path_tokens=out.accepted_tokens, emitted=out.emitted,
                 emitted_kind=kind, drafted=len(tree), info=dict(tree.info))
+    if s.record is None and len(tree) and not is_chain(tree.parents):
+        rnd.info["depth"] = max(tree.depths())   # per-position acceptance of a tree needs its depth
     if s.record is None or not len(tree):
         return rnd
     full = s.record == "full"

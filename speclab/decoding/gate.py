@@ -10,7 +10,8 @@ means of
 
 and drafts in a round only while the first rate beats the second. The other mode is probed now and
 then so its estimate stays fresh: after `probe` rounds, doubling each time a probe confirms the
-current choice (up to `max_probe`), back to `probe` when a probe wins. An ar round is a drafter that
+current choice (up to `max_probe`), back to `probe` when a probe wins. Under `gate="auto"` it decides for greedy decoding
+only (see CostGate), so a seeded sampled run stays reproducible. An ar round is a drafter that
 proposes nothing: lossless by construction. Each round's decision and its inputs go into the
 round's info (`gate`, `spec_tok_s`, `ar_tok_s`), so the trace shows why a round did not draft.
 
@@ -28,8 +29,14 @@ EMA = 0.3
 
 
 class CostGate(Drafter):
-    def __init__(self, inner: Drafter, probe: int = 8, max_probe: int = 64, warm: int = 3):
+    """greedy_only: stand aside under sampling. Its decisions follow measured times, so under
+    sampling they would change which random numbers a run draws: the same seed would give another
+    (equally distributed) text from run to run. Greedy output never depends on them."""
+
+    def __init__(self, inner: Drafter, probe: int = 8, max_probe: int = 64, warm: int = 3,
+                 greedy_only: bool = False):
         self.inner, self.probe0, self.max_probe, self.warm = inner, probe, max_probe, warm
+        self.greedy_only = greedy_only
         self.name = inner.name
 
     @property
@@ -48,6 +55,7 @@ class CostGate(Drafter):
         self.mode, self.last_mode, self.t_last = "spec", None, None
         self.since, self.interval = 0, self.probe0
         self.committed = 0
+        self.active = sampler.greedy or not self.greedy_only
 
     def end(self):
         self.inner.end()
@@ -82,6 +90,8 @@ class CostGate(Drafter):
         return self.mode
 
     def propose(self, ctx: Context) -> DraftTree:
+        if not self.active:
+            return self.inner.propose(ctx)
         now = time.perf_counter()
         if self.last_mode is not None:
             self._account(now - self.t_last)

@@ -26,12 +26,13 @@ def _none(target, draft, **kw):
 
 
 def gated(drafter, gate, adaptive: bool):
-    """gate: "auto" (on for adaptive length policies), True / "on", False / "off". See decoding/gate.py."""
+    """gate: "auto" (on for adaptive length policies, greedy decoding), True / "on" (also under
+    sampling: a seed then no longer fixes the text), False / "off". See decoding/gate.py."""
     if gate not in ("auto", True, False, "on", "off"):
         raise ValueError(f"gate must be 'auto', 'on' or 'off', got {gate!r}")
     if gate in (True, "on") or gate == "auto" and adaptive:
         from speclab.decoding.gate import CostGate
-        return CostGate(drafter)
+        return CostGate(drafter, greedy_only=gate == "auto")
     return drafter
 
 

@@ -66,6 +66,8 @@ def cmd_bench(a):
                              a.exit_layer, record, keep_traces=a.whatif or bool(a.traces), vllm_python=a.vllm_python))
         if a.traces:
             save_traces(results[-1]["traces"], Path(a.traces) / prompt_set)
+            if not a.whatif:
+                results[-1].pop("traces")           # saved: not part of the JSON report
     res = results[0] if len(results) == 1 else dict(results[0], rows=[r for x in results for r in x["rows"]],
                                                     prompt_set=",".join(sets))
     res["dtype"] = str(next(target[0].parameters()).dtype).removeprefix("torch.")

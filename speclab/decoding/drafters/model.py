@@ -158,8 +158,8 @@ class LayerSkipDrafter(ChainDrafter):
     def observe(self, out: Outcome):
         self.adapt(out)
         self.captured = self.target.captured
-        if not self.auto or not self.captured:
-            return
+        if not self.auto or not self.captured or not len(out.tree):
+            return          # a round that drafted nothing (gated off) pays nothing for scoring exits
         # rows of the verify forward that predicted each committed token: the last pending token,
         # then each accepted node
         rows = [out.n_pending - 1] + [out.n_pending + i for i in out.path]

@@ -186,7 +186,6 @@ def eagle_loss(head, tok, f, lp, m, U: int, reg_weight: float):
     """Per step: soft CE to the target's p_{t+1} + reg_weight x smooth L1 to f_{t+1}, over valid
     entries (t >= s-1, real tokens)."""
     o = eagle_forward(head, f, tok, U)                              # (U, B, Tn, C)
-    Tn = o.shape[2]
     fo = head.model.norm(o)
     logits = fo @ head.lm_head.weight.t()                           # (U, B, Tn, N)
     total, stats = 0.0, {}
@@ -318,7 +317,8 @@ def main(argv=None):
           f"head {len(head_ids)} ids, {len(train_rows)} train rows, {len(held_rows)} held out, "
           f"{len(data['tokens'])} positions")
     opt = torch.optim.AdamW(list(params.values()), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    ckpt = out.parent / f".{out.name}-ckpt"
+    from speclab.models.gguf import cache_root
+    ckpt = cache_root() / "ckpt" / out.name          # optimizer state stays out of the package
     state = {"step": 0, "elapsed": 0.0, "epoch": 0, "log": []}
     if args.resume and (ckpt / "state.json").exists():
         state = load_checkpoint(ckpt, head, opt)

@@ -25,6 +25,7 @@ import os
 import panel as pn
 
 from speclab.apps import runs
+from speclab.apps.status import player_css, status_html
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, round_strip, step_figure,
                              step_label, step_title, timing)
@@ -47,8 +48,6 @@ SUMMARY = {"speculative": (round_strip, acceptance_summary, timing),   # Summary
            "diffusion": (confidence_bands, decoding_order)}
 SUMMARY_HEIGHTS = (260, 380, 300)
 # what each of the player's nine buttons does ({} is the step's name: round, step, strategy)
-PLAYER_TIPS = {"slower": "play slower", "first": "first {}", "previous": "previous {}", "reverse": "play backwards",
-               "pause": "pause", "play": "play", "next": "next {}", "last": "last {}", "faster": "play faster"}
 
 
 def _config(model: str, key: str) -> int:
@@ -485,48 +484,8 @@ def blocks(gen_length: int) -> list[int]:
     return [b for b in range(1, gen_length + 1) if gen_length % b == 0 and (b >= 4 or b == gen_length)]
 
 
-def player_css(step_name: str) -> str:
-    """Tooltips for the player's buttons (its model gives them no title), and words instead of the
-    "-" / "+" icons, which change the playback speed, not the step."""
-    tip = ("content: '{}'; position: absolute; top: 105%; left: 50%; transform: translateX(-50%); z-index: 10; "
-           "background: #333; color: white; padding: 2px 6px; border-radius: 3px; font-size: 12px; "
-           "white-space: nowrap; pointer-events: none;")
-    rules = ["button { position: relative; }", "button.slower svg, button.faster svg { display: none; }",
-             "button.slower::before { content: 'slower'; } button.faster::before { content: 'faster'; }"]
-    rules += [f"button.{b}:hover::after {{ {tip.format(t.format(step_name))} }}" for b, t in PLAYER_TIPS.items()]
-    return "\n".join(rules)
-
-
 def _pick(options: list[str], preferred: str) -> str | None:
     return preferred if preferred in options else (options[0] if options else None)
-
-
-def visible_text(text: str) -> str:
-    """Line breaks and tabs as marks, so an output of blank lines still shows on one line."""
-    return html.escape(text.replace("\n", "⏎").replace("\t", "⇥")) or "∅"
-
-
-def status_html(trace: Trace) -> str:
-    """One line about the run, built from the trace alone (so it shows what really ran)."""
-    t = trace.totals
-    alpha = "-" if t.alpha is None else f"{t.alpha:.2f}"
-    models = ", ".join(f"{role} {m.name}" for role, m in trace.models.items())
-    if trace.engine == "diffusion":     # no draft: one model checks its own parallel proposals
-        stats = f"{t.new_tokens} new tokens in {t.target_forwards} forwards ({t.tau:.2f} tokens per forward)"
-    elif trace.engine == "dag":         # no draft, no rounds: one forward, then a path through the DAG
-        stats = f"{t.new_tokens} output tokens from {t.target_forwards} forward(s)"
-        if trace.dag is not None:
-            run = trace.dag
-            path = run.paths.get(run.chosen, [])
-            stats += (f"; strategy {html.escape(run.chosen)}: a path through {len(path)} of {run.num_vertices} "
-                      f"vertices ({len(run.paths)} strateg{'y' if len(run.paths) == 1 else 'ies'} decoded)")
-    else:
-        stats = (f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha}, target forwards {t.target_forwards}, "
-                 f"draft forwards {t.draft_forwards}")
-    return (f"<b>{html.escape(trace.method)}</b> ({html.escape(models)}): "
-            f"prompt <code class='speclab-prompt-echo'>{visible_text(runs.prompt_text(trace))}</code> &rarr; "
-            f"<code class='speclab-output'>{visible_text(runs.output_text(trace))}</code><br>"
-            f"{stats}, wall {t.wall_s:.2f} s, {n_steps(trace)} step(s)")
 
 
 def app():

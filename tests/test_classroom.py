@@ -17,7 +17,8 @@ from speclab.widgets import show
 pn = pytest.importorskip("panel")
 
 from speclab.apps import runs                                              # noqa: E402
-from speclab.apps.dashboard import PLAYER_TIPS, Dashboard, player_css, status_html   # noqa: E402
+from speclab.apps.dashboard import Dashboard   # noqa: E402
+from speclab.apps.status import PLAYER_TIPS, player_css, status_html   # noqa: E402
 
 
 def hand_trace(method="hand-made", rounds=2, wall_s=1.0) -> Trace:

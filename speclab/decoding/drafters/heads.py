@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from speclab.decoding.drafters.model import ChainDrafter
+from speclab.decoding.drafters.model import ChainDrafter, OwnDraftLM
 from speclab.decoding.drafters.trees import check_budget, check_paths, grow_dynamic, grow_static
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
-from speclab.models.causal import make_lm
 from speclab.models.heads import MedusaHeads, check_base, eagle_fuse
 
 MEDUSA_PATHS = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
@@ -71,27 +70,15 @@ class FeatureReader:
         super().observe(out)
 
 
-class EagleChainDrafter(FeatureReader, ChainDrafter):
+class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
     name = "eagle-chain"
 
     def __init__(self, target_model, head, **kw):
         super().__init__(**kw)
         self.read_target(target_model, head, "eagle", self.name)
         self.head = head
-        self.lm = make_lm(head, "eagle", "fast")         # its own one-layer cache, fed by embeds
+        self.attach_lm(head, "fast")                     # its own one-layer cache, fed by embeds
         self.lm.capture_layers = (1,)
-
-    @property
-    def forwards(self):
-        return self.lm.forwards if hasattr(self, "lm") else 0
-
-    @forwards.setter
-    def forwards(self, v):
-        pass
-
-    def begin(self, ctx, target, sampler, gen, record="light"):
-        super().begin(ctx, target, sampler, gen, record)
-        self.lm.reset()
 
     def feed(self, ctx: Context):
         """Give the head every committed (feature, next token) pair it has not seen: entries

@@ -42,7 +42,11 @@ CHAT_PROMPT = "Explain in a few sentences why the sky is blue."
 # SPECLAB_DASHBOARD_TARGET=code-target (the tests set it) keeps the page on the tiny models
 REAL_PAIR, TOY_PAIR = ("smollm2-135m", "smollm2-draft"), ("code-target", "code-draft")
 DAG_PROMPTS = {"dates-dat": "2024-03-05", "numwords-dat": "305"}
-DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):"}
+DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):", "smollm2-dllm": CHAT_PROMPT}
+# models whose example prompt is a user message in their chat template
+CHAT_MODELS = {*REAL_PAIR, "smollm2-dllm"}
+# the diffusion model the page switches to: the block-diffusion SmolLM2 beside the real pair
+REAL_DLLM, TOY_DLLM = "smollm2-dllm", "code-dllm"
 EXAMPLE_PROMPTS = {DEFAULT_PROMPT, CHAT_PROMPT, "2024-03-05", *DAG_PROMPTS.values(), *DLLM_PROMPTS.values()}
 SUMMARY = {"speculative": (round_strip, acceptance_summary, timing),   # Summary tab figures by engine
            "diffusion": (confidence_bands, decoding_order)}
@@ -79,7 +83,7 @@ class Dashboard:
         self.default_target = pair[0]
         self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], pair[0]))
         self.draft = w.Select(name="draft", options=kinds["causal"], value=_pick(kinds["causal"], pair[1]))
-        chat = self.target.value in REAL_PAIR
+        chat = self.target.value in CHAT_MODELS
         self.prompt = w.TextAreaInput(name="prompt", value=CHAT_PROMPT if chat else DEFAULT_PROMPT, height=80,
                                       css_classes=["speclab-prompt"])
         self.chat = w.Checkbox(name="chat: the prompt is a user message (the model's chat template)", value=chat)
@@ -163,13 +167,16 @@ class Dashboard:
         models = self.kinds[runs.model_kind(m)]
         if list(self.target.options) != models:
             self.target.options = models
-            self.target.value = _pick(models, "code-dllm" if engine == "diffusion" else self.default_target)
+            real = self.default_target in REAL_PAIR
+            self.target.value = _pick(models, (REAL_DLLM if real else TOY_DLLM) if engine == "diffusion"
+                                      else self.default_target)
             self.prompt.value = self.example_prompt(self.target.value)
         takes = runs.takes(m)
         for name in runs.KNOBS:
             getattr(self, name).visible = name in takes
         self.draft.visible = runs.needs_draft(m)
-        self.chat.visible = engine == "speculative"
+        self.chat.visible = self._chat_visible()
+        self._fit_threshold(engine)
         self.max_new_tokens.visible = engine == "speculative"       # diffusion: gen length instead
         self.seed.visible = self.extra.visible = not dag
         n = _layers(self.target.value) if engine == "speculative" and self.target.value else 0
@@ -178,6 +185,19 @@ class Dashboard:
             self.exit_layer.options, self.exit_layer.value = opts, "auto"
         if engine == "diffusion" and self.target.value:
             self._fit_canvas(_config(self.target.value, "max_position_embeddings"))
+
+    def _chat_visible(self) -> bool:
+        """Speculative methods: always (any causal LM may have a chat template); diffusion: chat models."""
+        engine = runs.engine(self.method.value)
+        return engine == "speculative" or (engine == "diffusion" and self.target.value in CHAT_MODELS)
+
+    def _fit_threshold(self, engine: str) -> None:
+        """Speculative methods: 0 means off (a fixed draft length). Diffusion policies always use a
+        threshold: the slider shows the one that runs (0.9 by default), never 0."""
+        if engine == "diffusion" and self.threshold.start == 0.0:
+            self.threshold.param.update(name="threshold (commit p >= it)", start=0.05, value=0.9)
+        elif engine != "diffusion" and self.threshold.start != 0.0:
+            self.threshold.param.update(name="threshold (0 = off)", start=0.0, value=0.0)
 
     def _fit_canvas(self, context: int) -> None:
         """Gen lengths the diffusion target can hold: its context window less room for a short prompt."""
@@ -192,14 +212,15 @@ class Dashboard:
             return DAG_PROMPTS.get(target, "2024-03-05")
         if runs.engine(m) == "diffusion":
             return DLLM_PROMPTS.get(target, DEFAULT_PROMPT)
-        return CHAT_PROMPT if target in REAL_PAIR else DEFAULT_PROMPT
+        return CHAT_PROMPT if target in CHAT_MODELS else DEFAULT_PROMPT
 
     def _fit_target(self, old: str | None, new: str | None) -> None:
         """A chat model gets a question in its chat template, each model its own example prompt (only
         an untouched example prompt is swapped; a prompt the user wrote stays)."""
-        was, now = old in REAL_PAIR, new in REAL_PAIR
-        if was != now and runs.engine(self.method.value) == "speculative":
+        was, now = old in CHAT_MODELS, new in CHAT_MODELS
+        if was != now:
             self.chat.value = now
+        self.chat.visible = self._chat_visible()
         if self.prompt.value in EXAMPLE_PROMPTS:
             self.prompt.value = self.example_prompt(new)
 
@@ -234,7 +255,7 @@ class Dashboard:
         kw = runs.method_kwargs(method, self._knobs(), self.extra.value if not runs.is_dag(method) else "")
         if "history" in runs.takes(method):
             kw["history"] = SuffixHistory() if warmup else self.history
-        if runs.engine(method) == "speculative" and self.chat.value:
+        if runs.engine(method) != "dag" and self.chat.value and self.chat.visible:
             kw["chat"] = True
         args = dict(target=self.target.value, prompt=prompt, method=method, draft=self.draft.value,
                     max_new_tokens=min(2, self.max_new_tokens.value) if warmup else self.max_new_tokens.value,

@@ -5,7 +5,10 @@ s), greedy, every policy on the same prompts; forwards per answer = model forwar
 code-dllm: prompts from the code-complete set, forwards per generated token and agreement with
 the one-token-per-step output (share of positions equal, and share of outputs identical).
 
+smollm2-dllm: the bench's chat questions in the chat template, the same columns plus tokens / s.
+
   python -m speclab.bench.dllm_eval --n 500 --code-prompts 20 > dllm-eval.md
+  python -m speclab.bench.dllm_eval --only-chat --chat-prompts 20 > smollm2-dllm-eval.md
 """
 from __future__ import annotations
 
@@ -49,6 +52,18 @@ CODE_POLICIES = [
 ]
 
 
+CHAT_POLICIES = [
+    ("one per step", "dllm-lowconf", {}),
+    ("threshold 0.9", "dllm-threshold", {"threshold": 0.9}),
+    ("threshold 0.7", "dllm-threshold", {"threshold": 0.7}),
+    ("factor 1.0", "dllm-threshold", {"factor": 1.0}),
+    ("LocalLeap", "dllm-localleap", {}),
+    ("Prophet", "dllm-prophet", {}),
+    ("SchED", "dllm-sched", {}),
+    ("FreeDave, 4 drafts (lossless)", "dllm-freedave", {}),
+]
+
+
 def digits_table(n: int, target: str = "digits-dllm") -> str:
     model, tok = speclab.load(target)
     prompts = digits.eval_prompts(n)
@@ -69,27 +84,43 @@ def digits_table(n: int, target: str = "digits-dllm") -> str:
 
 def code_table(n: int, gen_length: int = 64, block_length: int = 32, target: str = "code-dllm") -> str:
     from speclab.bench.prompts import load_prompts
-    model, tok = speclab.load(target)
     prompts = [p[-600:] for p in load_prompts("code-complete", n)]
-    ref = [speclab.run((model, tok), p, ONE_PER_STEP[0], gen_length=gen_length, block_length=block_length,
-                       record=None).ids for p in tqdm(prompts, desc="reference")]
+    return canvas_table(target, prompts, "code-complete prompts (last 600 characters)", False, gen_length,
+                        block_length, CODE_POLICIES)
+
+
+def chat_table(n: int, gen_length: int = 64, block_length: int = 32, target: str = "smollm2-dllm") -> str:
+    """smollm2-dllm on the bench's chat questions (none of them is in its training text)."""
+    from speclab.bench.prompts import load_prompts
+    return canvas_table(target, load_prompts("chat", n), "held-out chat questions (chat template)", True,
+                        gen_length, block_length, CHAT_POLICIES)
+
+
+def canvas_table(target: str, prompts: list[str], what: str, chat: bool, gen_length: int, block_length: int,
+                 policies) -> str:
+    """Forwards per token, tokens per forward, wall tokens/s and agreement with one-per-step decoding."""
+    model, tok = speclab.load(target)
+    kw0 = dict(gen_length=gen_length, block_length=block_length, record=None, **({"chat": True} if chat else {}))
+    ref = [speclab.run((model, tok), p, ONE_PER_STEP[0], **kw0).ids for p in tqdm(prompts, desc="reference")]
     rows = []
-    for label, method, kw in tqdm(CODE_POLICIES, desc="code policies"):
+    for label, method, kw in tqdm(policies, desc=f"{target} policies"):
         fwd = toks = same_pos = n_pos = identical = 0
+        t0 = time.perf_counter()
         for p, want in zip(prompts, ref):
-            r = speclab.run((model, tok), p, method, gen_length=gen_length, block_length=block_length,
-                            record=None, **kw)
+            r = speclab.run((model, tok), p, method, **kw0, **kw)
             fwd, toks = fwd + r.trace.totals.target_forwards, toks + len(r.ids)
             m = min(len(r.ids), len(want))
             same_pos += sum(a == b for a, b in zip(r.ids[:m], want[:m]))
             n_pos += max(len(r.ids), len(want))
             identical += r.ids == want
-        rows.append(f"| {label} | `{method}` {_kw(kw)} | {fwd / toks:.3f} | {toks / fwd:.2f} | "
-                    f"{same_pos / n_pos:.3f} | {identical}/{n} |")
-    head = ("| policy | method | forwards / token | tokens / forward | positions equal to one-per-step "
-            "| identical outputs |\n|---|---|---|---|---|---|")
-    return (f"code-dllm, {n} code-complete prompts (last 600 characters), gen_length {gen_length}, "
-            f"block_length {block_length}, greedy\n\n{head}\n" + "\n".join(rows))
+        wall = time.perf_counter() - t0
+        rows.append(f"| {label} | `{method}` {_kw(kw)} | {fwd / toks:.3f} | {toks / fwd:.2f} | {toks / wall:.1f} | "
+                    f"{same_pos / n_pos:.3f} | {identical}/{len(prompts)} |")
+    head = ("| policy | method | forwards / token | tokens / forward | tokens / s | positions equal to one-per-step "
+            "| identical outputs |\n|---|---|---|---|---|---|---|")
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return (f"{target} ({dtype}), {len(prompts)} {what}, gen_length {gen_length}, block_length {block_length}, "
+            f"greedy\n\n{head}\n" + "\n".join(rows))
 
 
 def _kw(kw: dict) -> str:
@@ -100,14 +131,20 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=500, help="held-out prompts per digits task")
     ap.add_argument("--code-prompts", type=int, default=20)
+    ap.add_argument("--chat-prompts", type=int, default=0, help="smollm2-dllm on held-out chat questions")
+    ap.add_argument("--only-chat", action="store_true", help="skip the digits and code tables")
     ap.add_argument("--threads", type=int)
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    print(digits_table(a.n))
-    if a.code_prompts:
+    if not a.only_chat:
+        print(digits_table(a.n))
+        if a.code_prompts:
+            print()
+            print(code_table(a.code_prompts))
+    if a.chat_prompts:
         print()
-        print(code_table(a.code_prompts))
+        print(chat_table(a.chat_prompts))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,14 @@ def propose(logits: torch.Tensor, temperature: float, gen: torch.Generator):
     return x0, conf, p2[:, 0] - p2[:, 1], top.values[:, 0] - top.values[:, 1], entropy
 
 
+def unseen(where: torch.Tensor, mask_id: int, x0, *stats):
+    """A block-causal model has not looked at later blocks yet: no proposal there (the mask) and
+    zero confidence, margins and entropy, so the views show them as not yet considered."""
+    x0[where] = mask_id
+    for t in stats:
+        t[where] = 0
+
+
 def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: int | None = None,
             temperature: float = 0.0, seed: int = 0, record: str | None = "light",
             eos_id: int | None = None, eos_stop: bool = True, progress=None):
@@ -62,6 +70,7 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
     gen = torch.Generator(device=dev).manual_seed(seed)
     P, G, MASK = len(prompt_ids), gen_length, den.mask_id
     x = torch.tensor(list(prompt_ids) + [MASK] * G, device=dev)
+    den.start(P, block_length)
     steps: list[DenoiseStep] = []
     t0, f0, step, prev_x0, done = time.perf_counter(), den.forwards, 0, None, False
     for b in range(n_blocks):
@@ -74,10 +83,14 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
             masked = x[P:] == MASK
             eligible = masked.clone()
             eligible[:lo] = eligible[hi:] = False
+            if den.block_causal:
+                unseen(masked & ~eligible, MASK, x0, conf, margin, lmargin, entropy)
             rand = torch.rand(G, generator=gen, device=dev)
-            ch: Choice = policy.select(View(step, total_steps, (lo, hi), i, eligible, masked, x0, conf,
+            # a block-causal model sees no later block: its "every mask" is the active block's
+            seen = eligible if den.block_causal else masked
+            ch: Choice = policy.select(View(step, total_steps, (lo, hi), i, eligible, seen, x0, conf,
                                             lmargin, rand, prev_x0))
-            commit = ch.commit & (masked if ch.finish else eligible)
+            commit = ch.commit & (seen if ch.finish else eligible)
             if not commit.any():                                        # every step commits something
                 commit[torch.where(eligible, conf, torch.full_like(conf, -1.0)).argmax()] = True
             x[P:][commit] = x0[commit]
@@ -86,7 +99,7 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
             prev_x0, step, i = x0, step + 1, i + 1
             if progress:
                 progress(int((x[P:] != MASK).sum()), G)
-            done = ch.finish or (eos_stop and eos_id is not None and _block_has_eos(x[P:], hi, MASK, eos_id))
+            done = (ch.finish and not den.block_causal) or (eos_stop and eos_id is not None and _block_has_eos(x[P:], hi, MASK, eos_id))
         if done:
             break
     out = _output(x[P:].tolist(), MASK, eos_id)

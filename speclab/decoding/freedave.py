@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import torch
 
-from speclab.decoding.diffusion import _block_has_eos, _output, check_shape, never_propose_mask, propose
+from speclab.decoding.diffusion import _block_has_eos, _output, check_shape, never_propose_mask, propose, unseen
 from speclab.decoding.dllm_policies import FreeDave, ranked
 from speclab.trace import DenoiseStep, Totals
 
@@ -30,6 +30,7 @@ def freedave(den, prompt_ids: list[int], policy: FreeDave, gen_length: int, bloc
     dev = next(den.model.parameters()).device
     P, G, MASK = len(prompt_ids), gen_length, den.mask_id
     x = torch.tensor(list(prompt_ids) + [MASK] * G, device=dev)
+    den.start(P, block_length)
     steps: list[DenoiseStep] = []
     t0, f0, logits, done = time.perf_counter(), den.forwards, None, False
     for lo in range(0, G, block_length):
@@ -37,8 +38,10 @@ def freedave(den, prompt_ids: list[int], policy: FreeDave, gen_length: int, bloc
         while not done and bool((x[P + lo:P + hi] == MASK).any()):
             if logits is None:
                 logits = never_propose_mask(den.logits(x)[P:], MASK)         # (G, V)
-            x0, conf, margin, _, _ = propose(logits, 0.0, None)
+            x0, conf, margin, _, entropy = propose(logits, 0.0, None)
             masked = x[P:] == MASK
+            if den.block_causal:
+                unseen(masked & ~_in_block(masked, lo, hi), MASK, x0, conf, margin, entropy)
             order = ranked(conf, _in_block(masked, lo, hi))                  # the sequential commit order
             K = min(policy.draft_steps, len(order))
             drafts = x.repeat(K, 1)                                          # (K, P+G)
@@ -53,6 +56,8 @@ def freedave(den, prompt_ids: list[int], policy: FreeDave, gen_length: int, bloc
                         (int(order[best + 1]), int(x0[order[best + 1]])):
                     best += 1
                 x, logits = drafts[best], lg[best]
+                if den.block_causal and not bool((x[P + lo:P + hi] == MASK).any()):
+                    logits = None           # a block-causal model's rows for the next block come next call
             commit = order[: best + 1]
             if record:
                 pos = masked.nonzero().flatten()
@@ -61,7 +66,8 @@ def freedave(den, prompt_ids: list[int], policy: FreeDave, gen_length: int, bloc
                     conf=[round(float(c), 5) for c in conf[pos]], margin=[round(float(m), 5) for m in margin[pos]],
                     committed=sorted(commit.tolist()), tokens=x[P:].tolist(),
                     info={"drafts": K, "accepted_drafts": best + 1, "verified_forward": K > 1,
-                          "order": commit.tolist()}))
+                          "order": commit.tolist(),
+                          **({"entropy": [round(float(e), 4) for e in entropy[pos]]} if record == "full" else {})}))
             if progress:
                 progress(int((x[P:] != MASK).sum()), G)
             done = eos_stop and eos_id is not None and _block_has_eos(x[P:], hi, MASK, eos_id)

@@ -126,3 +126,26 @@ def load_draft(where: str | Path, base, dtype: torch.dtype):
     if missing or unexpected:
         raise ValueError(f"{where}: weights do not match its config (missing {missing[:3]}, unexpected {unexpected[:3]})")
     return model.to(device=base.device, dtype=dtype).eval()
+
+
+def apply_dllm_lora(where: str | Path, model):
+    """Turn a private copy of the base into the block-diffusion LM in `where` (kind "dllm-lora",
+    written by speclab.train.smollm2_dllm): merge the LoRA deltas, set the mask token's embedding
+    (tied to the LM head: that row's logit changes too, and the engine never proposes the mask)
+    and take the adapter's config flags (speclab_engine, mask_token_id, shift, block length)."""
+    from safetensors.torch import load_file
+    from speclab.models.lora import merge_lora
+    raw = json.loads((Path(where) / "config.json").read_text())
+    info = raw.pop(ADAPTER_KEY)
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
+        if raw.get(key) != getattr(model.config, key, None):
+            raise ValueError(f"{where} was trained on a base with {key}={raw.get(key)}, this base has "
+                             f"{getattr(model.config, key, None)}: load it with its own base ({info.get('base')})")
+    state = load_file(str(Path(where) / "model.safetensors"))
+    mask_vec = state.pop("mask_embedding")
+    merge_lora(model, state, float(info["lora_scale"]))
+    with torch.no_grad():
+        model.get_input_embeddings().weight[int(raw["mask_token_id"])] = mask_vec.to(model.dtype)
+    for key in ("speclab_engine", "mask_token_id", "speclab_shift", "speclab_block_causal", "speclab_block_length"):
+        setattr(model.config, key, raw[key])
+    return model

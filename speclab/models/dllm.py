@@ -39,6 +39,7 @@ def bidirectional_logits(model, x: torch.Tensor) -> torch.Tensor:
 
 class Denoiser:
     """One diffusion LM, counted: `logits(x)` is one forward (one NFE) over the whole canvas."""
+    block_causal = False
 
     def __init__(self, model):
         if not is_dllm(model):
@@ -49,6 +50,9 @@ class Denoiser:
         self.model = model
         self.mask_id = int(model.config.mask_token_id)
         self.forwards = 0
+
+    def start(self, prompt_len: int, block_length: int):
+        """A new decode (the whole-canvas denoiser keeps no state between steps)."""
 
     @torch.inference_mode()
     def logits_batch(self, xs: torch.Tensor) -> torch.Tensor:
@@ -61,3 +65,111 @@ class Denoiser:
         """x: (L,) canvas ids -> (L, V) float32 logits."""
         self.forwards += 1
         return bidirectional_logits(self.model, x[None])[0].float()
+
+
+# ----------------------------------------------------------------------------------------------
+# Block diffusion (Fast-dLLM v2, BD3-LM): causal across blocks, bidirectional inside the block
+# being denoised. A config with `speclab_block_causal: true` names its trained `speclab_block_length`.
+
+def is_block_causal(model) -> bool:
+    return bool(getattr(getattr(model, "config", None), "speclab_block_causal", False))
+
+
+def block_of(pos: torch.Tensor, start: int, block_length: int) -> torch.Tensor:
+    """Block index of each position; blocks of `block_length` start at `start` (the prompt is < 0)."""
+    return torch.div(pos - start, block_length, rounding_mode="floor")
+
+
+def block_visible(q_pos, q_blk, q_grp, k_pos, k_blk, k_grp) -> torch.Tensor:
+    """(Q, K) bool, True = may attend. grp -1 marks clean (committed) tokens, grp g >= 0 the tokens
+    of noisy canvas g. Clean tokens attend causally to clean tokens (so committed text is cached
+    exactly like an AR model's); a noisy token sees the clean tokens of EARLIER blocks and every
+    token of its own block in its own canvas. Training (one noisy copy of the window beside the
+    clean one) and decoding (a canvas block after the cache) both build their masks here."""
+    qc, kc = (q_grp < 0)[:, None], (k_grp < 0)[None]
+    causal = qc & kc & (k_pos[None] <= q_pos[:, None])
+    prefix = ~qc & kc & (k_blk[None] < q_blk[:, None])
+    own = ~qc & ~kc & (k_grp[None] == q_grp[:, None]) & (k_blk[None] == q_blk[:, None])
+    return causal | prefix | own
+
+
+def additive(visible: torch.Tensor, dtype) -> torch.Tensor:
+    """bool (..., Q, K) -> float mask: 0 where visible, the dtype's minimum elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+
+
+class BlockDenoiser(Denoiser):
+    """A block-diffusion LM with block-level KV caching: committed text (the prompt, finished
+    blocks) is run once, causally, and cached; each step runs only the active block's canvas on
+    top of the cache, and its keys / values are dropped again afterwards.
+
+    AR-adapted (shifted): the canvas output at slot s predicts slot s+1; slot 0 is predicted by
+    the last committed token, whose output depends only on the cache, so it is computed once per
+    block (in the step that caches the previous block) and kept. `logits` keeps the contract of
+    Denoiser.logits, (P+G, V) rows for the whole canvas: rows of earlier blocks repeat their last
+    prediction, rows of later blocks are zero (never read: the engine works on the active block).
+    """
+    block_causal = True
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.start(0, int(getattr(model.config, "speclab_block_length", 32)))
+
+    def start(self, prompt_len: int, block_length: int):
+        """A new decode: empty cache, generation starting at `prompt_len`, blocks of `block_length`."""
+        from transformers import DynamicCache
+        self.P, self.B = prompt_len, block_length
+        self.cache, self.n, self.first, self.rows = DynamicCache(config=self.model.config), 0, None, None
+
+    @torch.inference_mode()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits_batch(x[None])[0]
+
+    @torch.inference_mode()
+    def logits_batch(self, xs: torch.Tensor) -> torch.Tensor:
+        """xs: (K, P+G) canvases that differ only inside the active block (the first block of
+        xs[0] that still holds a mask) -> (K, P+G, V) float32, ONE network call."""
+        self.forwards += 1
+        K, T = xs.shape
+        P, B, dev = self.P, self.B, xs.device
+        masked = (xs[0, P:] == self.mask_id).nonzero()
+        if not len(masked):
+            raise ValueError("nothing to denoise: the canvas holds no mask")
+        lo = P + int(masked[0]) // B * B
+        if lo < self.n:
+            raise ValueError(f"the active block starts at {lo} but {self.n} tokens are cached: "
+                             "committed tokens can not be re-masked")
+        pending = xs[0, self.n:lo]                                        # committed, not yet cached
+        if bool((pending == self.mask_id).any()) or bool((xs[:, :lo] != xs[0, :lo]).any()):
+            raise ValueError("canvases must agree and be fully committed before the active block")
+        if self.first is None and not len(pending):
+            raise ValueError("block diffusion needs at least one prompt token")
+        n_p = len(pending)
+        ids = torch.cat([pending, xs[:, lo:lo + B].reshape(-1)])
+        q_pos = torch.cat([torch.arange(self.n, lo, device=dev), torch.arange(lo, lo + B, device=dev).repeat(K)])
+        q_grp = torch.cat([torch.full((n_p,), -1, device=dev), torch.arange(K, device=dev).repeat_interleave(B)])
+        k_pos = torch.cat([torch.arange(self.n, device=dev), q_pos])
+        k_grp = torch.cat([torch.full((self.n,), -1, device=dev), q_grp])
+        vis = block_visible(q_pos, block_of(q_pos, P, B), q_grp, k_pos, block_of(k_pos, P, B), k_grp)
+        mask = additive(vis, next(self.model.parameters()).dtype).to(dev)[None, None]
+        h = self.model.model(input_ids=ids[None], attention_mask=mask, position_ids=q_pos[None],
+                             past_key_values=self.cache, use_cache=True).last_hidden_state[0]   # (n_p + K B, C)
+        self.cache.crop(-(K * B))                                         # keep only committed tokens
+        self.n = lo
+        head = self.model.lm_head
+        if n_p:
+            self.first = head(h[n_p - 1]).float()                        # (V,): predicts slot 0
+        canv = head(h[n_p:].view(K, B, -1)[:, :-1]).float()              # (K, B-1, V): slots 1..B-1
+        if self.rows is None:
+            self.rows = torch.zeros(T, self.first.shape[-1], device=dev)
+        out = self.rows[None].repeat(K, 1, 1)                            # (K, T, V)
+        out[:, lo] = self.first
+        out[:, lo + 1:lo + B] = canv
+        out[:, lo + B:] = 0
+        self.rows = out[0]
+        return out
+
+
+def make_denoiser(model) -> Denoiser:
+    """The denoiser a diffusion checkpoint needs: whole-canvas or block-causal with a KV cache."""
+    return BlockDenoiser(model) if is_block_causal(model) else Denoiser(model)

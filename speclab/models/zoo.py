@@ -127,6 +127,12 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
     adapter = adapter_info(where) if Path(where).is_dir() else None
     # the zoo is stored in fp16 and upcast: fp16 matmuls are slow on CPU
     dtype = pick_dtype(dtype, dev, toy=adapter is None and where.startswith(str(ZOO_DIR)))
+    if adapter is not None and adapter.get("kind") == "dllm-lora":   # deltas merged into a private copy
+        from speclab.models.adapter import apply_dllm_lora
+        model, tok = load(adapter["base"], device, dtype)
+        model = apply_dllm_lora(where, model)
+        model.name_or_path = str(name_or_path)
+        return model, tok
     if adapter is not None:                     # a draft over a base model's shared weights
         base = load_shared(adapter["base"], device, dtype)[0]
         model = load_draft(where, base, dtype)

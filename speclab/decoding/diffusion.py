@@ -89,7 +89,7 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
             # a block-causal model sees no later block: its "every mask" is the active block's
             seen = eligible if den.block_causal else masked
             ch: Choice = policy.select(View(step, total_steps, (lo, hi), i, eligible, seen, x0, conf,
-                                            lmargin, rand, prev_x0))
+                                            lmargin, rand, prev_x0, entropy))
             commit = ch.commit & (seen if ch.finish else eligible)
             if not commit.any():                                        # every step commits something
                 commit[torch.where(eligible, conf, torch.full_like(conf, -1.0)).argmax()] = True

@@ -27,6 +27,7 @@ class View:
     logit_margin: torch.Tensor     # (G,) l1 - l2 (Prophet / SchED units)
     rand: torch.Tensor             # (G,) U(0,1) from the run's generator (random remasking)
     prev_x0: torch.Tensor | None   # (G,) the previous step's proposal
+    entropy: torch.Tensor | None = None   # (G,) entropy of each position's distribution (nats)
 
 
 @dataclass
@@ -227,5 +228,33 @@ class FreeDave:
         return gen_length
 
 
+@dataclass
+class EntropyBound:
+    """DiffusionGemma's acceptance rule as a commit policy: sort the eligible positions by entropy,
+    lowest first, and commit each whose predecessors' entropies sum to <= `entropy_bound` (nats);
+    the lowest-entropy position always. Here unmask-only: a mask-based model keeps what it commits
+    (DiffusionGemma itself re-noises everything it did not accept, see speclab.decoding.dgemma)."""
+    entropy_bound: float = 0.1
+
+    def plan(self, gen_length: int, n_blocks: int) -> int:
+        if not self.entropy_bound >= 0:
+            raise ValueError(f"entropy_bound must be >= 0 (nats), got {self.entropy_bound}")
+        return gen_length
+
+    def start_block(self, n_masked: int):
+        pass
+
+    def select(self, v: View) -> Choice:
+        order = ranked(-v.entropy, v.eligible)        # lowest entropy first, ties leftmost
+        e = v.entropy[order]
+        keep = torch.cumsum(e, 0) - e <= self.entropy_bound
+        keep[0] = True
+        commit = torch.zeros_like(v.eligible)
+        commit[order[keep]] = True
+        return Choice(commit, None, info={"entropy_bound": self.entropy_bound,
+                                          "entropy_sum": round(float(e[keep].sum()), 4)})
+
+
 POLICIES = {"dllm-lowconf": LowConfidence, "dllm-threshold": Threshold, "dllm-prophet": Prophet,
-            "dllm-sched": Sched, "dllm-localleap": LocalLeap, "dllm-freedave": FreeDave}
+            "dllm-sched": Sched, "dllm-localleap": LocalLeap, "dllm-freedave": FreeDave,
+            "dllm-entropy-bound": EntropyBound}

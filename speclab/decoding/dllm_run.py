@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from speclab.decoding.dgemma import DGemmaSampler, canvas_length, dgemma_decode, is_dgemma
 from speclab.decoding.diffusion import check_shape, denoise
 from speclab.decoding.dllm_policies import POLICIES, FreeDave
 from speclab.decoding.freedave import freedave
@@ -25,14 +26,21 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
         raise ValueError(f"{method} samples with temperature only (Gumbel-max); top_k / top_p are not supported")
     if temperature is None or temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    gen_length = gen_length if gen_length is not None else (max_new_tokens or 64)
     known = [f.name for f in fields(POLICIES[method])]
-    if set(params) - set(known):
+    noise_only = [f.name for f in fields(DGemmaSampler) if f.name not in known]
+    if set(params) - set(known) - set(noise_only) or (set(params) & set(noise_only) and method != "dllm-entropy-bound"):
         raise ValueError(f"{method} does not take {sorted(set(params) - set(known))}; it takes "
                          f"gen_length, block_length, eos_stop, {', '.join(known)}")
-    gen_length = gen_length if gen_length is not None else (max_new_tokens or 64)
-    check_shape(gen_length, block_length)          # before any model loads
-    policy = POLICIES[method](**params)
     model, tok = as_model(target, device)
+    if is_dgemma(model):
+        return _run_dgemma(model, tok, prompt, method, gen_length, block_length, temperature, seed, record,
+                           progress, chat, params)
+    if set(params) & set(noise_only):
+        raise ValueError(f"{sorted(set(params) & set(noise_only))} belong to DiffusionGemma's noise canvas; "
+                         f"on a mask-based dLLM {method} takes only entropy_bound")
+    check_shape(gen_length, block_length)
+    policy = POLICIES[method](**params)
     den = make_denoiser(model)
     if den.block_causal and block_length is None:  # a block-diffusion LM decodes in its trained blocks
         block_length = min(den.B, gen_length)
@@ -54,3 +62,30 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
                   prompt_ids=ids, output_ids=new, token_text=token_table(tok, seen),
                   totals=totals, denoise=steps)
     return trace
+
+
+def _run_dgemma(model, tok, prompt, method, gen_length, block_length, temperature, seed, record, progress, chat,
+                params) -> Trace:
+    """DiffusionGemma: its own sampler (entropy bound, re-noising, temperature schedule, stop rule)."""
+    L = canvas_length(model)
+    if method != "dllm-entropy-bound":
+        raise ValueError(f"DiffusionGemma denoises a canvas of random tokens, not masks: {method} needs a mask-based "
+                         "dLLM; decode it with dllm-entropy-bound (its own sampler)")
+    if block_length not in (None, L):
+        raise ValueError(f"this DiffusionGemma's block is its canvas, {L} tokens: drop block_length or set it to {L}")
+    if temperature:
+        raise ValueError("DiffusionGemma samples with its own temperature schedule (t_max -> t_min): "
+                         "set t_min / t_max and leave temperature at 0")
+    sampler = DGemmaSampler(**params)
+    if chat:
+        prompt = chat_prompt(tok, prompt)
+    ids = encode_prompt(tok, prompt, gen_length, getattr(model.config.get_text_config(), "max_position_embeddings", None))
+    new, steps, totals = dgemma_decode(model, ids, sampler, gen_length, seed, record, tok.eos_token_id, progress)
+    pad = int(model.config.get_text_config().pad_token_id or 0)
+    seen = ids + new + [pad] + [t for s in steps for t in s.top1 + s.tokens]
+    return Trace(engine="diffusion", method=method,
+                 params=dict(params, gen_length=gen_length, block_length=L, eos_stop=True, eos_id=tok.eos_token_id,
+                             mask_id=pad, policy="DGemmaSampler", canvas="noise", **({"chat": True} if chat else {})),
+                 models={"target": model_info(model, getattr(model, "name_or_path", "target"))},
+                 sampling=Sampling(0.0, None, None, seed), record=record,
+                 prompt_ids=ids, output_ids=new, token_text=token_table(tok, seen), totals=totals, denoise=steps)

@@ -142,6 +142,8 @@ DLLM_SUMMARY = {
     "dllm-sched": "SchED: low-confidence steps, exit when the margin passes a progress-aware threshold",
     "dllm-localleap": "LocalLeap: high-confidence anchors relax the threshold around them",
     "dllm-freedave": "FreeDave: K drafts verified in one batched forward; lossless vs one-token-per-step",
+    "dllm-entropy-bound": "DiffusionGemma's sampler: commit the lowest-entropy positions while their entropy sum "
+                          "stays under a bound (on DiffusionGemma: its whole noise-canvas loop)",
 }
 for _n, _d in DLLM_SUMMARY.items():
     METHODS[_n] = Method(_n, "diffusion", "diffusion", _n == "dllm-freedave", False, _d, None)

@@ -33,6 +33,10 @@ def strategy_color(name: str, i: int = 0) -> str:
 # a diffusion canvas position after a denoising step (canvas view, decoding-order map)
 CANVAS = {"earlier": "#8fd19e", "now": "#f4a259", "masked": "#e3e3e3"}
 CANVAS_LABEL = {"earlier": "committed earlier", "now": "committed this step", "masked": "still masked"}
+# DiffusionGemma's canvas starts as random tokens, not masks: slots re-noised this step, slots that
+# keep their sample (accepted by the entropy bound; not final until the block commits its argmax)
+NOISE = {"noise": "#e4d4f4", "sampled": "#bfe6c8"}
+NOISE_LABEL = {"noise": "random token (re-noised)", "sampled": "accepted sample (provisional)"}
 PROPOSAL = {"now": "#f4a259", "block": "#7fb3ff", "outside": "#cfdff5"}   # confidence bars
 BLOCK_FILL, BLOCK_LINE = "rgba(31,119,180,0.10)", "rgba(31,119,180,0.55)"
 THRESHOLD = "#d62728"

@@ -84,15 +84,39 @@ def step_note(trace: Trace, s: DenoiseStep) -> str:
         parts.append("forced (nothing passed)")
     if s.info.get("finish"):
         parts.append("early exit: every mask committed")
-    for key, name in (("gap", "gap"), ("g", "mean margin")):
+    for key, name in (("gap", "gap"), ("g", "mean margin"), ("entropy_bound", "entropy bound"),
+                      ("temperature", "temperature"), ("mean_entropy", "mean entropy")):
         if key in s.info:
             parts.append(f"{name} {s.info[key]:.3g}")
+    if s.info.get("stable"):
+        parts.append("argmax stable")
     return ", ".join(parts)
+
+
+def is_noise(trace: Trace) -> bool:
+    """A DiffusionGemma trace: the canvas holds random tokens where a mask-based one holds masks."""
+    return trace.params.get("canvas") == "noise"
+
+
+def canvas_state(trace: Trace, s: DenoiseStep, p: int, now: set, before: set) -> str:
+    if p in now:
+        return "now"
+    if p not in before:
+        return "earlier"
+    if is_noise(trace) and s.block[0] <= p < s.block[1]:
+        return "noise" if p in s.remasked else "sampled"
+    return "masked"
 
 
 # -- (a) the canvas at one step --------------------------------------------------------------------
 def cell_hover(trace: Trace, s: DenoiseStep, p: int, state: str, at: int | None, prop: dict) -> str:
     head = f"position {p}"
+    if state in ("noise", "sampled"):
+        t, c, m = prop[p]
+        what = ("a random token, re-noised this step" if state == "noise"
+                else "the sampled token, kept: its entropy fit under the bound")
+        return (f"{head}: <b>{tok(trace, s.tokens[p])}</b>, {what}<br>argmax proposal <b>{tok(trace, t)}</b> "
+                f"p={num(c)} margin={num(m)}")
     if state == "masked":
         t, c, m = prop[p]
         where = "" if s.block[0] <= p < s.block[1] else " (outside the active block)"
@@ -114,7 +138,8 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     (lo, hi), at = s.block, commit_steps(trace)
     prop = {p: (t, c, m) for p, t, c, m in zip(s.masked, s.top1, s.conf, s.margin)}
     now, before = set(s.committed), set(s.masked)
-    state = ["now" if p in now else "masked" if p in before else "earlier" for p in range(G)]
+    state = [canvas_state(trace, s, p, now, before) for p in range(G)]
+    palette = {**colors.CANVAS, **colors.NOISE}
     vertical = rotated(trace)
     shade = lambda y0, y1, axes: dict(
         type="scatter", x=[lo - 0.5, hi - 0.5, hi - 0.5, lo - 0.5, lo - 0.5], y=[y0, y0, y1, y1, y0],
@@ -123,10 +148,11 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
         xaxis="x" + axes, yaxis="y" + axes)
     cells = dict(
         type="bar", x=list(range(G)), y=[1] * G, width=0.92, name="canvas", showlegend=False,
-        text=["" if st == "masked" else label(trace, s.tokens[p]) for p, st in enumerate(state)],
+        text=["" if st == "masked" else f"<i>{label(trace, s.tokens[p])}</i>" if st == "noise"
+              else label(trace, s.tokens[p]) for p, st in enumerate(state)],
         textposition="inside", insidetextanchor="middle", textangle=-90 if vertical else 0,
         textfont=dict(family="monospace", size=12),
-        marker=dict(color=[colors.CANVAS[st] for st in state], line=dict(width=0)),
+        marker=dict(color=[palette[st] for st in state], line=dict(width=0)),
         hovertext=[cell_hover(trace, s, p, st, at[p], prop) for p, st in enumerate(state)],
         hovertemplate="%{hovertext}<extra></extra>", customdata=state)
     entropy = s.info.get("entropy")
@@ -145,14 +171,20 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
                 y=[thr, thr] if thr is not None else [None], mode="lines", name="threshold",
                 line=dict(color=colors.THRESHOLD, width=2, dash="dash"), showlegend=thr is not None,
                 hovertemplate="threshold %{y:.3g}<extra></extra>", xaxis="x2", yaxis="y2")
+    names = {**colors.CANVAS_LABEL, **(colors.NOISE_LABEL if is_noise(trace) else {})}
     legend = [None if not static else dict(
-        type="scatter", x=[None], y=[None], mode="markers", name=colors.CANVAS_LABEL[k],
-        marker=dict(symbol="square", size=12, color=colors.CANVAS[k])) for k in colors.CANVAS]
+        type="scatter", x=[None], y=[None], mode="markers", name=names[k],
+        marker=dict(symbol="square", size=12, color=palette[k])) for k in names]
     h1, h2, gap = (110 if vertical else 50), 220, 45
     area = h1 + gap + h2
     note = step_note(trace, s)
-    title = (f"{trace.method}: step {step + 1}/{n}, block [{lo}, {hi}): committed {len(now)}, "
-             f"{len(before) - len(now)} still masked")
+    if is_noise(trace):
+        title = (f"{trace.method}: step {step + 1}/{n}, block [{lo}, {hi}): "
+                 + (f"block committed (its argmax), {len(now)} tokens" if now else
+                    f"{len(s.info.get('accepted', []))} samples kept, {len(s.remasked)} slots re-noised"))
+    else:
+        title = (f"{trace.method}: step {step + 1}/{n}, block [{lo}, {hi}): committed {len(now)}, "
+                 f"{len(before) - len(now)} still masked")
     title += f"<br><span style='font-size:12px'>{note}</span>" if note else ""
     xr = [-0.6, G - 0.4]
     layout = dict(

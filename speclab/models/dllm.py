@@ -12,7 +12,9 @@ import torch
 
 
 def is_dllm(model) -> bool:
-    return getattr(getattr(model, "config", None), "speclab_engine", None) == "diffusion"
+    """A speclab masked-diffusion checkpoint, or transformers' DiffusionGemma (a noise canvas)."""
+    cfg = getattr(model, "config", None)
+    return getattr(cfg, "speclab_engine", None) == "diffusion" or getattr(cfg, "model_type", None) == "diffusion_gemma"
 
 
 def mark_dllm(config, mask_token_id: int, shift: bool):
@@ -42,7 +44,7 @@ class Denoiser:
     block_causal = False
 
     def __init__(self, model):
-        if not is_dllm(model):
+        if not is_dllm(model) or getattr(model.config, "model_type", None) == "diffusion_gemma":
             name = getattr(model, "name_or_path", type(model).__name__)
             raise ValueError(f"{name} is not a masked-diffusion LM (its config has no speclab_engine='diffusion'): "
                              "dllm-* methods need a diffusion model such as code-dllm or digits-dllm; "

@@ -101,7 +101,8 @@ def model_kind(m) -> str | None:
                 return None
             if raw.get("model_type") == "da-transformer":
                 return "dag"
-            return "diffusion" if raw.get("speclab_engine") == "diffusion" else "causal"
+            diffusion = raw.get("speclab_engine") == "diffusion" or raw.get("model_type") == "diffusion_gemma"
+            return "diffusion" if diffusion else "causal"
     return None
 
 

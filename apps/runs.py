@@ -40,7 +40,8 @@ def zoo_models() -> dict[str, list[str]]:
         if cfg.get("speclab_adapter", {}).get("kind") in ("eagle", "medusa"):
             continue            # feature heads decode nothing alone: methods pick them (zoo.PAIRED)
         kind = ("dag" if cfg.get("model_type") == "da-transformer"
-                else "diffusion" if cfg.get("speclab_engine") == "diffusion" else "causal")
+                else "diffusion" if cfg.get("speclab_engine") == "diffusion" or cfg.get("model_type") == "diffusion_gemma"
+                else "causal")
         kinds[kind].append(name)
     return kinds
 

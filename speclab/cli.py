@@ -197,6 +197,9 @@ def cmd_train(a):
     elif a.rest and a.rest[0] == "smollm2-draft":
         from speclab.train.smollm2_draft import main as smollm2_main
         return smollm2_main(a.rest[1:]) or 0
+    elif a.rest and a.rest[0] == "digits-dgemma":
+        from speclab.train.dgemma import main as dgemma_main
+        return dgemma_main(a.rest[1:]) or 0
     elif a.rest and a.rest[0] == "smollm2-dllm":
         from speclab.train.smollm2_dllm import main as dllm_main
         return dllm_main(a.rest[1:]) or 0

@@ -105,3 +105,15 @@ def test_entropy_bound_on_a_mask_based_dllm(tmp_path):
         e = dict(zip(s.masked, s.info["entropy"]))
         assert e[s.committed[0]] == min(e[p] for p in s.masked if s.block[0] <= p < s.block[1])
     assert allin.trace.totals.target_forwards == 1
+
+
+def test_hf_diffusion_peer_matches_speclab_and_counts_forwards(dgemma):
+    from speclab.bench.peers import run_diffusion_peer
+    model, tok = dgemma
+    ids = tok("ADD 12+34=")["input_ids"]
+    peer = run_diffusion_peer(model, tok, ids, 2 * L, seed=5)
+    ours = speclab.run(dgemma, ids, "dllm-entropy-bound", gen_length=2 * L, seed=5, record=None)
+    assert peer["ids"] == ours.ids
+    assert peer["target_forwards"] == ours.trace.totals.target_forwards
+    assert peer["tokens_per_forward"] == pytest.approx(
+        sum(t != tok.pad_token_id for t in peer["ids"]) / peer["target_forwards"], rel=1e-5)

@@ -21,6 +21,7 @@ from speclab.bench.prompts import load_prompts
 from speclab.params import parse_assignment
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.decoding.registry import get_method, method_params
+from speclab.decoding.dgemma import is_dgemma
 from speclab.models.dllm import is_dllm
 
 
@@ -106,11 +107,13 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     from speclab.bench.prompts import encode
     prompt_ids = [encode(tok, p, max_new_tokens, max_pos) for p in prompts]
     # the baseline, always measured: plain ar, or for a diffusion LM one token per step
-    base = "dllm-lowconf" if is_dllm(model) else "ar"
+    noise = is_dgemma(model)                   # DiffusionGemma: its own sampler is the baseline
+    base = "dllm-entropy-bound" if noise else "dllm-lowconf" if is_dllm(model) else "ar"
     if is_dllm(model) and any(get_method(s.method).engine != "diffusion" for s in specs if s.method not in PEERS):
         raise ValueError("a diffusion LM target takes dllm-* methods only")
-    if is_dllm(model) and any(s.method in PEERS for s in specs):
-        raise ValueError("transformers peers (hf-*) decode causal LMs: not available for a diffusion LM target")
+    if any(s.method in PEERS and (s.method == "hf-diffusion") != noise for s in specs):
+        raise ValueError("hf-diffusion runs DiffusionGemma's generate(); the other hf-* peers decode causal LMs: "
+                         "pick the peer that fits the target")
     if not any(s.label == base for s in specs):
         specs = [MethodSpec(base, base)] + specs
     from speclab.bench.vllm_peer import VLLM_PEERS, run_vllm_peer_passes

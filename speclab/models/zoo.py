@@ -6,6 +6,7 @@ The zoo lives in speclab/zoo/<name>/ as fp16 safetensors + config + tokenizer, u
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 
@@ -142,7 +143,8 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
         return model, (AutoTokenizer.from_pretrained(where) if has_tok else load_shared(adapter["base"], device, dtype)[1])
     try:
         tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=trust_remote_code)
+        model = _model_class(where, AutoModelForCausalLM).from_pretrained(where, dtype=dtype,
+                                                                          trust_remote_code=trust_remote_code)
     except OSError as e:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         raise ModelLoadError(f"could not load {name_or_path!r}: {str(e).splitlines()[0]}"
@@ -150,6 +152,15 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
     model.to(dev).eval()
     model.name_or_path = str(name_or_path)
     return model, tok
+
+
+def _model_class(where: str, default):
+    """transformers' DiffusionGemma is an encoder-decoder, not an AutoModelForCausalLM."""
+    cfg = Path(where) / "config.json"
+    if cfg.is_file() and json.loads(cfg.read_text()).get("model_type") == "diffusion_gemma":
+        from transformers import DiffusionGemmaForBlockDiffusion
+        return DiffusionGemmaForBlockDiffusion
+    return default
 
 
 def load_shared(name_or_path: str, device: str | None = None, dtype="auto"):

@@ -27,6 +27,7 @@ import panel as pn
 from speclab.apps import runs
 from speclab.apps.status import player_css, status_html
 from speclab.decoding.drafters.lookup import SuffixHistory
+from speclab.figures.distributions import distributions
 from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, round_strip, step_figure,
                              step_label, step_title, timing)
 from speclab.metrics import n_steps
@@ -112,6 +113,11 @@ class Dashboard:
         self.step_text = pn.pane.HTML("", css_classes=["speclab-step-text"])
         self.step_fig = pn.pane.Plotly(None, css_classes=["speclab-step"], sizing_mode="stretch_width")
         self.detail = pn.pane.HTML("", css_classes=["speclab-detail"])
+        # p and q of the round's key draft node (record="full"), re-tempered on demand
+        self.dist_fig = pn.pane.Plotly(None, css_classes=["speclab-dist"], sizing_mode="stretch_width", visible=False)
+        self.dist_temp = w.FloatSlider(name="show p and q at temperature", start=0.1, end=2.0, step=0.05, value=1.0,
+                                       visible=False, width=300)
+        self.dist_temp.param.watch(lambda e: self._show_distributions(), "value")
         self.summary_figs = [pn.pane.Plotly(None, height=h, sizing_mode="stretch_width", visible=False)
                              for h in SUMMARY_HEIGHTS]
         self.summary_note = pn.pane.Markdown("Summary figures are for speculative and diffusion runs; the Step "
@@ -146,7 +152,8 @@ class Dashboard:
             self.k, self.threshold, self.exit_layer, self.budget, self.gen_length, self.block_length,
             self.max_new_tokens, self.temperature,
             self.seed, self.extra, self.run_button, self.progress, self.queue_note, width=330)
-        step = pn.Column(pn.Row(self.player, self.step_text), self.step_fig, self.detail)
+        step = pn.Column(pn.Row(self.player, self.step_text), self.step_fig, self.detail, self.dist_temp,
+                         self.dist_fig)
         compare = pn.Column(
             "Runs every chosen method on the prompt and settings on the left, plus `ar` (one target forward "
             "per token) as the reference: speed-up = ar's wall time / the method's, tau = new tokens / target "
@@ -339,6 +346,8 @@ class Dashboard:
             self.error("this trace has no steps to show (recorded with record=None and no rounds?)")
             return
         self.trace = trace
+        self._step = 0
+        self.dist_temp.value = trace.sampling.temperature or 1.0        # the temperature that ran
         self.clear_error()
         self.status.object = status_html(trace)
         self.download.disabled = False
@@ -358,7 +367,19 @@ class Dashboard:
             self.step_text.object = f"<b>{step_title(self.trace, step)}</b>"
             self.step_fig.object = step_figure(self.trace, step)
             self.detail.object = detail_html(self.trace, step)
+            self._step = step
+            self._show_distributions()
             self._show_summary(self.trace, step)
+
+    def _show_distributions(self) -> None:
+        """The p / q bars of the current round, when the trace recorded them."""
+        trace, step = self.trace, getattr(self, "_step", 0)
+        fig = None
+        if trace is not None and trace.engine == "speculative" and trace.record == "full":
+            fig = distributions(trace, step, temperature=self.dist_temp.value)
+        with pn.io.hold():
+            self.dist_fig.object, self.dist_fig.visible = fig, fig is not None
+            self.dist_temp.visible = fig is not None
 
     def _show_summary(self, trace: Trace, step: int | None = None) -> None:
         """The Summary tab's figures, each marking `step` (the Step tab's current one)."""
@@ -377,6 +398,7 @@ class Dashboard:
             self.trace = None
             self.status.object = "No run: the last one failed (the message above says why)."
             self.step_text.object, self.step_fig.object, self.detail.object = "", None, ""
+            self.dist_fig.object, self.dist_fig.visible, self.dist_temp.visible = None, False, False
             for pane in self.summary_figs:
                 pane.visible, pane.object = False, None
             self.download.disabled = True

@@ -194,3 +194,41 @@ def test_async_run_failure_also_clears_the_previous_run():
     d.prompt.value = "  "
     assert asyncio.run(d.run_async()) is None
     assert d.trace is None and d.step_fig.object is None and "empty prompt" in d.alert.object
+
+
+def test_distributions_show_p_q_the_rule_and_the_residual():
+    from speclab.figures.distributions import distributions, retemper
+    r = speclab.generate("code-target", "def add(a, b):", "draft-model", draft="code-draft", max_new_tokens=24,
+                         record="full", temperature=0.8, seed=1)
+    figs = [(i, distributions(r.trace, i)) for i in range(len(r.trace.rounds))]
+    figs = [(i, f) for i, f in figs if f is not None]
+    assert figs                                                   # sampled draft-model rounds carry p and q
+    i, fig = figs[0]
+    node = next(n for n in r.trace.rounds[i].nodes if n.id == fig.layout.meta["node"])
+    p_bar, q_bar = fig.data[0], fig.data[1]
+    assert sum(p_bar.y) <= 1 + 1e-6 and sum(q_bar.y) <= 1 + 1e-6
+    assert f"{node.p:.4g}" in fig.layout.title.text and f"{min(1, node.p / node.q):.4g}" in fig.layout.title.text
+    if len(fig.data) == 3:                                        # the residual is a distribution
+        assert abs(sum(fig.data[2].y) - 1) < 1e-6
+    cold = distributions(r.trace, i, temperature=0.2)
+    assert "re-tempered to T = 0.2" in cold.layout.title.text
+    assert max(cold.data[0].y) >= max(p_bar.y) - 1e-9             # colder: the top token gains
+    t = retemper([[1, 0.5], [2, 0.25]], 0.5)
+    assert abs(t[1] - 0.8) < 1e-9 and abs(sum(t.values()) - 1) < 1e-9
+    g = speclab.generate("code-target", "def add(a, b):", "ar", max_new_tokens=4, record="full")
+    assert distributions(g.trace, 0) is None                      # nothing drafted: no figure
+
+
+def test_dashboard_shows_distributions_for_full_sampled_runs_and_the_diffusion_threshold_that_runs():
+    d = Dashboard()
+    d.method.value = "draft-model"
+    d.temperature.value = 0.8
+    d.seed.value = 1
+    d.max_new_tokens.value = 24
+    assert d.run_now() is not None
+    shown = [s for s in range(len(d.trace.rounds)) if (d.show_step(s) or d.dist_fig.visible)]
+    assert shown and d.dist_temp.value == 0.8                     # the panel opens at the temperature that ran
+    d.method.value = "dllm-threshold"
+    assert d.threshold.value == 0.9 and d.threshold.start > 0     # the slider shows the threshold that runs
+    d.method.value = "draft-model"
+    assert d.threshold.value == 0.0                               # speculative: 0 = off again

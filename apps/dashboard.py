@@ -28,6 +28,7 @@ from speclab.apps import runs
 from speclab.apps.status import player_css, status_html
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.figures.distributions import distributions
+from speclab.figures.race import race_iframe
 from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, round_strip, step_figure,
                              step_label, step_title, timing)
 from speclab.metrics import n_steps
@@ -129,6 +130,8 @@ class Dashboard:
                                              value=[m for m in ("draft-model", "prompt-lookup") if m in spec])
         self.compare_button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
         self.compare_out = pn.pane.HTML("", css_classes=["speclab-compare-out"])
+        # the race: ar and each compared method typing their answers at the pace they ran
+        self.race_out = pn.pane.HTML("", css_classes=["speclab-race"], sizing_mode="stretch_width")
         # -- traces in and out -------------------------------------------------------------------
         self.upload = w.FileInput(accept=".json", multiple=False, css_classes=["speclab-upload"])
         self.download = w.FileDownload(callback=self._download, filename="trace.json", label="Save trace (JSON)",
@@ -159,7 +162,7 @@ class Dashboard:
             "per token) as the reference: speed-up = ar's wall time / the method's, tau = new tokens / target "
             "forwards, alpha = accepted / drafted draft tokens. Each method first runs once untimed, so model "
             "loading and warm-up are not in the timings.",
-            self.compare_methods, self.compare_button, self.compare_out)
+            self.compare_methods, self.compare_button, self.compare_out, self.race_out)
         files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
                           self.download)
         self.tabs = pn.Tabs(("Step", step), ("Summary", self.summary), ("Compare", compare),
@@ -475,6 +478,8 @@ class Dashboard:
     def _fill_compare(self, traces, reference, errors) -> list[dict]:
         self.compare_table = runs.compare_rows(traces, reference)
         self.compare_out.object = runs.rows_html(self.compare_table) if traces else ""
+        lanes = [t for t in [reference, *traces.values()] if t is not None and t.rounds]
+        self.race_out.object = race_iframe(lanes) if len(lanes) > 1 else ""
         if errors:
             self.error("; ".join(f"{m}: {e}" for m, e in errors.items()))
         else:

@@ -232,3 +232,30 @@ def test_dashboard_shows_distributions_for_full_sampled_runs_and_the_diffusion_t
     assert d.threshold.value == 0.9 and d.threshold.start > 0     # the slider shows the threshold that runs
     d.method.value = "draft-model"
     assert d.threshold.value == 0.0                               # speculative: 0 = off again
+
+
+def test_race_lanes_follow_the_rounds_and_refuse_other_engines():
+    from speclab.figures.race import race_iframe, race_lanes
+    runs = [speclab.generate("code-target", "def add(a, b):", m, draft="code-draft" if m == "draft-model" else None,
+                             max_new_tokens=20) for m in ("ar", "draft-model")]
+    lanes = race_lanes([r.trace for r in runs])
+    for lane, r in zip(lanes, runs):
+        times = [e[0] for e in lane["events"]]
+        assert times == sorted(times) and abs(times[-1] - r.trace.totals.wall_s) < 1e-3
+        assert "".join(e[1] for e in lane["events"]) == r.text and sum(e[2] for e in lane["events"]) == len(r.ids)
+    assert len(lanes[0]["events"]) == len(runs[0].ids)            # ar: one token per round
+    assert len(lanes[1]["events"]) < len(runs[1].ids)             # a speculative method types in bursts
+    assert "srcdoc=" in race_iframe([r.trace for r in runs])
+    dl = speclab.run("digits-dllm", "SUM 27=", "dllm-lowconf", gen_length=8)
+    with pytest.raises(ValueError, match="replays speculative runs"):
+        race_lanes([dl.trace])
+
+
+def test_compare_tab_races_ar_against_the_methods(monkeypatch):
+    walls = {"ar": 2.0, "prompt-lookup": 0.5}
+    monkeypatch.setattr(runs, "run_one", lambda target, prompt, method, max_new_tokens=24, **kw:
+                        hand_trace(method, wall_s=walls[method]))
+    d = Dashboard()
+    d.compare_methods.value = ["prompt-lookup"]
+    d.compare_now()
+    assert "speclab-race" in d.race_out.object and "prompt-lookup" in d.race_out.object

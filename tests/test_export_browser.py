@@ -48,3 +48,33 @@ def test_exported_html_renders_and_slider_moves(tmp_path, target, draft):
             raise
         finally:
             ctx.close()
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (make test installs it)")
+def test_race_types_both_answers_and_shows_the_speedup(tmp_path, target, draft):
+    from speclab.figures.race import race_html
+    prompt = "    def keys(self):\n        return"
+    runs = [speclab.generate(target, prompt, m, draft=draft if m == "draft-model" else None, max_new_tokens=24)
+            for m in ("ar", "draft-model")]
+    page_file = tmp_path / "race.html"
+    page_file.write_text(race_html([r.trace for r in runs], slow=20.0))
+    with sync_api.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+                                                   headless=True, args=FLAGS)
+        page = ctx.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            page.goto(page_file.as_uri())
+            texts = lambda: page.eval_on_selector_all(".text", "els => els.map(e => e.textContent)")
+            final = texts()
+            assert final == [r.text for r in runs]                 # at rest: both whole answers
+            assert "x ar" in page.inner_text(".lane:nth-child(2) .up")
+            page.click("#go")                                      # 20x slower: typing is visible
+            page.wait_for_timeout(300)
+            early = texts()
+            assert all(len(e) < len(f) for e, f in zip(early, final))
+            assert all(f.startswith(e) for e, f in zip(early, final))
+            assert not errors
+        finally:
+            ctx.close()

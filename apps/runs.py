@@ -10,7 +10,6 @@ The queue is a process resource like the models; everything a user sees lives in
 """
 from __future__ import annotations
 
-import functools
 import html
 import json
 import threading
@@ -117,26 +116,18 @@ def queued() -> int:
     return _waiting
 
 
-@functools.lru_cache(maxsize=4)
-def load_dag_shared(name: str):
-    """A zoo DA-Transformer, once per process (zoo.load_shared covers causal LMs only)."""
-    from speclab.models.dag import load_dag
-    return load_dag(ZOO_DIR / name)
-
-
 def run_one(target: str, prompt: str, method: str, draft: str | None = None, max_new_tokens: int = 24,
             temperature: float = 0.0, seed: int = 0, record: str | None = "full", progress=None,
             **kw) -> Trace:
     """One decode -> its Trace. ValueError (from speclab) for anything the user got wrong."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("empty prompt: type some text to continue")
-    if is_dag(method):
-        from speclab.decoding.dag import DecodeConfig, run_dag
+    import speclab
+    if is_dag(method):             # through speclab.run like every engine: one model cache, one seam
         if target not in zoo_models()["dag"]:
             raise ValueError(f"{method} needs a DAG model ({', '.join(zoo_models()['dag'])}), not {target!r}")
-        cfg = DecodeConfig(temperature=temperature) if temperature > 0 else None
-        return run_dag(load_dag_shared(target), prompt, method[len("dag-"):], record, seed, cfg)
-    import speclab
+        return speclab.run(target, prompt, method, record=record, seed=seed,
+                           temperature=temperature if temperature > 0 else None).trace
     kinds = zoo_models()
     if engine(method) == "diffusion":
         if target not in kinds["diffusion"]:

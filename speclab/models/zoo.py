@@ -5,6 +5,7 @@ The zoo lives in speclab/zoo/<name>/ as fp16 safetensors + config + tokenizer, u
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -104,8 +105,12 @@ def resolve(name_or_path: str | os.PathLike) -> str:
 
 
 def is_dag(where: str) -> bool:
+    """A DA-Transformer directory: its config's model_type says so."""
     cfg = Path(where) / "config.json"
-    return cfg.exists() and '"da-transformer"' in cfg.read_text()
+    try:
+        return cfg.is_file() and json.loads(cfg.read_text()).get("model_type") == "da-transformer"
+    except ValueError:
+        return False
 
 
 def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = False):
@@ -143,8 +148,9 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
         return model, (AutoTokenizer.from_pretrained(where) if has_tok else load_shared(adapter["base"], device, dtype)[1])
     try:
         tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
-        model = _model_class(where, AutoModelForCausalLM).from_pretrained(where, dtype=dtype,
-                                                                          trust_remote_code=trust_remote_code)
+        with quiet_loading():
+            model = _model_class(where, AutoModelForCausalLM).from_pretrained(where, dtype=dtype,
+                                                                              trust_remote_code=trust_remote_code)
     except OSError as e:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         raise ModelLoadError(f"could not load {name_or_path!r}: {str(e).splitlines()[0]}"
@@ -152,6 +158,20 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
     model.to(dev).eval()
     model.name_or_path = str(name_or_path)
     return model, tok
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """No "Loading weights" bar per model (a zoo model loads in well under a second; in a notebook
+    the bars cluttered every output). transformers' own setting is restored afterwards."""
+    from transformers.utils import logging as hf_logging
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def _model_class(where: str, default):

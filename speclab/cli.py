@@ -50,6 +50,9 @@ def add_run(sub):
     p.add_argument("--check", action="store_true", help="also run greedy ar and report `identical`")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    p.add_argument("--batch-size", type=int, metavar="B",
+                   help="decode the prompts of --prompt-file (one {\"prompt\": ...} JSON object or one plain-text "
+                        "prompt per line) B at a time, one target forward per round for the batch")
     p.add_argument("--dag-all-outputs", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_run)
 
@@ -76,6 +79,8 @@ def method_kwargs(a) -> dict:
 def cmd_run(a):
     import speclab
     import speclab.models.zoo
+    if a.batch_size is not None:
+        return _run_batch(a)
     if a.prompt_file:
         if not os.path.exists(a.prompt_file):
             raise ValueError(f"prompt file not found: {a.prompt_file}")
@@ -138,10 +143,88 @@ def cmd_run(a):
     return 0
 
 
+def read_prompt_lines(path: str) -> tuple[list[str], bool]:
+    """The prompts of a batch file: one {"prompt": ...} (or {"chat": ...}) JSON object or one plain-text
+    prompt per line. Returns (prompts, chat)."""
+    if not os.path.exists(path):
+        raise ValueError(f"prompt file not found: {path}")
+    prompts, kinds = [], set()
+    for i, line in enumerate(open(path, encoding="utf-8").read().splitlines()):
+        if not line.strip():
+            continue
+        if not line.lstrip().startswith("{"):
+            prompts.append(line)
+            kinds.add("prompt")
+            continue
+        try:
+            row = json.loads(line)
+            kind = "chat" if "chat" in row else "prompt"
+            prompts.append(str(row[kind]))
+            kinds.add(kind)
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{i + 1}: a JSON line must be an object with a 'prompt' or 'chat' string ({e})") from e
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts: write one prompt per line")
+    if len(kinds) > 1:
+        raise ValueError(f"{path} mixes chat and raw prompts: put each kind in its own file")
+    return prompts, kinds == {"chat"}
+
+
+def _run_batch(a):
+    """--batch-size B: the prompts of --prompt-file (or the one --prompt / --chat), B at a time."""
+    import speclab
+    if not isinstance(a.batch_size, int) or a.batch_size < 1:
+        raise ValueError(f"--batch-size must be an integer >= 1, got {a.batch_size}")
+    from speclab.decoding.registry import get_method
+    if get_method(a.method).engine != "speculative":
+        raise ValueError(f"--batch-size runs speculative methods; {a.method} takes one prompt at a time (drop --batch-size)")
+    if a.prompt_file:
+        prompts, chat = read_prompt_lines(a.prompt_file)
+    else:
+        prompts, chat = [a.chat if a.chat is not None else a.prompt], a.chat is not None
+    record = None if a.record == "none" else a.record
+    color = a.color == "always" or (a.color == "auto" and sys.stdout.isatty())
+    results, wall = [], 0.0
+    for start in range(0, len(prompts), a.batch_size):
+        rs = speclab.generate(a.target, prompts[start:start + a.batch_size], a.method, draft=a.draft,
+                              max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
+                              top_p=a.top_p, seed=a.seed + start, record=record, device=a.device, dtype=a.dtype,
+                              chat=chat, **method_kwargs(a))
+        wall += rs[0].trace.totals.wall_s
+        results += rs
+    for i, r in enumerate(results):
+        out = dict(index=i, text=r.text, ids=r.ids, method=a.method, batch_size=r.trace.params["batch_size"],
+                   lane=r.trace.params["lane"], **r.stats)
+        if a.check:
+            ref = speclab.generate(a.target, prompts[i], "ar", max_new_tokens=a.max_new_tokens, record=None,
+                                   device=a.device, dtype=a.dtype, chat=chat)
+            out["identical"] = ref.ids == r.ids
+        if a.trace:
+            root, ext = os.path.splitext(a.trace)
+            r.trace.save(f"{root}.{i}{ext or '.json'}")
+        if a.json:
+            print(json.dumps(out))
+            continue
+        shown = "".join(r.trace.text_of(t) for t in r.trace.prompt_ids) if chat else prompts[i]
+        print(f"--- prompt {i} (lane {out['lane']} of {out['batch_size']})")
+        print(render_colored(r.trace, shown, color))
+        alpha = "-" if out["alpha"] is None else f"{out['alpha']:.2f}"
+        print(f"[{a.method}] {out['new_tokens']} tokens, {out['target_forwards']} batch forwards, "
+              f"{out['draft_forwards']} draft forwards, tau {out['tau']:.2f}, alpha {alpha}"
+              + (f", identical to greedy ar: {out['identical']}" if a.check else ""))
+    if not a.json:
+        n = sum(len(r.ids) for r in results)
+        print(f"\n[{a.method}] {len(results)} prompts in batches of {a.batch_size}: {n} tokens in {wall:.2f} s "
+              f"({n / wall if wall else 0:.1f} tokens/s)")
+    return 0
+
+
 def _run_dllm(a, prompt, record):
     import speclab
     kw = method_kwargs(a)
     kw.setdefault("gen_length", a.max_new_tokens if a.max_new_tokens != 128 else 64)
+    if a.chat is not None:
+        kw["chat"] = True
     r = speclab.run(a.target, prompt, a.method, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
                     seed=a.seed, record=record, device=a.device, draft=a.draft, **kw)
     t = r.trace.totals

@@ -70,12 +70,16 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true", help="start from the weights in --out (a fresh optimizer)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     tok = digits.build_tokenizer()
     V = len(tok)
-    model = DiffusionGemmaForBlockDiffusion(dgemma_config(V))
+    if a.resume and (a.out / "config.json").exists():
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(a.out), dtype=torch.float32)
+    else:
+        model = DiffusionGemmaForBlockDiffusion(dgemma_config(V))
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
     rng, gen = random.Random(a.seed), torch.Generator().manual_seed(a.seed)
     budget, t0, step, avg = a.minutes * 60, time.time(), 0, None

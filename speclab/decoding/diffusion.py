@@ -5,7 +5,8 @@ State: the canvas x = prompt + G generation slots, initially all <|mask|>, cut i
 step is ONE forward over the whole canvas; per generation position it gives the proposed token
 x0 (argmax, or Gumbel-max at temperature T), its probability, and the top-1/top-2 margins; the
 policy picks which masked positions of the active block to commit. Stop: every slot committed,
-or (eos_stop) a finished block contains <|endoftext|>: everything after it is end of text.
+or (eos_stop) an <|endoftext|> is committed with every slot before it committed: the answer is
+written, whatever the slots after it would hold.
 
 Positions in the trace are generation coordinates (0 .. G-1); the output is the canvas up to and
 including the first <|endoftext|>.
@@ -99,7 +100,7 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
             prev_x0, step, i = x0, step + 1, i + 1
             if progress:
                 progress(int((x[P:] != MASK).sum()), G)
-            done = (ch.finish and not den.block_causal) or (eos_stop and eos_id is not None and _block_has_eos(x[P:], hi, MASK, eos_id))
+            done = (ch.finish and not den.block_causal) or (eos_stop and eos_id is not None and answer_ended(x[P:], MASK, eos_id))
         if done:
             break
     out = _output(x[P:].tolist(), MASK, eos_id)
@@ -108,10 +109,12 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
     return out, steps, totals
 
 
-def _block_has_eos(gen_x: torch.Tensor, hi: int, mask_id: int, eos_id: int) -> bool:
-    """Everything up to hi is committed and contains EOS: the answer has ended."""
-    head = gen_x[:hi]
-    return not bool((head == mask_id).any()) and bool((head == eos_id).any())
+def answer_ended(gen_x: torch.Tensor, mask_id: int, eos_id: int) -> bool:
+    """An <|endoftext|> is committed and every slot before it is too: the answer is written, and
+    nothing still masked can change it (Fast-dLLM v2 stops here; the slots after it would only be
+    filled with more end of text)."""
+    ends = (gen_x == eos_id).nonzero()
+    return bool(len(ends)) and not bool((gen_x[: int(ends[0])] == mask_id).any())
 
 
 def _output(tokens: list[int], mask_id: int, eos_id: int | None) -> list[int]:

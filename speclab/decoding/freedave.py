@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import torch
 
-from speclab.decoding.diffusion import _block_has_eos, _output, check_shape, never_propose_mask, propose, unseen
+from speclab.decoding.diffusion import _output, answer_ended, check_shape, never_propose_mask, propose, unseen
 from speclab.decoding.dllm_policies import FreeDave, ranked
 from speclab.trace import DenoiseStep, Totals
 
@@ -70,7 +70,7 @@ def freedave(den, prompt_ids: list[int], policy: FreeDave, gen_length: int, bloc
                           **({"entropy": [round(float(e), 4) for e in entropy[pos]]} if record == "full" else {})}))
             if progress:
                 progress(int((x[P:] != MASK).sum()), G)
-            done = eos_stop and eos_id is not None and _block_has_eos(x[P:], hi, MASK, eos_id)
+            done = eos_stop and eos_id is not None and answer_ended(x[P:], MASK, eos_id)
         if done:
             break
     out = _output(x[P:].tolist(), MASK, eos_id)

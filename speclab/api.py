@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from speclab.decoding.acceptance import Sampler
+from speclab.decoding.batch import decode_batch, unsupported
 from speclab.decoding.registry import Method, get_method, method_params, recorded_params, takes_backend
 from speclab.decoding.speculative import Drafter, decode
 from speclab.models.causal import make_lm
@@ -31,8 +32,15 @@ class Result:
 def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, record: str | None = "light", device=None, progress=None,
-             backend: str = "auto", dtype="auto", chat: bool = False, **method_params_) -> Result:
+             backend: str = "auto", dtype="auto", chat: bool = False, **method_params_) -> Result | list[Result]:
     """Decode `prompt` with `method`; every decision goes into `result.trace`.
+
+    prompt: text, a list of token ids, or a LIST OF PROMPTS (texts or id lists): those are decoded
+    together as one batch (speclab.decoding.batch: one target forward per round for all of them)
+    and a list of Results comes back, one per prompt, in order, each lossless against decoding its
+    prompt alone. Lane i samples with seed + i (or seed[i] if seed is a list), recorded in its trace.
+    A batch's target runs through transformers (models.causal.BatchCausalLM); `backend` then applies
+    to draft models only.
 
     target / draft: a zoo name ("code-target", "smollm2-135m"), a local directory, a hub id, or
     (model, tokenizer). dtype: "auto" (bf16 where the hardware runs it natively, else fp32; the toy
@@ -42,6 +50,10 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     to fp32 rounding, preallocated cache) and anything else through transformers; "hf" forces
     transformers for every model.
     """
+    if isinstance(prompt, (list, tuple)) and not prompt:
+        raise ValueError("empty prompt: give a prompt (text or token ids), or a non-empty list of prompts "
+                         "to decode as a batch")
+    batch = is_batch(prompt)
     if isinstance(method, Drafter):                 # a user's own drafter plugs into the same slot
         custom, method = method, getattr(method, "name", type(method).__name__)
     else:
@@ -56,6 +68,8 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     unknown = set(method_params_) - set(method_params(method) if custom is None else [])
     if unknown:
         raise ValueError(f"method {method!r} does not take {sorted(unknown)}; it takes {method_params(method)}")
+    if batch:
+        check_batch(prompt, method, custom, seed)
     if m.needs_draft and draft is None:
         from speclab.models.zoo import paired_draft
         draft = paired_draft(target, m.draft_kind)
@@ -71,25 +85,68 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     if dft is not None:
         check_vocab(tgt, dft)
     model, tok = tgt
+    prompts = list(prompt) if batch else [prompt]
     if chat:
-        prompt = chat_prompt(tok, prompt)
-    ids = encode_prompt(tok, prompt, max_new_tokens, getattr(model.config, "max_position_embeddings", None))
+        prompts = [chat_prompt(tok, p) for p in prompts]
+    n_pos = getattr(model.config, "max_position_embeddings", None)
+    ids = [encode_one(tok, p, max_new_tokens, n_pos, i if batch else None) for i, p in enumerate(prompts)]
     extra = {"backend": backend} if custom is None and takes_backend(method) else {}
-    drafter = custom or m.build(model, dft[0] if dft else None, **method_params_, **extra)
-    lm = make_lm(model, "target", backend)
-    new, rounds, totals = decode(lm, drafter, ids, max_new_tokens, sampler, seed, record,
-                                 tok.eos_token_id, progress)
+    build = lambda: custom or m.build(model, dft[0] if dft else None, **method_params_, **extra)   # a new drafter
     models = {"target": model_info(model, getattr(model, "name_or_path", "target"))}
     if dft is not None:
         models["draft"] = model_info(dft[0], getattr(dft[0], "name_or_path", "draft"))
-    table_ids = ids + new + [n.token for r in rounds for n in r.nodes] + [r.emitted for r in rounds]
-    trace = Trace(engine="speculative", method=method,
-                  params=dict(recorded_params(method_params_), max_new_tokens=max_new_tokens, backend=type(lm).__name__,
-                              **({"chat": True} if chat else {})),
-                  models=models, sampling=Sampling(temperature, top_k, top_p, seed), record=record,
-                  prompt_ids=ids, output_ids=new, token_text=token_table(tok, table_ids),
-                  totals=totals, rounds=rounds)
-    return Result(text=tok.decode(new), ids=new, trace=trace)
+
+    def trace(ids, new, rounds, totals, seed, lm, **lane) -> Trace:
+        table_ids = ids + new + [n.token for r in rounds for n in r.nodes] + [r.emitted for r in rounds]
+        return Trace(engine="speculative", method=method,
+                     params=dict(recorded_params(method_params_), max_new_tokens=max_new_tokens,
+                                 backend=type(lm).__name__, **({"chat": True} if chat else {}), **lane),
+                     models=models, sampling=Sampling(temperature, top_k, top_p, seed), record=record,
+                     prompt_ids=ids, output_ids=new, token_text=token_table(tok, table_ids),
+                     totals=totals, rounds=rounds)
+
+    if batch:       # one drafter per sequence: drafters keep per-request state
+        seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed + i for i in range(len(ids))]
+        lanes, lm = decode_batch(model, [build() for _ in ids], ids, max_new_tokens, sampler, seeds, record,
+                                 tok.eos_token_id, progress)
+        return [Result(text=tok.decode(new), ids=new,
+                       trace=trace(i, new, rounds, totals, sd, lm, batch_size=len(ids), lane=b))
+                for b, (i, (new, rounds, totals), sd) in enumerate(zip(ids, lanes, seeds))]
+    lm = make_lm(model, "target", backend)
+    new, rounds, totals = decode(lm, build(), ids[0], max_new_tokens, sampler, seed, record, tok.eos_token_id, progress)
+    return Result(text=tok.decode(new), ids=new, trace=trace(ids[0], new, rounds, totals, seed, lm))
+
+
+def encode_one(tok, prompt, max_new_tokens: int, n_pos: int | None, index: int | None):
+    """encode_prompt, its error naming the prompt of a batch it is about."""
+    if index is None:
+        return encode_prompt(tok, prompt, max_new_tokens, n_pos)
+    try:
+        return encode_prompt(tok, prompt, max_new_tokens, n_pos)
+    except ValueError as e:
+        raise ValueError(f"prompt {index} of the batch: {e}") from e
+
+
+def is_batch(prompt) -> bool:
+    """A list of prompts (texts or lists of token ids), as opposed to one prompt given as token ids."""
+    return isinstance(prompt, (list, tuple)) and any(isinstance(p, (str, list, tuple)) for p in prompt)
+
+
+def check_batch(prompts, method: str, custom, seed) -> None:
+    """One ValueError line for a batch that cannot run, before any weights load."""
+    for i, p in enumerate(prompts):
+        if not isinstance(p, (str, list, tuple)):
+            raise ValueError(f"a batch is a list of prompts (texts or lists of token ids); prompt {i} is a "
+                             f"{type(p).__name__}: give every prompt the same way")
+    if custom is not None:
+        raise ValueError("a batch builds one drafter per prompt: pass a method name, not a Drafter instance, "
+                         "or decode the prompts one at a time")
+    reason = unsupported(method)
+    if reason:
+        raise ValueError(reason)
+    if isinstance(seed, (list, tuple)) and (len(seed) != len(prompts) or not all(isinstance(x, int) for x in seed)):
+        raise ValueError(f"seed for a batch of {len(prompts)} prompts: one integer (prompt i gets seed + i) "
+                         f"or a list of {len(prompts)} integers, got {seed!r}")
 
 
 def zoo_pairs(kind: str) -> list[str]:
@@ -104,6 +161,9 @@ def run(target, prompt, method: str = "ar", **kw) -> Result:
     if m is None or m.engine == "speculative":
         return generate(target, prompt, method, **kw)      # checks the pairing itself (public too)
     check_pairing(m.engine, method, target, kw.get("draft"))
+    if is_batch(prompt):
+        raise ValueError(f"a list of prompts decodes as a batch on the speculative engine only; {method} "
+                         f"({m.engine}) takes one prompt at a time")
     if m.engine == "dag":
         return _run_dag(target, prompt, m.name.removeprefix("dag-"), **kw)
     if m.engine == "diffusion":

@@ -65,7 +65,8 @@ def _split_top(s: str) -> list[str]:
 
 
 def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit_layer, record, history=None):
-    """One method on one prompt. `history`: the pass's SuffixHistory, for methods that take one."""
+    """One method on one prompt (or, given a list of prompts, on them as one batch: a list of runs).
+    `history`: the pass's SuffixHistory, for methods that take one."""
     import speclab
     if spec.method in PEERS:
         r = run_peer(spec.method, target[0], target[1], prompt_ids, max_new_tokens,
@@ -90,16 +91,25 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
         draft = None                            # its head: the zoo's for this target (api.generate)
     res = speclab.generate(target, prompt_ids, spec.method, draft=draft, max_new_tokens=max_new_tokens,
                            record=record, dtype=next(target[0].parameters()).dtype, **params)
+    return [_run(r, len(res)) for r in res] if isinstance(res, list) else _run(res, 1)
+
+
+def _run(res, batch: int) -> dict:
+    """A Result as a bench run. A lane of a batch shares the batch's wall time and verify forwards:
+    its wall_s and verify_s are its 1/batch share (a pass's sums stay the real totals); latency_s is
+    the whole batch's wall time (what its caller waited); draft_s is its own (lanes draft in turn)."""
     t = res.trace.totals
-    return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=t.draft_forwards,
-                drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s, verify_s=t.verify_s,
-                rounds=[r for r in res.trace.rounds if r.drafted], trace=res.trace)
+    return dict(ids=res.ids, wall_s=t.wall_s / batch, latency_s=t.wall_s, target_forwards=t.target_forwards,
+                draft_forwards=t.draft_forwards, drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s,
+                verify_s=t.verify_s / batch, rounds=[r for r in res.trace.rounds if r.drafted], trace=res.trace)
 
 
 def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_tokens: int = 128,
           repeats: int = 1, limit: int | None = None, k: int = 4, exit_layer: int = 4,
           record: str | None = "light", progress: bool = True, keep_traces: bool = False,
-          vllm_python: str | None = None) -> dict:
+          vllm_python: str | None = None, batch_size: int = 1) -> dict:
+    """batch_size > 1: speclab's speculative methods decode the prompts batch_size at a time (one
+    batch after another; throughput = new tokens / summed batch wall time); peers stay at batch 1."""
     from tqdm.auto import tqdm
     model, tok = target
     prompts = load_prompts(prompt_set, limit)
@@ -119,8 +129,9 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     from speclab.bench.vllm_peer import VLLM_PEERS, run_vllm_peer_passes
     vllm = [s for s in specs if s.method in VLLM_PEERS]
     ours = [s for s in specs if s.method not in VLLM_PEERS]
+    batched = lambda s: batch_size > 1 and s.method not in PEERS and get_method(s.method).engine == "speculative"
     for s in ours:                                            # warm-up: every code path once
-        run_one(s, target, draft, prompt_ids[0], 8, k, exit_layer, record)
+        run_one(s, target, draft, prompt_ids[:batch_size] if batched(s) else prompt_ids[0], 8, k, exit_layer, record)
     runs = {s.label: [[None] * len(prompts) for _ in range(repeats)] for s in specs}
     for s in vllm:           # a whole set per peer in one vLLM process (its own warm-up, its own venv)
         dtype = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}[str(next(model.parameters()).dtype)[6:]]
@@ -138,24 +149,31 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         # suffix's history: this pass's earlier prompts under this method, never the last pass's
         # nor another method's output for the same prompt
         history = {s.label: SuffixHistory() for s in specs}
-        for i, ids in enumerate(prompt_ids):
+        for i in range(0, len(prompt_ids), batch_size):
+            chunk = prompt_ids[i:i + batch_size]
             for s in ours:
-                runs[s.label][rep][i] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer, record,
-                                                history[s.label])
-                bar.update(1)
+                if batched(s):
+                    runs[s.label][rep][i:i + len(chunk)] = run_one(s, target, draft, chunk, max_new_tokens, k,
+                                                                   exit_layer, record, history[s.label])
+                for j, ids in enumerate(chunk if not batched(s) else []):
+                    runs[s.label][rep][i + j] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer,
+                                                        record, history[s.label])
+                bar.update(len(chunk))
     bar.close()
     ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs[base])
     # identity is judged against ar on the same backend (backend=exact rows against ar[backend=exact])
     ref = {s.label: reference_label(s, specs, base) for s in specs}
     rows = [summarise(s, runs[s.label], [r["ids"] for r in runs[ref[s.label]][0]], ar_wall, prompt_set, k)
             for s in specs]
+    for s, row in zip(specs, rows):
+        row["batch_size"] = batch_size if batched(s) else 1
     if base == "ar":
         for s, row in zip(specs, rows):
             row["identical_to"] = ref[s.label]
             explain_divergences(row, model, prompt_ids, [r["ids"] for r in runs[ref[s.label]][0]],
                                 [r["ids"] for r in runs[s.label][0]], s.params.get("backend", "auto"))
     out = {"rows": rows, "baseline": base, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-           "repeats": repeats}
+           "repeats": repeats, "batch_size": batch_size}
     if keep_traces:
         out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}
     return out
@@ -193,6 +211,7 @@ def summarise(spec: MethodSpec, reps, ar_ids, ar_wall, prompt_set, k) -> dict:
     fwd = sum(r["target_forwards"] for r in first)
     row = dict(method=spec.label, prompt_set=prompt_set, wall_s=round(wall, 4),
                tokens_per_s=round(new / wall, 2) if wall else None,
+               latency_s=round(statistics.mean(r.get("latency_s", r["wall_s"]) for r in timed), 4),  # per sequence
                speedup_vs_ar=round(ar_wall / wall, 3) if wall else None,
                tau=round(metrics.tau(new, fwd), 3) if fwd else None, new_tokens=new, target_forwards=fwd,
                identical_rate=sum(r["ids"] == a for r, a in zip(first, ar_ids)) / len(ar_ids))

@@ -204,3 +204,92 @@ def early_exit_view(model, n_layers: int):
 
 def param_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+class BatchCausalLM:
+    """B sequences in one KV cache of a Hugging Face causal LM: one forward verifies every row.
+
+    Every forward appends the same T slots to every row (T = the longest row's input; shorter rows
+    are padded). Row b's committed tokens are the cache slots `slots[b]`, in order; every other slot
+    (padding, rejected draft nodes) stays in the cache but is hidden by the 4-D mask, so rows never
+    need equal lengths, and a row's positions are its own committed length. `compact()` gathers
+    each row's slots to the front once the hidden ones pile up; `retain(rows)` lets rows leave.
+    """
+
+    def __init__(self, model, rows: int, name: str = "target"):
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+        self.model, self.name = model.eval(), name
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.cache = DynamicCache(config=model.config)
+        if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
+            raise ValueError(f"batch decoding needs full attention in every layer; {type(model).__name__} has "
+                             "sliding-window or other cache layers: decode its prompts one at a time")
+        self.slots: list[list[int]] = [[] for _ in range(rows)]
+        self.first = 0                      # first slot written by the last forward
+        self.forwards = 0
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def width(self) -> int:
+        """Slots per row in the cache, kept or hidden."""
+        return self.cache.get_seq_length()
+
+    def length(self, row: int) -> int:
+        return len(self.slots[row])
+
+    @torch.inference_mode()
+    def forward(self, rows: list[tuple[list[int], list[int] | None, int]]) -> torch.Tensor:
+        """rows[b] = (ids, parents, n_prefix) as in CausalLM.forward, one per cache row, each after
+        that row's committed tokens. Returns logits (B, T, V); row b's first len(ids) are its own."""
+        B, S = len(rows), self.width
+        T = max(len(ids) for ids, _, _ in rows)
+        inp = torch.zeros(B, T, dtype=torch.long)
+        pos = torch.zeros(B, T, dtype=torch.long)
+        vis = torch.zeros(B, T, S + T, dtype=torch.bool)       # True = may attend
+        for b, (ids, parents, n_prefix) in enumerate(rows):
+            n, past = len(ids), len(self.slots[b])
+            inp[b, :n] = torch.tensor(ids, dtype=torch.long)
+            vis[b, :n, self.slots[b]] = True                    # the row's committed keys only
+            if parents is None or is_chain(parents):
+                pos[b, :n] = past + torch.arange(n)
+                vis[b, :n, S:S + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            else:
+                depth, see = tree_depths_and_visibility(parents, n_prefix, 0)       # see (n, n)
+                pos[b, :n] = past + torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth])
+                vis[b, :n, S:S + n] = see
+            pad = torch.arange(n, T)
+            pos[b, n:] = past
+            vis[b, pad, S + pad] = True     # a padding row sees only itself: no empty softmax, no NaN
+        mask = torch.zeros(B, 1, T, S + T, dtype=self.dtype).masked_fill(~vis[:, None], torch.finfo(self.dtype).min)
+        out = self.model(input_ids=inp.to(self.device), position_ids=pos.to(self.device),
+                         attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True)
+        self.first = S
+        self.forwards += 1
+        return out.logits.float()
+
+    def keep(self, row: int, n_prefix: int, path: list[int]):
+        """Commit, for `row`, the first n_prefix inputs of the last forward and the tree slots `path`."""
+        self.slots[row] += [self.first + i for i in range(n_prefix)] + [self.first + n_prefix + i for i in path]
+
+    def compact(self):
+        """Gather each row's committed slots to the front; the rest of the cache is dropped."""
+        L = max(len(s) for s in self.slots)
+        idx = torch.zeros(len(self.slots), L, dtype=torch.long)
+        for b, s in enumerate(self.slots):
+            idx[b, :len(s)] = torch.tensor(s, dtype=torch.long)         # padding: slot 0, hidden
+        for layer in self.cache.layers:
+            g = idx.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys, layer.values = layer.keys.gather(2, g), layer.values.gather(2, g)
+        self.slots = [list(range(len(s))) for s in self.slots]
+
+    def retain(self, rows: list[int]):
+        """Keep only these rows (finished sequences leave the batch)."""
+        sel = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, sel), layer.values.index_select(0, sel)
+        self.slots = [self.slots[r] for r in rows]

@@ -1,0 +1,158 @@
+"""Batch > 1: lossless speculative decoding of B sequences at once. One round, read top to bottom:
+
+    propose   every active lane's OWN drafter offers a DraftTree (drafters keep per-request state)
+    verify    ONE target forward for the whole batch: lane b's pending tokens and draft nodes,
+              padded to the longest lane; positions = lane b's own committed length (+ depth for
+              tree nodes); a 4-D mask so each row sees only its lane's committed keys and, for a
+              draft node, its own ancestors (models/causal.py: BatchCausalLM)
+    accept    per lane, the rule of a single run (walk_tree) with the lane's own generator
+    commit    per lane: the batch cache keeps its pending tokens and accepted path; its drafter observes
+    record    per lane: a Round of the lane's own trace
+
+Lanes that finish (EOS or max_new_tokens) leave the batch: no more rows in the forward, no more
+drafting. Drafters run per lane (a draft model runs once per lane and round: batching the draft
+forwards too is the next step). Methods whose drafter runs the target itself (layer-skip, eagle,
+eagle-chain, medusa: they share its cache or hidden states) are not supported in a batch yet.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from speclab.decoding.acceptance import Sampler, walk_tree
+from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, record_round
+from speclab.models.causal import BatchCausalLM
+from speclab.trace import Round, Totals
+
+# methods whose drafters see only their own lane's text, logits and draft model
+BATCH_METHODS = ("ar", "prompt-lookup", "suffix", "recycling", "lookahead", "draft-model", "tree-static",
+                 "tree-dynamic")
+# the hidden slots (rejected drafts, padding) may grow the cache to this many times the longest lane
+COMPACT_AT = 2
+
+
+class LaneTarget:
+    """What a lane's drafter sees of the batch target: its config and device, never its cache."""
+
+    def __init__(self, lm: BatchCausalLM):
+        self.config, self.device = lm.config, lm.device
+
+
+@dataclass
+class Lane:
+    """One sequence of the batch: its own context, drafter, generator, rounds and totals."""
+    ctx: Context
+    s: RunState                         # lane target view, drafter, sampler, gen, record, totals
+    new: list[int] = field(default_factory=list)
+    rounds: list[Round] = field(default_factory=list)
+
+
+def batch_round(lm: BatchCausalLM, lanes: list[Lane]) -> list[tuple[Round, list[int]]]:
+    """One draft/verify round for every active lane (lanes[b] is cache row b). Returns, per lane,
+    its record and the committed tokens (path + emitted)."""
+    trees, draft_s = [], []
+    for lane in lanes:                                                              # 1. propose
+        t = time.perf_counter()
+        tree = lane.s.drafter.propose(lane.ctx)
+        tree.validate(lane.s.vocab_size)
+        trees.append(tree)
+        draft_s.append(time.perf_counter() - t)
+    t1 = time.perf_counter()
+    pending = [lane.ctx.ids[len(lane.ctx.ids) - lane.ctx.pending:] for lane in lanes]
+    logits = lm.forward([(p + tree.tokens, tree.parents, len(p))                   # 2. verify
+                         for p, tree in zip(pending, trees)])                       # (B, T, V)
+    greedy = lanes[0].s.sampler.greedy
+    top = logits.argmax(-1).tolist() if greedy else None    # one host transfer per round, whole batch
+    verify_s = time.perf_counter() - t1
+    results = []
+    for b, (lane, tree, pend) in enumerate(zip(lanes, trees, pending)):
+        t2 = time.perf_counter()
+        s, P = lane.s, len(pend)
+        rows = logits[b, : P + len(tree)]                                          # (P+N, V) this lane's
+        (path, emitted, dist, tries), p_at = accept(s, tree, rows, P, top[b] if greedy else None)  # 3. accept
+        lm.keep(b, P, path)                                                         # 4. commit
+        out = Outcome(tree, path, emitted, len(lane.ctx.ids), rows, pend + tree.tokens, P)
+        t3 = time.perf_counter()
+        s.drafter.observe(out)
+        t4 = time.perf_counter()
+        rnd = record_round(s, out, tries, dist, p_at)                               # 5. record
+        rnd.draft_s, rnd.verify_s = draft_s[b] + (t4 - t3), verify_s + (t3 - t2)
+        results.append((rnd, out.accepted_tokens + [emitted]))
+    return results
+
+
+def accept(s: RunState, tree, rows: torch.Tensor, P: int, top: list[int] | None):
+    """The rule of a single run on one lane's verify rows (P+N, V): row P-1 holds the target after
+    the last pending token, row P+i after draft node i. top: those rows' argmax (greedy only).
+    Returns walk_tree's (path, emitted, dist, tries) and p_at, for the record."""
+    row = lambda node: P - 1 + (node + 1 if node >= 0 else 0)
+    p_at = lambda node: rows[row(node)]
+    argmax_at = (lambda node: top[row(node)]) if top is not None else None
+    draw = lambda: torch.rand((), generator=s.gen, device=s.gen.device).item()
+    return walk_tree(tree.children(), tree.tokens, tree.q_map(), p_at, s.sampler, s.gen, draw, argmax_at), p_at
+
+
+def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], max_new_tokens: int,
+                 sampler: Sampler, seeds: list[int], record: str | None = "light", eos_id: int | None = None,
+                 progress=None) -> tuple[list[tuple[list[int], list[Round], Totals]], BatchCausalLM]:
+    """Run rounds until every lane reached max_new_tokens or EOS. Returns, per prompt in order,
+    (new ids, rounds, totals), and the batch LM (its `forwards` = batch forwards run)."""
+    lm = BatchCausalLM(model, len(prompts_ids))
+    view, dev = LaneTarget(lm), lm.device
+    lanes = []
+    for ids, drafter, seed in zip(prompts_ids, drafters, seeds):
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        ctx = Context(list(ids), len(ids), len(ids), dev)
+        lanes.append(Lane(ctx, RunState(view, drafter, sampler, gen, record, model.config.vocab_size)))
+        drafter.begin(ctx, view, sampler, gen, record)
+    d_forwards0 = [lane.s.drafter.forwards for lane in lanes]
+    active = list(lanes)
+    t0 = time.perf_counter()
+    while active:
+        for lane, (rnd, committed) in zip(active, batch_round(lm, active)):
+            keep = committed[: max_new_tokens - len(lane.new)]
+            if eos_id is not None and eos_id in keep:
+                keep = keep[: keep.index(eos_id) + 1]
+            rnd.kept = len(keep)
+            lane.new += keep
+            lane.ctx.ids += committed
+            lane.ctx.pending = 1
+            lane.rounds.append(rnd)
+            tot = lane.s.totals
+            tot.drafted += rnd.drafted
+            tot.accepted += len(rnd.accepted)
+            tot.draft_s += rnd.draft_s
+            tot.verify_s += rnd.verify_s
+            if progress is not None:
+                progress(len(keep))
+        done = [len(ln.new) >= max_new_tokens or (eos_id is not None and ln.new[-1:] == [eos_id]) for ln in active]
+        if any(done):                                       # finished lanes leave the batch
+            for lane in (ln for ln, d in zip(active, done) if d):
+                lane.s.drafter.end()
+            rows = [b for b, d in enumerate(done) if not d]
+            active = [active[b] for b in rows]
+            if rows:
+                lm.retain(rows)
+        if active and lm.width > COMPACT_AT * max(lm.length(b) for b in range(len(active))) + 64:
+            lm.compact()
+    wall = time.perf_counter() - t0
+    out = []
+    for lane, d0 in zip(lanes, d_forwards0):
+        tot = lane.s.totals
+        tot.wall_s = wall                                   # the batch's wall time: lanes ran together
+        tot.target_forwards = len(lane.rounds)              # the batch forwards this lane took part in
+        tot.draft_forwards = lane.s.drafter.forwards - d0
+        tot.new_tokens = len(lane.new)
+        out.append((lane.new, lane.rounds, tot))
+    return out, lm
+
+
+def unsupported(method: str) -> str | None:
+    """None if `method` runs in a batch, else the one-line reason."""
+    if method in BATCH_METHODS:
+        return None
+    return (f"method {method!r} does not run in a batch yet: batches support {', '.join(BATCH_METHODS)}; "
+            f"decode with {method!r} one prompt at a time")
+

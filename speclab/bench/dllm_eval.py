@@ -92,7 +92,8 @@ def code_table(n: int, gen_length: int = 64, block_length: int = 32, target: str
 def chat_table(n: int, gen_length: int = 64, block_length: int = 32, target: str = "smollm2-dllm") -> str:
     """smollm2-dllm on the bench's chat questions (none of them is in its training text)."""
     from speclab.bench.prompts import load_prompts
-    return canvas_table(target, load_prompts("chat", n), "held-out chat questions (chat template)", True,
+    questions = [p["chat"] for p in load_prompts("chat", n)]
+    return canvas_table(target, questions, "held-out chat questions (chat template)", True,
                         gen_length, block_length, CHAT_POLICIES)
 
 

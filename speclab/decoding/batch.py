@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speclab.decoding.acceptance import Sampler, walk_tree
-from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, record_round
+from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, commit_round, record_round
 from speclab.models.causal import BatchCausalLM
 from speclab.trace import Round, Totals
 
@@ -112,19 +112,7 @@ def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], m
     t0 = time.perf_counter()
     while active:
         for lane, (rnd, committed) in zip(active, batch_round(lm, active)):
-            keep = committed[: max_new_tokens - len(lane.new)]
-            if eos_id is not None and eos_id in keep:
-                keep = keep[: keep.index(eos_id) + 1]
-            rnd.kept = len(keep)
-            lane.new += keep
-            lane.ctx.ids += committed
-            lane.ctx.pending = 1
-            lane.rounds.append(rnd)
-            tot = lane.s.totals
-            tot.drafted += rnd.drafted
-            tot.accepted += len(rnd.accepted)
-            tot.draft_s += rnd.draft_s
-            tot.verify_s += rnd.verify_s
+            keep = commit_round(lane.s, lane.ctx, rnd, committed, lane.new, lane.rounds, max_new_tokens, eos_id)
             if progress is not None:
                 progress(len(keep))
         done = [len(ln.new) >= max_new_tokens or (eos_id is not None and ln.new[-1:] == [eos_id]) for ln in active]

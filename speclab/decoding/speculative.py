@@ -170,6 +170,26 @@ def _topk(dist: torch.Tensor, k: int = TOPK_RECORD) -> list[list[float]]:
     return [[int(a), round(float(b), 6)] for a, b in zip(i.tolist(), v.tolist())]
 
 
+def commit_round(s, ctx: Context, rnd: Round, committed: list[int], new: list[int], rounds: list[Round],
+                 max_new_tokens: int, eos_id: int | None) -> list[int]:
+    """Book one verified round: the tokens kept (cut at max_new_tokens and after EOS) go to `new`,
+    every committed token to the context, the round to `rounds`, its counts to s.totals."""
+    keep = committed[: max_new_tokens - len(new)]
+    if eos_id is not None and eos_id in keep:
+        keep = keep[: keep.index(eos_id) + 1]
+    rnd.kept = len(keep)
+    new += keep
+    ctx.ids += committed
+    ctx.pending = 1
+    rounds.append(rnd)
+    tot = s.totals
+    tot.drafted += rnd.drafted
+    tot.accepted += len(rnd.accepted)
+    tot.draft_s += rnd.draft_s
+    tot.verify_s += rnd.verify_s
+    return keep
+
+
 def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int,
            sampler: Sampler, seed: int = 0, record: str | None = "light", eos_id: int | None = None,
            progress=None):
@@ -186,19 +206,7 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], max_new_to
     t0 = time.perf_counter()
     while len(new) < max_new_tokens:
         rnd, committed = speculative_round(s, ctx)
-        keep = committed[: max_new_tokens - len(new)]
-        if eos_id is not None and eos_id in keep:
-            keep = keep[: keep.index(eos_id) + 1]
-        rnd.kept = len(keep)
-        new += keep
-        ctx.ids += committed
-        ctx.pending = 1
-        rounds.append(rnd)
-        tot = s.totals
-        tot.drafted += rnd.drafted
-        tot.accepted += len(rnd.accepted)
-        tot.draft_s += rnd.draft_s
-        tot.verify_s += rnd.verify_s
+        keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id)
         if progress is not None:
             progress(len(keep))
         if eos_id is not None and keep and keep[-1] == eos_id:

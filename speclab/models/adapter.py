@@ -11,7 +11,11 @@ tokens, which speculative sampling needs.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -74,27 +78,15 @@ def own_state(model) -> dict[str, torch.Tensor]:
     return sd
 
 
-def save_draft(model, out: str | Path, base_name: str, tokenizer=None, kind: str = "draft"):
-    """Write an adapter directory atomically (temporary directory renamed into place). Without a
-    tokenizer the directory loads with its base's (speclab.models.zoo.load). kind: "draft" (a
-    draft LM), "eagle" or "medusa" (speclab.models.heads)."""
-    import os
-    import shutil
-    import tempfile
-    from safetensors.torch import save_file
+@contextlib.contextmanager
+def atomic_dir(out: str | Path):
+    """Yields a temporary directory beside `out`; on success it replaces `out` (hand-written notes in
+    KEEP_FILES carried over), so a killed save never leaves a half-written adapter."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        cfg = model.config.to_dict()
-        cfg[ADAPTER_KEY] = {"base": base_name, "kind": kind, "shared": ["model.embed_tokens.weight"], "head": "subset"}
-        cfg["tie_word_embeddings"] = False
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
-                 for k, v in own_state(model).items()}
-        save_file(state, str(tmp / "model.safetensors"))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
+        yield tmp
         for keep in KEEP_FILES:                 # hand-written notes survive a re-save
             if (out / keep).exists():
                 shutil.copy2(out / keep, tmp / keep)
@@ -105,6 +97,23 @@ def save_draft(model, out: str | Path, base_name: str, tokenizer=None, kind: str
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_draft(model, out: str | Path, base_name: str, tokenizer=None, kind: str = "draft"):
+    """Write an adapter directory atomically. Without a tokenizer the directory loads with its
+    base's (speclab.models.zoo.load). kind: "draft" (a draft LM), "eagle" or "medusa"
+    (speclab.models.heads)."""
+    from safetensors.torch import save_file
+    with atomic_dir(out) as tmp:
+        cfg = model.config.to_dict()
+        cfg[ADAPTER_KEY] = {"base": base_name, "kind": kind, "shared": ["model.embed_tokens.weight"], "head": "subset"}
+        cfg["tie_word_embeddings"] = False
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
+                 for k, v in own_state(model).items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
 
 
 def load_draft(where: str | Path, base, dtype: torch.dtype):
@@ -130,7 +139,7 @@ def load_draft(where: str | Path, base, dtype: torch.dtype):
 
 def apply_dllm_lora(where: str | Path, model):
     """Turn a private copy of the base into the block-diffusion LM in `where` (kind "dllm-lora",
-    written by speclab.train.smollm2_dllm): merge the LoRA deltas, set the mask token's embedding
+    written by `speclab train smollm2-dllm`): merge the LoRA deltas, set the mask token's embedding
     (tied to the LM head: that row's logit changes too, and the engine never proposes the mask)
     and take the adapter's config flags (speclab_engine, mask_token_id, shift, block length)."""
     from safetensors.torch import load_file

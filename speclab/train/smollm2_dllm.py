@@ -139,16 +139,11 @@ def loss_fn(model, mask_vec, batch, mask_id: int, ar_weight: float) -> tuple[tor
 def save_adapter(model, mask_vec, out: Path, base_name: str, args, mask_id: int, log: dict):
     """config.json (the base's config marked as a block-diffusion LM + the adapter block) and
     model.safetensors (LoRA A/B, mask embedding), written to a temporary directory and renamed."""
-    import os
-    import shutil
-    import tempfile
     from safetensors.torch import save_file
-    from speclab.models.adapter import ADAPTER_KEY, KEEP_FILES
+    from speclab.models.adapter import ADAPTER_KEY, atomic_dir
     from speclab.models.dllm import mark_dllm
     from speclab.models.lora import lora_state
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         cfg = mark_dllm(type(model.config).from_dict(model.config.to_dict()), mask_id, shift=True)
         cfg.speclab_block_causal, cfg.speclab_block_length = True, args.block_length
         d = cfg.to_dict()
@@ -160,16 +155,6 @@ def save_adapter(model, mask_vec, out: Path, base_name: str, args, mask_id: int,
         save_file(state, str(tmp / "model.safetensors"))
         (tmp / "speclab_train.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                              "log": log}, indent=1))
-        for keep in KEEP_FILES:
-            if (out / keep).exists():
-                shutil.copy2(out / keep, tmp / keep)
-        old = out.with_name(out.name + ".old")
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -74,11 +74,6 @@ def takes(method: str) -> list[str]:
     return [] if is_dag(method) else method_params(method)
 
 
-# the dashboard's knobs -> the registry's parameter names (node budget is `budget`; the last two
-# are the diffusion canvas: gen_length slots decoded in blocks of block_length)
-KNOBS = ("k", "threshold", "exit_layer", "budget", "gen_length", "block_length")
-
-
 def method_kwargs(method: str, knobs: dict, extra: str = "") -> dict:
     """Keyword arguments for `speclab.generate`: the knobs this method takes, plus `extra`
     ("name=value, name=value", like the CLI's --param) passed through unchecked so that a

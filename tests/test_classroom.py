@@ -80,12 +80,12 @@ def test_jupyter_player_label_follows_the_slider():
 def test_dashboard_step_label_is_fresh_after_a_new_trace():
     d = Dashboard()
     d.show_trace(hand_trace(rounds=3))
-    d.player.value = 2
-    assert "round 3 of 3" in d.step_text.object and not d.player.show_value
+    d.viewer.player.value = 2
+    assert "round 3 of 3" in d.viewer.step_text.object and not d.viewer.player.show_value
     d.show_trace(hand_trace("second", rounds=2))     # the stale "step: 2" the player used to show
-    assert d.player.value == 0 and "round 1 of 2" in d.step_text.object
-    d.player.value = 1
-    assert "round 2 of 2" in d.step_text.object and "round 2 of 2" in d.detail.object
+    assert d.viewer.player.value == 0 and "round 1 of 2" in d.viewer.step_text.object
+    d.viewer.player.value = 1
+    assert "round 2 of 2" in d.viewer.step_text.object and "round 2 of 2" in d.viewer.detail.object
 
 
 # -- 2. the strip reveals tokens as you step; summaries mark the round ----------------------------
@@ -114,8 +114,8 @@ def test_summary_figures_mark_the_current_round():
     assert list(current(F.timing(tr, 2)).x) == [3, 3] and list(current(F.timing(tr)).x) == [None]
     d = Dashboard()
     d.show_trace(tr)
-    d.player.value = 1
-    figs = [p.object for p in d.summary_figs if p.visible]
+    d.viewer.player.value = 1
+    figs = [p.object for p in d.viewer.summary_figs if p.visible]
     assert len(figs) == 3 and all(list(current(f).x) == [2, 2] for f in figs)
 
 
@@ -128,13 +128,13 @@ def test_player_buttons_have_tooltips_named_after_the_step():
     assert "content: 'next round'" in css and "content: 'play faster'" in css
     assert "button.slower::before { content: 'slower'; }" in css      # words, not "-" / "+"
     d = Dashboard()
-    assert d.player.stylesheets == [css]
+    assert d.viewer.player.stylesheets == [css]
 
 
 def test_dag_run_player_tooltips_and_status(dag_trace):
     d = Dashboard()
     d.show_trace(dag_trace)
-    assert "content: 'next strategy'" in d.player.stylesheets[0]
+    assert "content: 'next strategy'" in d.viewer.player.stylesheets[0]
     run = dag_trace.dag
     status = status_html(dag_trace)
     path = run.paths[run.chosen]
@@ -153,7 +153,7 @@ def test_compare_has_an_ar_row_a_speedup_and_an_untimed_warmup(monkeypatch):
         return hand_trace(method, wall_s=walls[method])
     monkeypatch.setattr(runs, "run_one", fake_run)
     d = Dashboard()
-    d.max_new_tokens.value = 6
+    d.form.max_new_tokens.value = 6
     d.compare_methods.value = ["prompt-lookup", "draft-model"]
     rows = d.compare_now()
     order = ["ar", "prompt-lookup", "draft-model"]
@@ -173,27 +173,27 @@ def test_compare_with_only_ar_chosen_asks_for_a_method():
 # -- 6. the form fits a diffusion target; a failed run leaves the page ----------------------------
 def test_switching_to_digits_fits_prompt_and_gen_length_and_a_failed_run_clears_the_page():
     d = Dashboard()
-    d.method.value = "dllm-lowconf"
-    d.gen_length.value = 32
-    d.target.value = "digits-dllm"
-    assert d.prompt.value == "SUM 27="                 # the code prompt was an example: swapped
-    assert d.gen_length.end == 24 and d.gen_length.value == 24      # digits-dllm's context is 32 positions
-    assert d.run_now() is not None and d.trace is not None and d.step_fig.object is not None
-    d.prompt.value = "ADD 123+456=ADD 123+456="        # 25 tokens + 24 canvas slots: over the context
+    d.form.method.value = "dllm-lowconf"
+    d.form.gen_length.value = 32
+    d.form.target.value = "digits-dllm"
+    assert d.form.prompt.value == "SUM 27="                 # the code prompt was an example: swapped
+    assert d.form.gen_length.end == 24 and d.form.gen_length.value == 24      # digits-dllm's context is 32 positions
+    assert d.run_now() is not None and d.trace is not None and d.viewer.step_fig.object is not None
+    d.form.prompt.value = "ADD 123+456=ADD 123+456="        # 25 tokens + 24 canvas slots: over the context
     assert d.run_now() is None and d.alert.visible
     assert "gen length" in d.alert.object and "max_new_tokens" not in d.alert.object
-    assert d.trace is None and d.step_fig.object is None and "No run" in d.status.object
-    assert not any(p.visible for p in d.summary_figs) and d.download.disabled
-    d.target.value = "code-dllm"                       # a prompt the user wrote stays
-    assert d.prompt.value == "ADD 123+456=ADD 123+456=" and d.gen_length.end == 128
+    assert d.trace is None and d.viewer.step_fig.object is None and "No run" in d.viewer.status.object
+    assert not any(p.visible for p in d.viewer.summary_figs) and d.download.disabled
+    d.form.target.value = "code-dllm"                       # a prompt the user wrote stays
+    assert d.form.prompt.value == "ADD 123+456=ADD 123+456=" and d.form.gen_length.end == 128
 
 
 def test_async_run_failure_also_clears_the_previous_run():
     d = Dashboard()
     d.show_trace(hand_trace())
-    d.prompt.value = "  "
+    d.form.prompt.value = "  "
     assert asyncio.run(d.run_async()) is None
-    assert d.trace is None and d.step_fig.object is None and "empty prompt" in d.alert.object
+    assert d.trace is None and d.viewer.step_fig.object is None and "empty prompt" in d.alert.object
 
 
 def test_distributions_show_p_q_the_rule_and_the_residual():
@@ -221,17 +221,17 @@ def test_distributions_show_p_q_the_rule_and_the_residual():
 
 def test_dashboard_shows_distributions_for_full_sampled_runs_and_the_diffusion_threshold_that_runs():
     d = Dashboard()
-    d.method.value = "draft-model"
-    d.temperature.value = 0.8
-    d.seed.value = 1
-    d.max_new_tokens.value = 24
+    d.form.method.value = "draft-model"
+    d.form.temperature.value = 0.8
+    d.form.seed.value = 1
+    d.form.max_new_tokens.value = 24
     assert d.run_now() is not None
-    shown = [s for s in range(len(d.trace.rounds)) if (d.show_step(s) or d.dist_fig.visible)]
-    assert shown and d.dist_temp.value == 0.8                     # the panel opens at the temperature that ran
-    d.method.value = "dllm-threshold"
-    assert d.threshold.value == 0.9 and d.threshold.start > 0     # the slider shows the threshold that runs
-    d.method.value = "draft-model"
-    assert d.threshold.value == 0.0                               # speculative: 0 = off again
+    shown = [s for s in range(len(d.trace.rounds)) if (d.show_step(s) or d.viewer.dist_fig.visible)]
+    assert shown and d.viewer.dist_temp.value == 0.8                     # the panel opens at the temperature that ran
+    d.form.method.value = "dllm-threshold"
+    assert d.form.threshold.value == 0.9 and d.form.threshold.start > 0     # the slider shows the threshold that runs
+    d.form.method.value = "draft-model"
+    assert d.form.threshold.value == 0.0                               # speculative: 0 = off again
 
 
 def test_race_lanes_follow_the_rounds_and_refuse_other_engines():

@@ -18,7 +18,7 @@ from speclab.trace import DraftNode, Round, Totals, Trace  # noqa: E402
 
 
 def small(d: Dashboard, method="draft-model", prompt="def parse(line):", n=6) -> Dashboard:
-    d.method.value, d.prompt.value, d.max_new_tokens.value, d.k.value = method, prompt, n, 2
+    d.form.method.value, d.form.prompt.value, d.form.max_new_tokens.value, d.form.k.value = method, prompt, n, 2
     return d
 
 
@@ -40,15 +40,15 @@ def test_run_fills_player_and_figures():
     assert trace.prompt_ids and runs.prompt_text(trace) == "def parse(line):"
     assert len(trace.output_ids) == 6
     n = len(trace.rounds)
-    assert d.player.end == max(n - 1, 1) and d.player.value == 0
-    assert d.step_fig.object is not None and d.step_fig.object.layout.annotations[0].text.startswith("round 1/")
-    assert "round 1 of" in d.detail.object
-    assert all(p.object is not None for p in d.summary_figs)
-    assert "draft-model" in d.status.object and not d.download.disabled
+    assert d.viewer.player.end == max(n - 1, 1) and d.viewer.player.value == 0
+    assert d.viewer.step_fig.object is not None and d.viewer.step_fig.object.layout.annotations[0].text.startswith("round 1/")
+    assert "round 1 of" in d.viewer.detail.object
+    assert all(p.object is not None for p in d.viewer.summary_figs)
+    assert "draft-model" in d.viewer.status.object and not d.download.disabled
     if n > 1:                                   # moving the player redraws the tree for that round
-        d.player.value = 1
-        assert d.step_fig.object.layout.annotations[0].text.startswith("round 2/")
-        assert "round 2 of" in d.detail.object
+        d.viewer.player.value = 1
+        assert d.viewer.step_fig.object.layout.annotations[0].text.startswith("round 2/")
+        assert "round 2 of" in d.viewer.detail.object
     saved = json.loads(d._download().read())    # what the Save button hands the browser
     assert saved["schema"] == "speclab.trace/1" and saved["output_ids"] == trace.output_ids
 
@@ -89,10 +89,10 @@ def test_bad_upload_shows_alert_and_session_goes_on(data, needle):
 def test_upload_opens_a_trace_without_models():
     d = Dashboard()
     t = d.open_upload(json.dumps(tiny_trace("uploaded").to_dict()).encode(), "t.json")
-    assert t.method == "uploaded" and d.player.end == 1
-    assert "uploaded" in d.status.object and "round 1 of 2" in d.detail.object
-    d.player.value = 1
-    assert "round 2 of 2" in d.detail.object
+    assert t.method == "uploaded" and d.viewer.player.end == 1
+    assert "uploaded" in d.viewer.status.object and "round 1 of 2" in d.viewer.detail.object
+    d.viewer.player.value = 1
+    assert "round 2 of 2" in d.viewer.detail.object
 
 
 @pytest.mark.parametrize("setup, needle", [
@@ -103,48 +103,48 @@ def test_upload_opens_a_trace_without_models():
 def test_bad_form_input_shows_alert(setup, needle):
     d = small(Dashboard(), method="prompt-lookup", n=3)
     for k, v in setup.items():
-        getattr(d, k).value = v
+        getattr(d.form, k).value = v
     assert asyncio.run(d.run_async()) is None
     assert d.alert.visible and needle in d.alert.object.replace("&#x27;", "'")
     assert not d.run_button.disabled            # the session can run again
-    d.prompt.value, d.extra.value = "x = 1", ""
+    d.form.prompt.value, d.form.extra.value = "x = 1", ""
     assert d.run_now() is not None and not d.alert.visible
 
 
 def test_parameter_out_of_range_is_a_message():
     d = small(Dashboard(), method="layer-skip", n=3)
-    d.extra.value = "exit_layer=99"             # beyond the target's layers: generate's ValueError
+    d.form.extra.value = "exit_layer=99"             # beyond the target's layers: generate's ValueError
     assert d.run_now() is None and d.alert.visible and "exit layer" in d.alert.object
 
 
 def test_form_shows_only_the_knobs_a_method_takes():
     d = Dashboard()
-    d.method.value = "layer-skip"
-    assert d.exit_layer.visible and not d.draft.visible and not d.budget.visible
-    d.method.value = "tree-dynamic"
-    assert d.budget.visible and d.draft.visible and not d.k.visible
-    d.method.value = "dag-viterbi"
-    assert d.target.value in runs.zoo_models()["dag"] and not d.k.visible
+    d.form.method.value = "layer-skip"
+    assert d.form.exit_layer.visible and not d.form.draft.visible and not d.form.budget.visible
+    d.form.method.value = "tree-dynamic"
+    assert d.form.budget.visible and d.form.draft.visible and not d.form.k.visible
+    d.form.method.value = "dag-viterbi"
+    assert d.form.target.value in runs.zoo_models()["dag"] and not d.form.k.visible
 
 
 def test_dag_run_steps_through_strategies():
     d = Dashboard()
-    d.method.value = "dag-all"
+    d.form.method.value = "dag-all"
     t = d.run_now()
-    assert t is not None and t.engine == "dag" and d.player.end >= 1
-    assert not any(p.visible for p in d.summary_figs) and d.summary_note.visible
+    assert t is not None and t.engine == "dag" and d.viewer.player.end >= 1
+    assert not any(p.visible for p in d.viewer.summary_figs) and d.viewer.summary_note.visible
 
 
 def test_two_sessions_do_not_share_state():
     a, b = small(Dashboard(), method="prompt-lookup", prompt="def alpha(x):", n=3), Dashboard()
-    b.prompt.value = "class Beta:"
+    b.form.prompt.value = "class Beta:"
     b.show_trace(tiny_trace("b-only"))
     ta = a.run_now()
     assert runs.prompt_text(a.trace) == "def alpha(x):" and b.trace.method == "b-only"
-    assert a.trace is ta and b.prompt.value == "class Beta:" and a.prompt.value == "def alpha(x):"
+    assert a.trace is ta and b.form.prompt.value == "class Beta:" and a.form.prompt.value == "def alpha(x):"
     b.open_upload(b"junk", "junk.json")
     assert b.alert.visible and not a.alert.visible
-    assert a.player is not b.player and a.step_fig is not b.step_fig
+    assert a.viewer.player is not b.viewer.player and a.viewer.step_fig is not b.viewer.step_fig
 
 
 def test_two_sessions_using_suffix_never_see_each_others_text():
@@ -163,7 +163,7 @@ def test_two_sessions_using_suffix_never_see_each_others_text():
     a_only = set(ta.prompt_ids) | set(ta.output_ids)
     a_only -= own
     assert not a_only & set(tb.token_text)                      # no token of A's text in B's trace at all
-    a.prompt.value, a.max_new_tokens.value = later, 12          # the same session: its history serves it
+    a.form.prompt.value, a.form.max_new_tokens.value = later, 12          # the same session: its history serves it
     again = a.run_now()
     assert any(n.source == "suffix:history" for r in again.rounds for n in r.nodes)
     assert again.output_ids == tb.output_ids                    # and the output is the same (lossless)
@@ -173,8 +173,8 @@ def test_url_arguments_prefill_the_form():
     d = Dashboard()
     run = d.apply_args({"method": [b"prompt-lookup"], "prompt": [b"def f(x):"], "max_new_tokens": [b"5"],
                         "compare": [b"ar,suffix"], "run": [b"1"]})
-    assert run and d.method.value == "prompt-lookup" and d.prompt.value == "def f(x):"
-    assert d.max_new_tokens.value == 5 and d.compare_methods.value == ["ar", "suffix"]
+    assert run and d.form.method.value == "prompt-lookup" and d.form.prompt.value == "def f(x):"
+    assert d.form.max_new_tokens.value == 5 and d.compare_methods.value == ["ar", "suffix"]
     assert not d.apply_args({"k": [b"lots"]}) and d.alert.visible
 
 
@@ -183,3 +183,53 @@ def test_add_serve_wires_a_subcommand():
     add_serve(ap.add_subparsers(dest="command"))
     a = ap.parse_args(["serve", "--port", "6123"])
     assert a.port == 6123 and a.host == "127.0.0.1" and callable(a.func)
+
+
+def test_form_shows_each_methods_registry_defaults():
+    """Choosing a method puts its knobs at the values that run when left alone (from the registry,
+    where they are defined once), whatever the previous method left in them."""
+    from speclab.decoding.registry import method_defaults
+    d = Dashboard()
+    d.form.method.value = "draft-model"
+    d.form.k.value = 11
+    d.form.method.value = "prompt-lookup"
+    assert d.form.k.value == method_defaults("prompt-lookup")["k"] == 8
+    d.form.method.value = "tree-dynamic"
+    assert d.form.budget.visible and not d.form.k.visible
+    assert d.form.budget.value == method_defaults("tree-dynamic")["budget"]
+    d.form.method.value = "dllm-threshold"
+    assert d.form.threshold.value == method_defaults("dllm-threshold")["threshold"]
+
+
+def test_changing_the_form_takes_the_stale_run_off_the_page():
+    d = small(Dashboard(), method="prompt-lookup", n=3)
+    assert d.run_now() is not None and not d.download.disabled
+    d.form.method.value = "ar"
+    assert d.trace is None and d.viewer.step_fig.object is None and d.download.disabled
+    assert "press Run" in d.viewer.status.object
+
+
+def test_viewer_moves_the_step_figure_in_place():
+    """Stepping updates the figure drawn for the trace (as the Jupyter player does), never a new one."""
+    d = small(Dashboard(), method="prompt-lookup", n=8)
+    trace = d.run_now()
+    assert trace is not None and len(trace.rounds) > 1
+    fig, summary = d.viewer.step_fig.object, [p.object for p in d.viewer.summary_figs]
+    d.viewer.player.value = 1
+    assert d.viewer.step_fig.object is fig and [p.object for p in d.viewer.summary_figs] == summary
+    assert fig.layout.annotations[0].text.startswith("round 2/")
+    from speclab.figures import step_figure
+    assert fig.to_plotly_json()["data"] == step_figure(trace, 1).to_plotly_json()["data"]
+    current = next(t for t in summary[0].data if t.name == "current")
+    assert list(current.x) == [2, 2]                           # the round strip marks round 2 (1-based)
+
+
+def test_dashboard_needs_no_ipywidgets():
+    """The dashboard extra is Panel alone: the detail table is plain HTML in speclab.figures."""
+    import subprocess
+    import sys
+    code = ("import sys; from speclab.apps.dashboard import Dashboard; Dashboard(); "
+            "print('ipywidgets' in sys.modules, 'speclab.widgets' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "SPECLAB_DASHBOARD_TARGET": "code-target"})
+    assert out.stdout.split()[-2:] == ["False", "False"], out.stderr[-500:]

@@ -187,23 +187,23 @@ def test_dashboard_shows_a_diffusion_trace_and_fits_the_form(runs):
     tr = runs["blocks"]
     d = Dashboard()
     d.show_trace(tr)
-    assert not d.alert.visible and d.player.end == len(tr.denoise) - 1
-    assert d.step_fig.object.layout.title.text.startswith(f"{tr.method}: step 1/")
-    assert "step 1 of" in d.detail.object and "tokens per forward" in d.status.object
-    d.player.value = 2
-    assert d.step_fig.object.layout.meta["step"] == 2 and "step 3 of" in d.detail.object
-    shown = [p.object for p in d.summary_figs if p.visible]
+    assert not d.alert.visible and d.viewer.player.end == len(tr.denoise) - 1
+    assert d.viewer.step_fig.object.layout.title.text.startswith(f"{tr.method}: step 1/")
+    assert "step 1 of" in d.viewer.detail.object and "tokens per forward" in d.viewer.status.object
+    d.viewer.player.value = 2
+    assert d.viewer.step_fig.object.layout.meta["step"] == 2 and "step 3 of" in d.viewer.detail.object
+    shown = [p.object for p in d.viewer.summary_figs if p.visible]
     assert len(shown) == 2 and shown[1].layout.title.text.startswith("decoding order")
     names = R.method_names()
     assert len(names) == len(set(names)) and "dllm-threshold" in names
     assert "dllm-threshold" not in d.compare_methods.options           # compare is tau / alpha vs greedy ar
-    d.method.value = "dllm-threshold"
-    assert d.gen_length.visible and d.block_length.visible and d.threshold.visible
-    assert not d.max_new_tokens.visible and not d.k.visible and not d.draft.visible
-    assert list(d.target.options) == R.zoo_models()["diffusion"]
-    d.gen_length.value = 24
-    assert list(d.block_length.options) == [4, 6, 8, 12, 24]
-    kw = R.method_kwargs("dllm-threshold", d._knobs())
-    assert kw["gen_length"] == 24 and kw["block_length"] in d.block_length.options and "k" not in kw
+    d.form.method.value = "dllm-threshold"
+    assert d.form.gen_length.visible and d.form.block_length.visible and d.form.threshold.visible
+    assert not d.form.max_new_tokens.visible and not d.form.k.visible and not d.form.draft.visible
+    assert list(d.form.target.options) == R.zoo_models()["diffusion"]
+    d.form.gen_length.value = 24
+    assert list(d.form.block_length.options) == [4, 6, 8, 12, 24]
+    kw = R.method_kwargs("dllm-threshold", d.form.knob_values())
+    assert kw["gen_length"] == 24 and kw["block_length"] in d.form.block_length.options and "k" not in kw
     if not R.zoo_models()["diffusion"]:                   # before digits-dllm / code-dllm are trained
         assert d.run_now() is None and "needs a masked-diffusion model" in d.alert.object

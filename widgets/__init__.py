@@ -4,7 +4,7 @@ The figures come from speclab.figures; this package only wires them to Play, a s
 detail panel. In Colab, run `from google.colab import output; output.enable_custom_widget_manager()`
 first so the plotly FigureWidget can render.
 """
-from speclab.widgets.detail import detail_html
+from speclab.figures.detail import detail_html
 from speclab.widgets.player import Player, as_trace, show
 
 __all__ = ["show", "Player", "as_trace", "detail_html"]

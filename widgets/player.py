@@ -16,11 +16,9 @@ from pathlib import Path
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from speclab.figures import n_steps, run_strip, step_dict, step_label, step_title
+from speclab.figures import move_current, n_steps, run_strip, step_dict, step_label, step_title, update_step
 from speclab.trace import Trace
-from speclab.widgets.detail import detail_html
-
-LAYOUT_KEYS = ("title", "annotations", "xaxis", "yaxis", "xaxis2", "yaxis2", "meta")
+from speclab.figures.detail import detail_html
 
 
 def as_trace(obj) -> Trace:
@@ -62,21 +60,9 @@ class Player(widgets.VBox):
 
     def update(self, step: int) -> None:
         """Show `step`: the slider calls this; so can a test or a notebook cell."""
-        d = step_dict(self.trace, step, static=False)     # None for traces no step changes
-        with self.figure.batch_update():
-            if len(d["data"]) == len(self.figure.data):
-                for old, new in zip(self.figure.data, d["data"]):
-                    if new is not None:
-                        old.update({k: v for k, v in new.items() if k != "type"}, overwrite=True)
-            else:   # never for the figures shipped here (fixed trace counts), kept for custom ones
-                self.figure.data = []
-                self.figure.add_traces(step_dict(self.trace, step)["data"])
-            self.figure.layout.update({k: d["layout"][k] for k in LAYOUT_KEYS if k in d["layout"]})
+        update_step(self.figure, self.trace, step)
         if self.strip is not None:
-            with self.strip.batch_update():
-                # the strip's "current" marker, wherever that figure puts it for this step
-                mark = next(t for t in run_strip(self.trace, step).data if t.name == "current")
-                self.strip.update_traces(dict(x=mark.x, y=mark.y), selector=dict(name="current"))
+            move_current(self.strip, run_strip(self.trace, step))
         self.detail.value = detail_html(self.trace, step)
         self.label.value = step_title(self.trace, step)
         self.step = step

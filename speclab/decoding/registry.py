@@ -169,6 +169,23 @@ def method_params(name: str) -> list[str]:
     return [p for p in inspect.signature(m.build).parameters if p not in ("target", "draft", "backend")]
 
 
+def method_defaults(name: str) -> dict:
+    """{parameter: default} of a method, read from where the defaults live (its builder's signature,
+    its policy or decode-config dataclass), so a form shows the value that runs; None = unset."""
+    from dataclasses import MISSING, fields
+    m = get_method(name)
+    if m.engine in ("dag", "diffusion"):
+        if m.engine == "dag":
+            from speclab.decoding.dag import DecodeConfig as cls
+        else:
+            from speclab.decoding.dllm_policies import POLICIES
+            cls = POLICIES[name]
+        out = {f.name: None if f.default is MISSING else f.default for f in fields(cls)}
+        return ({p: None for p in DLLM_RUN_PARAMS} | out) if m.engine == "diffusion" else out
+    sig = inspect.signature(m.build).parameters
+    return {p: sig[p].default for p in method_params(name)}
+
+
 # parameters that pass a caller-owned object (state that outlives one request), not a setting:
 # a run reads and updates them, but they are neither recorded in a trace nor shown as a knob
 OWNED_PARAMS = ("history",)

@@ -17,9 +17,12 @@ step, so a player can update a figure in place and an export can animate it with
     confidence_bands(trace, step)  min / median / max confidence and commits per denoising step
     run_strip(trace, step)         the run at a glance under a step view (round strip or bands)
     step_title(trace, step)        "round 3 of 20": how every view numbers a step (1-based)
+    detail_html(trace, step)       everything recorded about one step, as an HTML table
+    update_step(fig, trace, step)  a step figure moved to another step in place (players)
 """
-from speclab.figures.compose import n_steps, run_strip, step_dict, step_figure
+from speclab.figures.compose import move_current, n_steps, run_strip, step_dict, step_figure, update_figure, update_step
 from speclab.figures.dag import dag_figure
+from speclab.figures.detail import detail_html
 from speclab.figures.diffusion import canvas_figure, confidence_bands, decoding_order
 from speclab.figures.steps import step_label, step_names, step_title
 from speclab.figures.summary import acceptance_summary, per_position, round_strip, timing
@@ -28,4 +31,5 @@ from speclab.figures.tree import draft_tree
 
 __all__ = ["token_strip", "draft_tree", "step_figure", "round_strip", "acceptance_summary", "timing",
            "dag_figure", "per_position", "cells", "n_steps", "step_dict", "canvas_figure", "decoding_order",
-           "confidence_bands", "run_strip", "step_label", "step_names", "step_title"]
+           "confidence_bands", "run_strip", "step_label", "step_names", "step_title", "detail_html",
+           "update_figure", "update_step", "move_current"]

@@ -69,6 +69,42 @@ def step_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     return dict(data=strip["data"] + tree["data"], layout=layout)
 
 
+# the layout keys a step changes (titles, axes ranges, the step meta); the rest is fixed for a run
+STEP_LAYOUT_KEYS = ("title", "annotations", "xaxis", "yaxis", "xaxis2", "yaxis2", "meta")
+
+
+def update_figure(fig: go.Figure, d: dict, layout_keys=STEP_LAYOUT_KEYS) -> go.Figure:
+    """Bring `fig` (a Figure or a FigureWidget) to the figure dict `d` in place: trace by trace
+    (a None in d["data"] means "unchanged"), then the layout keys a step changes. How the Jupyter
+    player and the dashboard move a figure from one step to the next without rebuilding it."""
+    with fig.batch_update():
+        if len(d["data"]) == len(fig.data):
+            for old, new in zip(fig.data, d["data"]):
+                if new is not None:
+                    new = new if isinstance(new, dict) else new.to_plotly_json()
+                    old.update({k: v for k, v in new.items() if k != "type"}, overwrite=True)
+        else:   # never for the figures shipped here (fixed trace counts), kept for custom ones
+            fig.data = []
+            fig.add_traces([t for t in d["data"] if t is not None])
+        fig.layout.update({k: d["layout"][k] for k in layout_keys if k in d["layout"]})
+    return fig
+
+
+def update_step(fig: go.Figure, trace: Trace, step: int) -> go.Figure:
+    """`fig` (made by step_figure for this trace) moved to `step` in place."""
+    return update_figure(fig, step_dict(trace, step, static=False))
+
+
+def move_current(fig: go.Figure, marked: go.Figure) -> go.Figure:
+    """Move `fig`'s "current" markers in place to where `marked` (the same figure drawn for another
+    step) has them: how a player follows the step on the whole-run figures without redrawing them."""
+    with fig.batch_update():
+        for old, new in zip(fig.data, marked.data):
+            if new.name == "current":
+                old.update(x=new.x, y=new.y)
+    return fig
+
+
 def step_figure(trace: Trace, step: int = 0) -> go.Figure:
     """Everything about one step in one figure (see the module docstring)."""
     return go.Figure(step_dict(trace, step))

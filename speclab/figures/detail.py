@@ -1,4 +1,5 @@
-"""The detail panel: everything recorded about the current step, as an HTML table."""
+"""The detail panel: everything recorded about the current step, as an HTML table (the Jupyter
+player and the dashboard both show it; plain HTML, no UI toolkit)."""
 from __future__ import annotations
 
 import html

@@ -1,0 +1,230 @@
+"""The dashboard's parameter form: which method, which models, what prompt, and the method's knobs.
+
+The knobs are one declarative table (`KNOBS`): the widget each registry parameter is shown with.
+Which knobs a method shows, and the values they take when the method is chosen, come from the
+registry (`takes`, `method_defaults`), where each method's defaults live once, so the form always
+shows the value that runs. Choosing another method or target fits the form to it: that engine's
+models, that model's example prompt and valid canvas lengths.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import panel as pn
+
+from speclab.apps import runs
+from speclab.decoding.registry import method_defaults
+
+DEFAULT_PROMPT = "def parse(line):"
+CHAT_PROMPT = "Explain in a few sentences why the sky is blue."
+# the pair the page opens on: the real model and its trained draft when installed, else the toy zoo;
+# SPECLAB_DASHBOARD_TARGET=code-target (the tests set it) keeps the page on the tiny models
+REAL_PAIR, TOY_PAIR = ("smollm2-135m", "smollm2-draft"), ("code-target", "code-draft")
+DAG_PROMPTS = {"dates-dat": "2024-03-05", "numwords-dat": "305"}
+DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):", "smollm2-dllm": CHAT_PROMPT}
+# models whose example prompt is a user message in their chat template
+CHAT_MODELS = {*REAL_PAIR, "smollm2-dllm"}
+# the diffusion model the page switches to: the block-diffusion SmolLM2 beside the real pair
+REAL_DLLM, TOY_DLLM = "smollm2-dllm", "code-dllm"
+EXAMPLE_PROMPTS = {DEFAULT_PROMPT, CHAT_PROMPT, *DAG_PROMPTS.values(), *DLLM_PROMPTS.values()}
+
+
+def blocks(gen_length: int) -> list[int]:
+    """Block lengths that divide gen_length (the last one is a single block)."""
+    return [b for b in range(1, gen_length + 1) if gen_length % b == 0 and (b >= 4 or b == gen_length)]
+
+
+# registry parameter -> the widget that sets it. A knob shows when the chosen method takes it.
+# threshold: for speculative methods 0 means off (a slider cannot hold None); diffusion policies
+# always commit by a threshold, so there it starts above 0 (`_fit_threshold`).
+KNOBS = {
+    "k": lambda w: w.IntSlider(name="k (draft length)", start=1, end=16, value=4),
+    "threshold": lambda w: w.FloatSlider(name="threshold (0 = off)", start=0.0, end=0.95, step=0.05, value=0.0),
+    "exit_layer": lambda w: w.Select(name="exit layer", options=["auto"]),
+    "budget": lambda w: w.IntSlider(name="node budget", start=2, end=32, value=10),
+    "gen_length": lambda w: w.IntSlider(name="gen length (canvas slots)", start=8, end=128, step=8, value=32),
+    "block_length": lambda w: w.Select(name="block length", options=blocks(32), value=32),
+}
+
+
+def _config(model: str, key: str) -> int:
+    cfg = runs.ZOO_DIR / model / "config.json"
+    return json.loads(cfg.read_text()).get(key, 0) if cfg.exists() else 0
+
+
+def _pick(options: list[str], preferred: str) -> str | None:
+    return preferred if preferred in options else (options[0] if options else None)
+
+
+class Form:
+    """The widgets of the left column. `on_change()` is called after the method or target changed
+    (the dashboard takes the now stale run off the page)."""
+
+    def __init__(self, kinds: dict[str, list[str]], on_change=None):
+        self.kinds, self.on_change = kinds, on_change
+        w = pn.widgets
+        self.method = w.Select(name="method", options=runs.method_names(), value="draft-model")
+        pair = REAL_PAIR if all(n in kinds["causal"] for n in REAL_PAIR) else TOY_PAIR
+        if os.environ.get("SPECLAB_DASHBOARD_TARGET"):
+            pair = (os.environ["SPECLAB_DASHBOARD_TARGET"], TOY_PAIR[1])
+        self.default_target = pair[0]
+        self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], pair[0]))
+        self.draft = w.Select(name="draft", options=kinds["causal"], value=_pick(kinds["causal"], pair[1]))
+        chat = self.target.value in CHAT_MODELS
+        self.prompt = w.TextAreaInput(name="prompt", value=CHAT_PROMPT if chat else DEFAULT_PROMPT, height=80,
+                                      css_classes=["speclab-prompt"])
+        self.chat = w.Checkbox(name="chat: the prompt is a user message (the model's chat template)", value=chat)
+        self.knobs = {name: make(w) for name, make in KNOBS.items()}
+        for name, widget in self.knobs.items():
+            setattr(self, name, widget)               # form.k, form.threshold, ... read like the other fields
+        self.max_new_tokens = w.IntSlider(name="max new tokens", start=1, end=128, value=24)
+        self.temperature = w.FloatSlider(name="temperature", start=0.0, end=1.5, step=0.05, value=0.0)
+        self.seed = w.IntInput(name="seed", value=0, start=0)
+        self.extra = w.TextInput(name="other parameters (name=value, ...)", placeholder="schedule=heuristic")
+        self.method.param.watch(lambda e: self._changed(method=True), "value")
+        self.target.param.watch(lambda e: self._fit_target(e.old, e.new), "value")
+        self.gen_length.param.watch(lambda e: self._fit_blocks(), "value")
+        self.fit(method_changed=True)
+
+    def column(self, *below) -> pn.Column:
+        return pn.Column("## speclab", self.method, self.target, self.draft, self.prompt, self.chat,
+                         *self.knobs.values(), self.max_new_tokens, self.temperature, self.seed, self.extra,
+                         *below, width=330)
+
+    # -- fitting the form to the method and model ----------------------------------------------------
+    def _changed(self, method: bool = False) -> None:
+        self.fit(method_changed=method)
+        if self.on_change is not None:
+            self.on_change()
+
+    def fit(self, method_changed: bool = False) -> None:
+        """Show only the knobs the chosen method takes, at its defaults when the method changed;
+        DAG and diffusion methods get their models."""
+        m = self.method.value
+        engine, dag = runs.engine(m), runs.is_dag(m)
+        models = self.kinds[runs.model_kind(m)]
+        if list(self.target.options) != models:
+            self.target.options = models
+            real = self.default_target in REAL_PAIR
+            self.target.value = _pick(models, (REAL_DLLM if real else TOY_DLLM) if engine == "diffusion"
+                                      else self.default_target)
+            self.prompt.value = self.example_prompt(self.target.value)
+        takes = runs.takes(m)
+        for name, widget in self.knobs.items():
+            widget.visible = name in takes
+        self.draft.visible = runs.needs_draft(m)
+        self.chat.visible = self._chat_visible()
+        self._fit_threshold(engine)
+        self.max_new_tokens.visible = engine == "speculative"       # diffusion: gen length instead
+        self.seed.visible = self.extra.visible = not dag
+        n = _config(self.target.value, "num_hidden_layers") if engine == "speculative" and self.target.value else 0
+        opts = ["auto"] + [str(i) for i in range(1, n)]
+        if list(self.exit_layer.options) != opts:
+            self.exit_layer.options, self.exit_layer.value = opts, "auto"
+        if engine == "diffusion" and self.target.value:
+            self._fit_canvas(_config(self.target.value, "max_position_embeddings"))
+        if method_changed and not dag:
+            self._set_defaults(m, takes)
+
+    def _set_defaults(self, method: str, takes: list[str]) -> None:
+        """The knobs at the values the method runs with when left alone (None: keep the knob's value,
+        except a speculative threshold, where None means off)."""
+        defaults = method_defaults(method)
+        for name in set(takes) & set(self.knobs):
+            value, widget = defaults.get(name), self.knobs[name]
+            if name == "threshold" and value is None and runs.engine(method) == "speculative":
+                value = 0.0
+            if value is None:
+                continue
+            if name == "exit_layer":
+                value = str(value) if str(value) in widget.options else "auto"
+            elif isinstance(widget, pn.widgets.IntSlider):
+                value = min(max(int(value), widget.start), widget.end)
+            elif isinstance(widget, pn.widgets.FloatSlider):
+                value = min(max(float(value), widget.start), widget.end)
+            widget.value = value
+
+    def _chat_visible(self) -> bool:
+        """Speculative methods: always (any causal LM may have a chat template); diffusion: chat models."""
+        engine = runs.engine(self.method.value)
+        return engine == "speculative" or (engine == "diffusion" and self.target.value in CHAT_MODELS)
+
+    def _fit_threshold(self, engine: str) -> None:
+        """Speculative methods: 0 means off (a fixed draft length). Diffusion policies always use a
+        threshold: the slider shows the one that runs (0.9 by default), never 0."""
+        if engine == "diffusion" and self.threshold.start == 0.0:
+            self.threshold.param.update(name="threshold (commit p >= it)", start=0.05, value=0.9)
+        elif engine != "diffusion" and self.threshold.start != 0.0:
+            self.threshold.param.update(name="threshold (0 = off)", start=0.0, value=0.0)
+
+    def _fit_canvas(self, context: int) -> None:
+        """Gen lengths the diffusion target can hold: its context window less room for a short prompt."""
+        end = min(128, max(8, (context - 8) // 8 * 8)) if context else 128
+        if self.gen_length.end != end:
+            self.gen_length.param.update(end=end, value=min(self.gen_length.value, end))
+
+    def example_prompt(self, target: str | None) -> str:
+        """The prompt the page offers a target under the chosen method."""
+        m = self.method.value
+        if runs.is_dag(m):
+            return DAG_PROMPTS.get(target, "2024-03-05")
+        if runs.engine(m) == "diffusion":
+            return DLLM_PROMPTS.get(target, DEFAULT_PROMPT)
+        return CHAT_PROMPT if target in CHAT_MODELS else DEFAULT_PROMPT
+
+    def _fit_target(self, old: str | None, new: str | None) -> None:
+        """A chat model gets a question in its chat template, each model its own example prompt (only
+        an untouched example prompt is swapped; a prompt the user wrote stays)."""
+        was, now = old in CHAT_MODELS, new in CHAT_MODELS
+        if was != now:
+            self.chat.value = now
+        if self.prompt.value in EXAMPLE_PROMPTS:
+            self.prompt.value = self.example_prompt(new)
+        self._changed()
+
+    def _fit_blocks(self) -> None:
+        """Block lengths must divide the gen length: offer only those, keeping the choice if it fits."""
+        opts = blocks(self.gen_length.value)
+        if list(self.block_length.options) != opts:
+            keep = self.block_length.value
+            self.block_length.options = opts
+            self.block_length.value = keep if keep in opts else opts[-1]
+
+    # -- what the form asks for ---------------------------------------------------------------------
+    def knob_values(self) -> dict:
+        return dict(k=self.k.value, threshold=self.threshold.value or None, budget=self.budget.value,
+                    exit_layer="auto" if self.exit_layer.value == "auto" else int(self.exit_layer.value),
+                    gen_length=self.gen_length.value, block_length=int(self.block_length.value))
+
+    def total(self) -> int:
+        """Tokens the progress bar counts to."""
+        engine = runs.engine(self.method.value)
+        return {"dag": 1, "diffusion": self.gen_length.value}.get(engine, self.max_new_tokens.value)
+
+    def request(self, method: str | None = None, warmup: bool = False) -> dict:
+        """Keyword arguments of runs.run_one for the decode the form describes (`method` in its
+        place for a comparison). Raises ValueError for what can be checked without a model.
+        warmup: a 2-token run that loads the models and runs their first forwards."""
+        method = method or self.method.value
+        prompt = self.prompt.value
+        if not prompt or not prompt.strip():
+            raise ValueError("empty prompt: type some text to continue")
+        kw = runs.method_kwargs(method, self.knob_values(), self.extra.value if not runs.is_dag(method) else "")
+        if runs.engine(method) != "dag" and self.chat.value and self.chat.visible:
+            kw["chat"] = True
+        return dict(target=self.target.value, prompt=prompt, method=method, draft=self.draft.value,
+                    max_new_tokens=min(2, self.max_new_tokens.value) if warmup else self.max_new_tokens.value,
+                    temperature=self.temperature.value, seed=self.seed.value or 0, **kw)
+
+    def apply_args(self, get: dict[str, str]) -> None:
+        """Prefill from URL arguments (method first: choosing it resets the knobs to its defaults)."""
+        if "method" in get:
+            self.method.value = get["method"]
+        for name in ("target", "draft", "prompt", "extra"):
+            if name in get:
+                getattr(self, name).value = get[name]
+        for name, cast in (("k", int), ("max_new_tokens", int), ("seed", int), ("temperature", float),
+                           ("budget", int), ("threshold", float), ("gen_length", int), ("block_length", int)):
+            if name in get:
+                getattr(self, name).value = cast(get[name])

@@ -118,31 +118,24 @@ def run_one(target: str, prompt: str, method: str, draft: str | None = None, max
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("empty prompt: type some text to continue")
     import speclab
-    if is_dag(method):             # through speclab.run like every engine: one model cache, one seam
-        if target not in zoo_models()["dag"]:
-            raise ValueError(f"{method} needs a DAG model ({', '.join(zoo_models()['dag'])}), not {target!r}")
-        return speclab.run(target, prompt, method, record=record, seed=seed,
-                           temperature=temperature if temperature > 0 else None).trace
-    kinds = zoo_models()
-    if engine(method) == "diffusion":
-        if target not in kinds["diffusion"]:
-            have = ", ".join(kinds["diffusion"]) or "none is in the zoo yet"
-            raise ValueError(f"{method} needs a masked-diffusion model ({have}), not {target!r}")
-        try:
-            r = speclab.run(target, prompt, method, temperature=float(temperature), seed=int(seed), record=record,
-                            progress=_increments(progress) if progress else None, **kw)
-        except ValueError as e:     # the shared context check counts new tokens: here they are canvas slots
-            msg = str(e).replace("max_new_tokens", "the gen length").replace("new tokens", "canvas slots")
-            raise ValueError(msg) from e
-        return r.trace
-    if target in kinds["dag"]:
-        raise ValueError(f"{target} is a DAG model: pick a dag-* method, or code-target for {method}")
-    if target in kinds["diffusion"]:
-        raise ValueError(f"{target} is a masked-diffusion model: pick a dllm-* method, or code-target for {method}")
-    # eagle / medusa take their target's head from the zoo, not the draft-model picker
-    r = speclab.generate(target, prompt, method, draft=draft if needs_draft(method) and get_method(method).draft_kind == "draft" else None,
-                         max_new_tokens=int(max_new_tokens), temperature=float(temperature), seed=int(seed),
-                         record=record, progress=progress, **kw)
+    eng = engine(method)
+    if eng == "dag":                # a DAG samples only when asked to (its decode config's temperature)
+        kw["temperature"] = temperature if temperature > 0 else None
+    else:
+        kw["temperature"] = float(temperature)
+    if eng == "diffusion" and progress:
+        progress = _increments(progress)
+    # the draft picker feeds draft-model methods; eagle / medusa take their target's head from the zoo
+    if needs_draft(method) and get_method(method).draft_kind == "draft":
+        kw["draft"] = draft
+    try:
+        r = speclab.run(target, prompt, method, max_new_tokens=int(max_new_tokens), seed=int(seed), record=record,
+                        progress=progress, **kw)
+    except ValueError as e:
+        if eng != "diffusion":
+            raise
+        # the shared context check counts new tokens: on a diffusion canvas they are slots
+        raise ValueError(str(e).replace("max_new_tokens", "the gen length").replace("new tokens", "canvas slots")) from e
     return r.trace
 
 

@@ -156,7 +156,10 @@ def zoo_pairs(kind: str) -> list[str]:
 
 def run(target, prompt, method: str = "ar", **kw) -> Result:
     """Any engine by method name: speculative methods go to generate(), dag-* to the DAG decoder,
-    dllm-* to the diffusion decoder. The target / draft pairing is checked first, for every engine."""
+    dllm-* to the diffusion decoder. The one dispatcher: the CLI, the dashboard and the bench call it.
+    The target / draft pairing is checked first, for every engine. The same keywords mean the same
+    thing everywhere (record, seed, device, dtype, chat, temperature); max_new_tokens is the canvas
+    length of a diffusion run unless gen_length is given, and a DAG's output length is its graph's."""
     m = get_method(method) if isinstance(method, str) else None
     if m is None or m.engine == "speculative":
         return generate(target, prompt, method, **kw)      # checks the pairing itself (public too)
@@ -169,7 +172,7 @@ def run(target, prompt, method: str = "ar", **kw) -> Result:
     if m.engine == "diffusion":
         from speclab.decoding.dllm_run import run_dllm
         trace = run_dllm(target, prompt, m.name, **kw)
-        tok = as_model(target, kw.get("device"))[1]
+        tok = as_model(target, kw.get("device"), kw.get("dtype", "auto"))[1]
         return Result(text=tok.decode(trace.output_ids, skip_special_tokens=False), ids=list(trace.output_ids),
                       trace=trace)
     raise ValueError(f"method {method!r}: the {m.engine} engine is not available in this version")
@@ -216,10 +219,13 @@ def _name(m) -> str:
 
 
 def _run_dag(target, prompt, strategy, record="light", seed=0, device=None, temperature=None, top_k=None,
-             top_p=None, draft=None, max_new_tokens=None, **params) -> Result:
+             top_p=None, draft=None, max_new_tokens=None, dtype="auto", chat=False, progress=None, **params) -> Result:
+    """max_new_tokens, progress: a DAG decodes its whole output in one forward (its length is the graph's)."""
     from dataclasses import fields
     from speclab.decoding.dag import DecodeConfig, decode_text, run_dag
-    model = as_model(target, device)[0]
+    if chat:
+        raise ValueError(f"dag-{strategy}: a DA-Transformer has no chat template; give the input itself as the prompt")
+    model = as_model(target, device, dtype)[0]
     check_pairing("dag", f"dag-{strategy}", (model, None))     # a hub id is known only once loaded
     known = {f.name for f in fields(DecodeConfig)}
     if set(params) - known:

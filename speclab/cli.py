@@ -31,7 +31,8 @@ def add_run(sub):
                    help="a user message, wrapped in the model's chat template (stops at its end-of-turn token)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                    help="auto: bf16 where the hardware runs it natively (CUDA, CPUs with avx512_bf16 / AMX), else fp32")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int,
+                   help="new tokens (default 128); dllm-*: the canvas slots (default 64) unless --gen-length")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
@@ -76,9 +77,25 @@ def method_kwargs(a) -> dict:
     return kw
 
 
+def run_kwargs(a, engine: str) -> dict:
+    """The keywords of speclab.run from `speclab run`'s flags (the same for every engine; a flag the
+    user left out is left out here too, so each engine's own default applies)."""
+    kw = dict(record=None if a.record == "none" else a.record, seed=a.seed, device=a.device, dtype=a.dtype,
+              top_k=a.top_k, top_p=a.top_p, temperature=a.temperature, **method_kwargs(a))
+    if engine == "dag":                 # a DAG samples only when asked to (its decode config's temperature)
+        kw["temperature"] = a.temperature if a.temperature > 0 else None
+    if a.draft is not None:
+        kw["draft"] = a.draft
+    if a.chat is not None:
+        kw["chat"] = True
+    if a.max_new_tokens is not None:
+        kw["max_new_tokens"] = a.max_new_tokens
+    return kw
+
+
 def cmd_run(a):
     import speclab
-    import speclab.models.zoo
+    from speclab.decoding.registry import get_method
     if a.batch_size is not None:
         return _run_batch(a)
     if a.prompt_file:
@@ -87,33 +104,28 @@ def cmd_run(a):
         prompt = open(a.prompt_file, encoding="utf-8").read()
     else:
         prompt = a.chat if a.chat is not None else a.prompt
-    record = None if a.record == "none" else a.record
-    from speclab.decoding.registry import get_method
-    if get_method(a.method).engine == "dag":
-        r = speclab.run(a.target, prompt, a.method, record=record, seed=a.seed, device=a.device,
-                        top_k=a.top_k, top_p=a.top_p,
-                        temperature=a.temperature if a.temperature > 0 else None, **method_kwargs(a))
-        out = dict(text=r.text, ids=r.ids, method=a.method, **r.stats)
-        if a.dag_all_outputs or a.method == "dag-all":
-            from speclab.decoding.dag import decode_text
-            model = speclab.models.zoo.load_shared(a.target, a.device)[0]
-            out["outputs"] = {k: decode_text(model, v) for k, v in r.trace.dag.outputs.items()}
-        if a.trace:
-            r.trace.save(a.trace)
-        print(json.dumps(out) if a.json else f"{prompt} -> {r.text}" + "".join(
-            f"\n  {k:<10} {v}" for k, v in out.get("outputs", {}).items()))
-        return 0
-    if get_method(a.method).engine == "diffusion":
-        return _run_dllm(a, prompt, record)
+    engine = get_method(a.method).engine
+    if a.check and engine != "speculative":
+        raise ValueError(f"--check compares with greedy ar: it is for speculative methods, not {a.method}")
+    r = speclab.run(a.target, prompt, a.method, **run_kwargs(a, engine))
+    show = {"dag": _show_dag, "diffusion": _show_dllm}.get(engine, _show_speculative)
+    out = show(a, prompt, r)
+    if a.trace:
+        r.trace.save(a.trace)
+    if a.json:
+        print(json.dumps(out))
+    return 0
+
+
+def _show_speculative(a, prompt, r) -> dict:
+    import speclab
+    import speclab.models.zoo
     chat = a.chat is not None
-    r = speclab.generate(a.target, prompt, a.method, draft=a.draft, max_new_tokens=a.max_new_tokens,
-                         temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
-                         record=record, device=a.device, dtype=a.dtype, chat=chat, **method_kwargs(a))
     out = dict(text=r.text, ids=r.ids, method=a.method, dtype=r.trace.models["target"].dtype, **r.stats)
     if a.check:
         same = {k: v for k, v in method_kwargs(a).items() if k == "backend"}    # ar on the same forward
-        ref = speclab.generate(a.target, prompt, "ar", max_new_tokens=a.max_new_tokens, record=None,
-                               device=a.device, dtype=a.dtype, chat=chat, **same)
+        ref = speclab.run(a.target, prompt, "ar", max_new_tokens=r.trace.params["max_new_tokens"], record=None,
+                          device=a.device, dtype=a.dtype, chat=chat, **same)
         out["identical"] = ref.ids == r.ids
         if not out["identical"]:
             from speclab.decoding.equality import diagnose
@@ -121,11 +133,8 @@ def cmd_run(a):
             d = diagnose(model, r.trace.prompt_ids, ref.ids, r.ids, same.get("backend", "auto"))
             out["divergence"] = d.to_dict()
             out["why"] = d.explain(r.trace.text_of)
-    if a.trace:
-        r.trace.save(a.trace)
     if a.json:
-        print(json.dumps(out))
-        return 0
+        return out
     if chat:
         prompt = "".join(r.trace.text_of(t) for t in r.trace.prompt_ids)
     color = a.color == "always" or (a.color == "auto" and sys.stdout.isatty())
@@ -140,7 +149,33 @@ def cmd_run(a):
     if color:
         print(f"{COLORS['prompt']}prompt{COLORS['reset']}  {COLORS['draft']}accepted draft{COLORS['reset']}  "
               f"{COLORS['target']}from the target{COLORS['reset']}")
-    return 0
+    return out
+
+
+def _show_dag(a, prompt, r) -> dict:
+    """A DAG run: its output, and with --dag-all-outputs (or dag-all) every strategy's."""
+    t = r.trace.totals
+    out = dict(text=r.text, ids=r.ids, method=a.method, new_tokens=t.new_tokens, target_forwards=t.target_forwards,
+               wall_s=t.wall_s)
+    if a.dag_all_outputs or a.method == "dag-all":
+        from speclab.decoding.dag import decode_text
+        from speclab.models.loading import as_model
+        model = as_model(a.target, a.device)[0]
+        out["outputs"] = {k: decode_text(model, v) for k, v in r.trace.dag.outputs.items()}
+    if not a.json:
+        print(f"{prompt} -> {r.text}" + "".join(f"\n  {k:<10} {v}" for k, v in out.get("outputs", {}).items()))
+    return out
+
+
+def _show_dllm(a, prompt, r) -> dict:
+    t = r.trace.totals
+    out = dict(text=r.text, ids=r.ids, method=a.method, new_tokens=t.new_tokens, target_forwards=t.target_forwards,
+               tokens_per_forward=round(t.tau, 3), wall_s=t.wall_s)
+    if not a.json:
+        print(prompt + r.text)
+        print(f"\n[{a.method}] {t.new_tokens} tokens in {t.target_forwards} forwards "
+              f"({t.tau:.2f} tokens per forward), {t.wall_s:.2f} s")
+    return out
 
 
 def read_prompt_lines(path: str) -> tuple[list[str], bool]:
@@ -182,22 +217,19 @@ def _run_batch(a):
         prompts, chat = read_prompt_lines(a.prompt_file)
     else:
         prompts, chat = [a.chat if a.chat is not None else a.prompt], a.chat is not None
-    record = None if a.record == "none" else a.record
     color = a.color == "always" or (a.color == "auto" and sys.stdout.isatty())
+    kw = run_kwargs(a, "speculative") | dict(chat=chat)
     results, wall = [], 0.0
     for start in range(0, len(prompts), a.batch_size):
-        rs = speclab.generate(a.target, prompts[start:start + a.batch_size], a.method, draft=a.draft,
-                              max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
-                              top_p=a.top_p, seed=a.seed + start, record=record, device=a.device, dtype=a.dtype,
-                              chat=chat, **method_kwargs(a))
+        rs = speclab.run(a.target, prompts[start:start + a.batch_size], a.method, **kw | dict(seed=a.seed + start))
         wall += rs[0].trace.totals.wall_s
         results += rs
     for i, r in enumerate(results):
         out = dict(index=i, text=r.text, ids=r.ids, method=a.method, batch_size=r.trace.params["batch_size"],
                    lane=r.trace.params["lane"], **r.stats)
         if a.check:
-            ref = speclab.generate(a.target, prompts[i], "ar", max_new_tokens=a.max_new_tokens, record=None,
-                                   device=a.device, dtype=a.dtype, chat=chat)
+            ref = speclab.run(a.target, prompts[i], "ar", max_new_tokens=r.trace.params["max_new_tokens"], record=None,
+                              device=a.device, dtype=a.dtype, chat=chat)
             out["identical"] = ref.ids == r.ids
         if a.trace:
             root, ext = os.path.splitext(a.trace)
@@ -216,28 +248,6 @@ def _run_batch(a):
         n = sum(len(r.ids) for r in results)
         print(f"\n[{a.method}] {len(results)} prompts in batches of {a.batch_size}: {n} tokens in {wall:.2f} s "
               f"({n / wall if wall else 0:.1f} tokens/s)")
-    return 0
-
-
-def _run_dllm(a, prompt, record):
-    import speclab
-    kw = method_kwargs(a)
-    kw.setdefault("gen_length", a.max_new_tokens if a.max_new_tokens != 128 else 64)
-    if a.chat is not None:
-        kw["chat"] = True
-    r = speclab.run(a.target, prompt, a.method, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                    seed=a.seed, record=record, device=a.device, draft=a.draft, **kw)
-    t = r.trace.totals
-    out = dict(text=r.text, ids=r.ids, method=a.method, new_tokens=t.new_tokens, target_forwards=t.target_forwards,
-               tokens_per_forward=round(t.tau, 3), wall_s=t.wall_s)
-    if a.trace:
-        r.trace.save(a.trace)
-    if a.json:
-        print(json.dumps(out))
-    else:
-        print(prompt + r.text)
-        print(f"\n[{a.method}] {t.new_tokens} tokens in {t.target_forwards} forwards "
-              f"({t.tau:.2f} tokens per forward), {t.wall_s:.2f} s")
     return 0
 
 

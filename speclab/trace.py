@@ -114,6 +114,12 @@ class Round:
         return (self.path_tokens + [self.emitted])[: self.kept]
 
 
+# what a denoising step's threshold is compared with: a position's top-1 probability (Fast-dLLM,
+# LocalLeap), the factor of Fast-dLLM's rank-dependent bound, or a top-1 / top-2 logit gap
+# (Prophet, SchED). Figures draw a threshold line on the confidence axis for "probability" only.
+THRESHOLD_SCALES = ("probability", "factor", "logit-gap")
+
+
 @dataclass
 class DenoiseStep:
     """One forward of a masked-diffusion decoder."""
@@ -125,6 +131,7 @@ class DenoiseStep:
     committed: list[int] = field(default_factory=list)  # positions unmasked by this step
     remasked: list[int] = field(default_factory=list)
     threshold: float | None = None                      # the policy's threshold or score
+    threshold_scale: str | None = None                  # what `threshold` measures (THRESHOLD_SCALES)
     tokens: list[int] = field(default_factory=list)     # generation-region tokens after the step
     info: dict[str, Any] = field(default_factory=dict)
 

@@ -87,6 +87,20 @@ def test_threshold_line_only_for_probability_thresholds(runs):
     assert all(s.threshold is None for s in runs["blocks"].denoise)
     # Prophet thresholds a logit gap (7.5, 5, 2.5): never drawn on the probability axis
     assert all(s.threshold is not None and prob_threshold(runs["prophet"], s) is None for s in runs["prophet"].denoise)
+    # each step says what its threshold measures; the figures read that, not the policy's name
+    assert {s.threshold_scale for s in runs["threshold"].denoise} == {"probability"}
+    assert {s.threshold_scale for s in runs["prophet"].denoise} == {"logit-gap"}
+
+
+def test_threshold_scale_is_recorded_and_saved(runs, tmp_path):
+    from speclab.trace import THRESHOLD_SCALES, Trace
+    tr = runs["threshold"]
+    tr.save(tmp_path / "t.json")
+    assert [s.threshold_scale for s in Trace.load(tmp_path / "t.json").denoise] == [s.threshold_scale for s in tr.denoise]
+    import speclab
+    fac = speclab.run("digits-dllm", "SUM 31=", "dllm-threshold", gen_length=8, factor=1.0).trace
+    assert {s.threshold_scale for s in fac.denoise} == {"factor"} <= set(THRESHOLD_SCALES)
+    assert all(prob_threshold(fac, s) is None for s in fac.denoise)
 
 
 def test_blocks_are_shaded_where_the_engine_worked(runs):
@@ -206,4 +220,4 @@ def test_dashboard_shows_a_diffusion_trace_and_fits_the_form(runs):
     kw = R.method_kwargs("dllm-threshold", d.form.knob_values())
     assert kw["gen_length"] == 24 and kw["block_length"] in d.form.block_length.options and "k" not in kw
     if not R.zoo_models()["diffusion"]:                   # before digits-dllm / code-dllm are trained
-        assert d.run_now() is None and "needs a masked-diffusion model" in d.alert.object
+        assert d.run_now() is None and "masked-diffusion" in d.alert.object

@@ -80,18 +80,19 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
     if "record" in params:                      # per-method recording level, e.g. ar[record=none]
         record = None if params["record"] in ("none", None) else params.pop("record")
         params.pop("record", None)
-    if get_method(spec.method).engine == "diffusion":   # gen_length = max_new_tokens slots
-        res = speclab.run(target, prompt_ids, spec.method, gen_length=max_new_tokens, record=record, **params)
-        t = res.trace.totals
-        return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=None,
-                    drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=res.trace)
     if "draft" in params:                       # a per-method draft, e.g. eagle[draft=DIR]
         draft = params.pop("draft")
     elif get_method(spec.method).draft_kind != "draft":
-        draft = None                            # its head: the zoo's for this target (api.generate)
-    res = speclab.generate(target, prompt_ids, spec.method, draft=draft, max_new_tokens=max_new_tokens,
-                           record=record, dtype=next(target[0].parameters()).dtype, **params)
-    return [_run(r, len(res)) for r in res] if isinstance(res, list) else _run(res, 1)
+        draft = None                            # its head: the zoo's for this target (api.generate); none for dllm-*
+    res = speclab.run(target, prompt_ids, spec.method, draft=draft, max_new_tokens=max_new_tokens, record=record,
+                      dtype=next(target[0].parameters()).dtype, **params)    # dllm-*: max_new_tokens canvas slots
+    if isinstance(res, list):                   # a batch: one run per lane
+        return [_run(r, len(res)) for r in res]
+    if res.trace.engine == "diffusion":
+        t = res.trace.totals
+        return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=None,
+                    drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=res.trace)
+    return _run(res, 1)
 
 
 def _run(res, batch: int) -> dict:

@@ -96,7 +96,7 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
                 commit[torch.where(eligible, conf, torch.full_like(conf, -1.0)).argmax()] = True
             x[P:][commit] = x0[commit]
             if record:
-                steps.append(_record(record, (lo, hi), masked, x0, conf, margin, entropy, commit, ch, x[P:]))
+                steps.append(record_step(record, (lo, hi), masked, x0, conf, margin, entropy, commit, ch, x[P:]))
             prev_x0, step, i = x0, step + 1, i + 1
             if progress:
                 progress(int((x[P:] != MASK).sum()), G)
@@ -125,7 +125,7 @@ def _output(tokens: list[int], mask_id: int, eos_id: int | None) -> list[int]:
     return tokens
 
 
-def _record(level, block, masked, x0, conf, margin, entropy, commit, ch: Choice, gen_x) -> DenoiseStep:
+def record_step(level, block, masked, x0, conf, margin, entropy, commit, ch: Choice, gen_x) -> DenoiseStep:
     """One DenoiseStep; per-position lists follow the order of `masked` (positions masked before)."""
     pos = masked.nonzero().flatten()
     info = dict(ch.info)
@@ -136,4 +136,4 @@ def _record(level, block, masked, x0, conf, margin, entropy, commit, ch: Choice,
     return DenoiseStep(block=block, masked=pos.tolist(), top1=x0[pos].tolist(),
                        conf=[round(float(c), 5) for c in conf[pos]], margin=[round(float(m), 5) for m in margin[pos]],
                        committed=commit.nonzero().flatten().tolist(), threshold=ch.threshold,
-                       tokens=gen_x.tolist(), info=info)
+                       threshold_scale=ch.scale, tokens=gen_x.tolist(), info=info)

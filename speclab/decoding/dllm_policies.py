@@ -34,6 +34,7 @@ class View:
 class Choice:
     commit: torch.Tensor                    # (G,) bool
     threshold: float | None = None
+    scale: str | None = None                # what threshold measures: one of trace.THRESHOLD_SCALES
     finish: bool = False
     info: dict = field(default_factory=dict)
 
@@ -115,6 +116,7 @@ class Threshold:
         commit = torch.zeros_like(v.eligible)
         commit[order[keep]] = True
         return Choice(commit, self.threshold if self.factor is None else self.factor,
+                      scale="probability" if self.factor is None else "factor",
                       info={"forced": [int(order[0])] if c[0] < self.threshold and self.factor is None else []})
 
 
@@ -131,9 +133,9 @@ class _EarlyExitOnLowConfidence:
 
     def _decide(self, v: View, tau: float, name: str, value: float, exit_now: bool) -> Choice:
         if exit_now:
-            return Choice(v.masked.clone(), tau, finish=True, info={name: value})
+            return Choice(v.masked.clone(), tau, scale="logit-gap", finish=True, info={name: value})
         ch = self._base.select(v)
-        ch.threshold, ch.info[name] = tau, value
+        ch.threshold, ch.scale, ch.info[name] = tau, "logit-gap", value
         return ch
 
 
@@ -213,7 +215,7 @@ class LocalLeap:
         thr = torch.where(near, torch.full_like(conf, self.relaxed), torch.full_like(conf, self.threshold))
         commit = v.eligible & (conf >= thr)
         commit[conf.argmax()] = True
-        return Choice(commit, self.threshold, info={"anchors": anchors.tolist()})
+        return Choice(commit, self.threshold, scale="probability", info={"anchors": anchors.tolist()})
 
 
 @dataclass

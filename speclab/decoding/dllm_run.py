@@ -16,7 +16,7 @@ from speclab.trace import RECORD_LEVELS, Sampling, Trace
 def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_length: int | None = None,
              max_new_tokens: int | None = None, temperature: float = 0.0, top_k=None, top_p=None,
              seed: int = 0, record: str | None = "light", device=None, progress=None, eos_stop: bool = True,
-             draft=None, backend=None, chat: bool = False, **params) -> Trace:
+             draft=None, backend=None, chat: bool = False, dtype="auto", **params) -> Trace:
     from speclab.models.dllm import make_denoiser
     if record not in RECORD_LEVELS:
         raise ValueError(f"record must be one of None, 'light', 'full', got {record!r}")
@@ -32,7 +32,7 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     if set(params) - set(known) - set(noise_only) or (set(params) & set(noise_only) and method != "dllm-entropy-bound"):
         raise ValueError(f"{method} does not take {sorted(set(params) - set(known))}; it takes "
                          f"gen_length, block_length, eos_stop, {', '.join(known)}")
-    model, tok = as_model(target, device)
+    model, tok = as_model(target, device, dtype)
     if is_dgemma(model):
         return _run_dgemma(model, tok, prompt, method, gen_length, block_length, temperature, seed, record,
                            progress, chat, params)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 import torch
 
-from speclab.decoding.diffusion import _output, answer_ended, check_shape, never_propose_mask, propose, unseen
-from speclab.decoding.dllm_policies import FreeDave, ranked
+from speclab.decoding.diffusion import _output, answer_ended, check_shape, never_propose_mask, propose, record_step, unseen
+from speclab.decoding.dllm_policies import Choice, FreeDave, ranked
 from speclab.trace import DenoiseStep, Totals
 
 
@@ -60,14 +60,11 @@ def freedave(den, prompt_ids: list[int], policy: FreeDave, gen_length: int, bloc
                     logits = None           # a block-causal model's rows for the next block come next call
             commit = order[: best + 1]
             if record:
-                pos = masked.nonzero().flatten()
-                steps.append(DenoiseStep(
-                    block=(lo, hi), masked=pos.tolist(), top1=x0[pos].tolist(),
-                    conf=[round(float(c), 5) for c in conf[pos]], margin=[round(float(m), 5) for m in margin[pos]],
-                    committed=sorted(commit.tolist()), tokens=x[P:].tolist(),
-                    info={"drafts": K, "accepted_drafts": best + 1, "verified_forward": K > 1,
-                          "order": commit.tolist(),
-                          **({"entropy": [round(float(e), 4) for e in entropy[pos]]} if record == "full" else {})}))
+                mask = torch.zeros_like(masked)
+                mask[commit] = True
+                steps.append(record_step(record, (lo, hi), masked, x0, conf, margin, entropy, mask, Choice(
+                    mask, info={"drafts": K, "accepted_drafts": best + 1, "verified_forward": K > 1,
+                                "order": commit.tolist()}), x[P:]))
             if progress:
                 progress(int((x[P:] != MASK).sum()), G)
             done = eos_stop and eos_id is not None and answer_ended(x[P:], MASK, eos_id)

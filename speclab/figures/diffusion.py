@@ -29,9 +29,6 @@ from speclab.figures import colors
 from speclab.figures._util import bare_axis, check_step, num, show_token, tok
 from speclab.trace import DenoiseStep, Trace, TraceError
 
-PROB_POLICIES = ("Threshold", "LocalLeap")   # policies whose threshold is a probability
-
-
 # -- reading a diffusion trace ---------------------------------------------------------------------
 def denoise_steps(trace: Trace) -> list[DenoiseStep]:
     if trace.engine != "diffusion":
@@ -45,12 +42,10 @@ def gen_length(trace: Trace) -> int:
 
 
 def prob_threshold(trace: Trace, s: DenoiseStep) -> float | None:
-    """The step's threshold when it is on the confidence scale, else None: Prophet and SchED
-    threshold a logit gap, and Fast-dLLM's factor rule a bound that depends on the rank."""
-    policy = trace.params.get("policy")
-    if s.threshold is None or trace.params.get("factor") is not None:
-        return None
-    if policy is not None and policy not in PROB_POLICIES:
+    """The step's threshold when it is on the confidence scale (the step says so), else None:
+    Prophet and SchED threshold a logit gap, and Fast-dLLM's factor rule a bound that depends on
+    the rank."""
+    if s.threshold is None or s.threshold_scale != "probability":
         return None
     return s.threshold if 0 < s.threshold <= 1 else None
 

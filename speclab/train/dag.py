@@ -15,10 +15,13 @@ the target to vertices, and a share of the words the model got wrong is fed back
   python -m speclab.train.dag numwords --out speclab/zoo/numwords-dat --minutes 10
   python -m speclab.train.dag dates --out speclab/zoo/dates-dat --minutes 10 --glat-p 0,0
 (dates: glancing made the graph worse within a 10-minute budget; see BENCHMARKS.md)
+`--resume` continues from the weights already in `--out` (same architecture, fresh optimizer and
+warm-up); the saved step count is the total over every run.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from speclab.models.dag import BOS, EOS, PAD, DagConfig, DATransformer, Vocab, save
+from speclab.models.dag import BOS, EOS, PAD, DagConfig, DATransformer, Vocab, load_dag, save
 # the toy tasks live below decoding and training alike (speclab.models.dag_tasks)
 from speclab.models.dag_tasks import (MONTHS, ONES, TASKS, TENS, YEARS, Task, _all_dates, _below_1000,  # noqa: F401
                                       _ordinal, _sample_numwords, dates_parse, dates_variants, encode_source,
@@ -126,6 +129,7 @@ class TrainConfig:
     max_steps: int | None = None               # for tests: stop after this many steps
     save_minutes: float = 3.0
     seed: int = 0
+    resume: bool = False                       # start from the weights in `out`
 
 
 def train(task_name: str, out: str | Path, tc: TrainConfig, model_cfg: dict | None = None,
@@ -137,7 +141,11 @@ def train(task_name: str, out: str | Path, tc: TrainConfig, model_cfg: dict | No
     S, lam = task.max_chars + 2, upsample or task.upsample
     cfg = DagConfig(task=task_name, vocab_size=len(vocab), upsample=lam, max_src_len=S,
                     max_vertices=max(2, int(S * lam)), **(model_cfg or {}))
-    model = DATransformer(cfg, vocab)
+    model, prev = DATransformer(cfg, vocab), 0
+    if tc.resume:
+        model = load_dag(out).train()                                      # its own config wins
+        cfg, prev = model.cfg, json.loads((Path(out) / "config.json").read_text())["train"]["steps"]
+        log(f"resumed from {out} after {prev} steps")
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=(0.9, 0.98), weight_decay=0.01)
     log(f"task {task_name}: vocab {len(vocab)}, params {model.num_params():,}, config {asdict(cfg)}")
     t0 = last_save = time.time()
@@ -170,9 +178,9 @@ def train(task_name: str, out: str | Path, tc: TrainConfig, model_cfg: dict | No
             log(f"step {step} t={time.time() - t0:.0f}s loss/token {loss.item():.4f} "
                 f"glat_acc {glat_acc:.3f} p {p:.2f} invalid {int((~ok).sum())}")
         if time.time() - last_save > tc.save_minutes * 60:
-            save(model, out, {"train": {**asdict(tc), "steps": step}})
+            save(model, out, {"train": {**asdict(tc), "steps": prev + step}})
             last_save = time.time()
-    save(model, out, {"train": {**asdict(tc), "steps": step,
+    save(model, out, {"train": {**asdict(tc), "steps": prev + step,
                                        "wall_s": round(time.time() - t0, 1)}})
     log(f"saved {out} after {step} steps, {time.time() - t0:.0f}s")
     return model.eval()
@@ -190,11 +198,13 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--glat-p", default="0.5,0.1", help="glancing ratio: start,end (annealed)")
     ap.add_argument("--upsample", type=float, default=None, help="lambda (default: the task's)")
+    ap.add_argument("--resume", action="store_true", help="continue from the weights in --out")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     p0, p1 = (float(x) for x in a.glat_p.split(","))
     train(a.task, a.out, TrainConfig(minutes=a.minutes, batch_size=a.batch_size, lr=a.lr,
-                                     max_steps=a.max_steps, seed=a.seed, glat_p=(p0, p1)),
+                                     max_steps=a.max_steps, seed=a.seed, glat_p=(p0, p1),
+                                     resume=a.resume),
           upsample=a.upsample)
 
 

@@ -10,6 +10,8 @@ code-dllm: AR-adapted (Dream / DiffuLLaMA style): starts from code-draft's weigh
 causal mask and reads position i's prediction at i-1 (`speclab_shift`). Windows of the corpus
 (stdlib+tests, see speclab.train.corpus);
 half of the batch keeps a random clean prefix (a prompt), the rest is masked anywhere.
+`--resume` continues from the weights already in `--out` (fp16 on disk, trained in fp32; fresh
+optimizer, warm-up and decay); speclab_train.json nests the earlier runs, `steps` is the total.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ class DllmConfig:
     weight_decay: float = 0.01
     seed: int = 0
     threads: int | None = None
+    resume: bool = False        # start from the weights in out_dir
+    add_share: float = 0.5      # digits-dllm: share of each batch that is ADD (the rest SUM)
 
 
 def masked_diffusion_loss(model, x: torch.Tensor, maskable: torch.Tensor, mask_id: int,
@@ -64,6 +68,7 @@ def _lr(cfg: DllmConfig, step: int, frac: float) -> float:
 def _loop(model, cfg: DllmConfig, batch_fn, out_dir: Path, tokenizer, log=print):
     """Shared loop: time or step budget, progress bar, fp16 export at the end."""
     from tqdm.auto import tqdm
+    prev = json.loads((out_dir / "speclab_train.json").read_text()) if cfg.resume else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     mask_id = model.config.mask_token_id
@@ -90,8 +95,10 @@ def _loop(model, cfg: DllmConfig, batch_fn, out_dir: Path, tokenizer, log=print)
         if step % 100 == 0:
             log(json.dumps({"step": step, "elapsed": round(time.time() - t0), "loss_avg": round(avg, 4)}))
     bar.close()
-    _export(model, tokenizer, out_dir, {"train": asdict(cfg), "steps": step, "loss_avg": avg,
-                                         "wall_s": round(time.time() - t0)})
+    extra = {"train": asdict(cfg), "steps": step, "loss_avg": avg, "wall_s": round(time.time() - t0)}
+    if prev:                                                          # steps: the total over every run
+        extra = {**extra, "steps": prev["steps"] + step, "run_steps": step, "previous": prev}
+    _export(model, tokenizer, out_dir, extra)
     return model
 
 
@@ -114,12 +121,16 @@ def train_digits(out_dir, cfg: DllmConfig, log=print):
     tok = digits.build_tokenizer()
     config = LlamaConfig(vocab_size=len(digits.VOCAB), bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id, **DIGITS_SHAPE)
-    model = LlamaForCausalLM(mark_dllm(config, tok.mask_token_id, shift=False))
+    if cfg.resume:
+        model = LlamaForCausalLM.from_pretrained(str(out_dir), dtype=torch.float32)
+    else:
+        model = LlamaForCausalLM(mark_dllm(config, tok.mask_token_id, shift=False))
     rng = random.Random(cfg.seed)
+    n_add = round(cfg.batch_size * cfg.add_share)
 
     def batch(_gen):
-        for make in (lambda: digits.add_example(rng), lambda: digits.sum_example(rng)):
-            rows = [make() for _ in range(cfg.batch_size // 2)]
+        for make, n in ((digits.add_example, n_add), (digits.sum_example, cfg.batch_size - n_add)):
+            rows = [make(rng) for _ in range(n)]
             x = torch.tensor([tok(p)["input_ids"] + digits.answer_ids(a) for p, a in rows])
             maskable = torch.zeros_like(x, dtype=torch.bool)
             maskable[:, -digits.ANSWER_LEN:] = True                  # the prompt is never masked
@@ -162,13 +173,18 @@ def main(argv=None):
     ap.add_argument("--max-steps", type=int)
     ap.add_argument("--threads", type=int)
     ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resume", action="store_true", help="continue from the weights in --out")
+    ap.add_argument("--add-share", type=float, default=0.5, help="digits-dllm: share of ADD rows per batch")
     ap.add_argument("--tokenizer", type=Path, help="code-dllm: tokenizer dir (default: OUT/../tokenizer)")
     ap.add_argument("--init-from", type=Path, help="code-dllm: causal LM to adapt (default: OUT/../code-draft)")
     a = ap.parse_args(argv)
     if a.recipe == "digits-dllm":
-        cfg = DllmConfig(minutes=a.minutes, max_steps=a.max_steps, threads=a.threads, batch_size=a.batch_size or 128)
+        cfg = DllmConfig(minutes=a.minutes, max_steps=a.max_steps, threads=a.threads, batch_size=a.batch_size or 128,
+                         lr=a.lr or 1e-3, seed=a.seed, resume=a.resume, add_share=a.add_share)
         train_digits(a.out, cfg)
     else:
         cfg = DllmConfig(minutes=a.minutes, max_steps=a.max_steps, threads=a.threads, batch_size=a.batch_size or 16,
-                         lr=5e-4, warmup_steps=100)
-        train_code(a.out, a.tokenizer or a.out.parent / "tokenizer", a.init_from or a.out.parent / "code-draft", cfg)
+                         lr=a.lr or 5e-4, warmup_steps=100, seed=a.seed, resume=a.resume)
+        train_code(a.out, a.tokenizer or a.out.parent / "tokenizer", a.init_from or (a.out if a.resume else a.out.parent / "code-draft"), cfg)

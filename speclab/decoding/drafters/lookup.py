@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 
 from speclab.decoding.drafters.model import check_k
-from speclab.decoding.speculative import Context, Drafter, Outcome
+from speclab.decoding.speculative import Context, Drafter
 from speclab.decoding.tree import DraftTree
 
 

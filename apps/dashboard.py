@@ -23,15 +23,19 @@ import io
 
 import panel as pn
 
-from speclab.apps import runs
+from speclab.apps import guide, runs
 from speclab.apps.form import Form
 from speclab.apps.viewer import Viewer
 from speclab.decoding.drafters.lookup import SuffixHistory
+from speclab.figures.compare import compare_chart
 from speclab.figures.race import race_iframe
 from speclab.models.zoo import ModelLoadError
 from speclab.trace import Trace, TraceError
 
 pn.extension("plotly")
+
+# the methods a comparison starts with, per family (the baseline always runs too)
+COMPARE_START = {"speculative": ("draft-model", "prompt-lookup"), "diffusion": ("dllm-threshold", "dllm-freedave")}
 
 
 class Dashboard:
@@ -50,12 +54,13 @@ class Dashboard:
         self.progress = w.Progress(name="progress", value=0, max=1, visible=False, bar_color="primary")
         self.queue_note = pn.pane.Markdown("", visible=False)
         self.alert = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["speclab-alert"])
-        # -- compare -----------------------------------------------------------------------------
-        spec = [m for m in runs.method_names() if runs.engine(m) == "speculative"]
-        self.compare_methods = w.MultiChoice(name="methods to compare", options=spec,
-                                             value=[m for m in ("draft-model", "prompt-lookup") if m in spec])
+        # -- compare: methods of the form's family, against that family's baseline --------------------
+        self.compare_methods = w.MultiChoice(name="methods to compare", options=[])
+        self._fit_compare()
         self.compare_button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
         self.compare_out = pn.pane.HTML("", css_classes=["speclab-compare-out"])
+        self.compare_chart = pn.pane.Plotly(None, css_classes=["speclab-compare-chart"], sizing_mode="stretch_width",
+                                            visible=False)
         # the race: ar and each compared method typing their answers at the pace they ran
         self.race_out = pn.pane.HTML("", css_classes=["speclab-race"], sizing_mode="stretch_width")
         # -- traces in and out -------------------------------------------------------------------
@@ -67,6 +72,19 @@ class Dashboard:
         self.compare_button.on_click(self._on_compare)
         self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
         self.view = self._layout()
+        self.show_example()
+
+    def show_example(self) -> Trace | None:
+        """The recorded example run of the form's method and pair, when one ships: the page opens on
+        a real run before any model is loaded."""
+        f = self.form
+        trace = guide.example(f.method.value, f.target.value, f.draft.value if f.draft.visible else None)
+        if trace is None:
+            return None
+        self.show_trace(trace)
+        self.viewer.status.object = ("<i>An example run, recorded on this model pair: step through it, or press "
+                                     "Run to decode the prompt on the left live.</i><br>" + self.viewer.status.object)
+        return trace
 
     @property
     def trace(self) -> Trace | None:
@@ -76,20 +94,37 @@ class Dashboard:
     def _layout(self):
         form = self.form.column(self.run_button, self.progress, self.queue_note)
         compare = pn.Column(
-            "Runs every chosen method on the prompt and settings on the left, plus `ar` (one target forward "
-            "per token) as the reference: speed-up = ar's wall time / the method's, tau = new tokens / target "
-            "forwards, alpha = accepted / drafted draft tokens. Each method first runs once untimed, so model "
-            "loading and warm-up are not in the timings.",
-            self.compare_methods, self.compare_button, self.compare_out, self.race_out)
+            "Runs every chosen method on the prompt and settings on the left, plus its family's baseline: `ar` "
+            "(one target forward per token) for speculative methods, one-per-step denoising for diffusion "
+            "policies. speed-up = the baseline's wall time / the method's, tau = new tokens / target forwards, "
+            "alpha = accepted / drafted draft tokens. Each method first runs once untimed, so model loading and "
+            "warm-up are not in the timings.",
+            self.compare_methods, self.compare_button, self.compare_out, self.compare_chart, self.race_out)
         files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
                           self.download)
         self.tabs = pn.Tabs(("Step", self.viewer.step_column()), ("Summary", self.viewer.summary_column()),
                             ("Compare", compare), ("Traces", files), dynamic=False)
-        return pn.Row(form, pn.Column(self.alert, self.viewer.status, self.tabs, sizing_mode="stretch_width"),
-                      sizing_mode="stretch_width")
+        guide_card = pn.Card(pn.pane.Markdown(guide.GLOSSARY), title="Glossary", collapsed=True,
+                             sizing_mode="stretch_width", css_classes=["speclab-glossary"])
+        self.intro = pn.pane.Markdown(guide.INTRO[runs.engine(self.form.method.value)], css_classes=["speclab-intro"],
+                                      sizing_mode="stretch_width")
+        return pn.Row(form, pn.Column(self.intro, guide_card, self.alert, self.viewer.status, self.tabs,
+                                      sizing_mode="stretch_width"), sizing_mode="stretch_width")
+
+    def _fit_compare(self) -> None:
+        """Offer the methods of the form's family (speculative or diffusion), two chosen to start."""
+        family = runs.engine(self.form.method.value)
+        options = [m for m in runs.method_names() if runs.engine(m) == family and family in runs.BASELINE]
+        if list(self.compare_methods.options) != options:
+            start = COMPARE_START.get(family, ())
+            self.compare_methods.param.update(options=options, value=[m for m in start if m in options])
 
     def _form_changed(self) -> None:
         """Another method or target: the run on the page no longer matches the form."""
+        if hasattr(self, "compare_methods"):
+            self._fit_compare()
+        if hasattr(self, "intro"):
+            self.intro.object = guide.INTRO[runs.engine(self.form.method.value)]
         if self.viewer.trace is not None:
             self.viewer.clear("The form changed: press Run for a run with these settings.")
             self.download.disabled = True
@@ -207,10 +242,15 @@ class Dashboard:
         `ar` (plain decoding, one target forward per token) always runs: it is the speed-up's
         reference and, when greedy, the lossless check's. Every method first runs once untimed, so
         no timing includes loading models or the first forwards."""
-        chosen = [m for m in self.compare_methods.value if runs.engine(m) == "speculative" and m != "ar"]
+        family = runs.engine(self.form.method.value)
+        if family not in runs.BASELINE:
+            raise ValueError("a DAG decodes in one forward: choose dag-all in the form and press Run, and the Step "
+                             "tab shows every strategy's path and output side by side")
+        base, ref = runs.BASELINE[family]
+        chosen = [m for m in self.compare_methods.value if runs.engine(m) == family and m != base]
         if not chosen:
-            raise ValueError("choose at least one method to compare with ar")
-        order = ["ar", *chosen]
+            raise ValueError(f"choose at least one method to compare with {ref}")
+        order = [base, *chosen]
         jobs = {m: self.job(m) for m in order}                   # checks every method's extras now
         warm = [self.job(m, warmup=True) for m in order]
 
@@ -226,7 +266,7 @@ class Dashboard:
                     traces[m] = fn()
                 except (ValueError, ModelLoadError) as e:
                     errors[m] = str(e)
-            return traces, traces.pop("ar", None), errors
+            return traces, traces.pop(base, None), errors
         return work
 
     def compare_now(self) -> list[dict]:
@@ -244,7 +284,8 @@ class Dashboard:
             self.error(e)
             return
         self._busy(True, 1)
-        self.queue_note.object = f"running ar and {', '.join(self.compare_methods.value)} (each once untimed first)"
+        base = runs.BASELINE.get(runs.engine(self.form.method.value), ("ar",))[0]
+        self.queue_note.object = f"running {base} and {', '.join(self.compare_methods.value)} (each once untimed first)"
         try:
             result = await asyncio.wrap_future(runs.submit(work))
         except Exception as e:
@@ -259,8 +300,11 @@ class Dashboard:
             return self._fill_compare(traces, reference, errors)
 
     def _fill_compare(self, traces, reference, errors) -> list[dict]:
-        self.compare_table = runs.compare_rows(traces, reference)
+        ref = runs.BASELINE.get(runs.engine(self.form.method.value), ("ar", "ar"))[1]
+        self.compare_table = runs.compare_rows(traces, reference, ref)
         self.compare_out.object = runs.rows_html(self.compare_table) if traces else ""
+        chart = compare_chart(traces, reference, ref) if traces else None
+        self.compare_chart.object, self.compare_chart.visible = chart, chart is not None
         lanes = [t for t in [reference, *traces.values()] if t is not None and t.rounds]
         self.race_out.object = race_iframe(lanes) if len(lanes) > 1 else ""
         if errors:

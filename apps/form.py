@@ -13,7 +13,7 @@ import os
 
 import panel as pn
 
-from speclab.apps import runs
+from speclab.apps import guide, runs
 from speclab.decoding.registry import method_defaults
 
 DEFAULT_PROMPT = "def parse(line):"
@@ -64,17 +64,22 @@ class Form:
     def __init__(self, kinds: dict[str, list[str]], on_change=None):
         self.kinds, self.on_change = kinds, on_change
         w = pn.widgets
-        self.method = w.Select(name="method", options=runs.method_names(), value="draft-model")
+        self.method = w.Select(name="method", options=runs.method_names(), value="draft-model",
+                               css_classes=["speclab-method"])
         pair = REAL_PAIR if all(n in kinds["causal"] for n in REAL_PAIR) else TOY_PAIR
         if os.environ.get("SPECLAB_DASHBOARD_TARGET"):
             pair = (os.environ["SPECLAB_DASHBOARD_TARGET"], TOY_PAIR[1])
         self.default_target = pair[0]
-        self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], pair[0]))
+        self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], pair[0]),
+                               css_classes=["speclab-target"])
         self.draft = w.Select(name="draft", options=kinds["causal"], value=_pick(kinds["causal"], pair[1]))
         chat = self.target.value in CHAT_MODELS
         self.prompt = w.TextAreaInput(name="prompt", value=CHAT_PROMPT if chat else DEFAULT_PROMPT, height=80,
                                       css_classes=["speclab-prompt"])
         self.chat = w.Checkbox(name="chat: the prompt is a user message (the model's chat template)", value=chat)
+        # prompts that show the chosen method at its best (apps/guide.py)
+        self.preset = w.Select(name="or try a preset prompt", options=["-"], value="-", css_classes=["speclab-preset"])
+        self.preset.param.watch(lambda e: self._use_preset(e.new), "value")
         self.knobs = {name: make(w) for name, make in KNOBS.items()}
         for name, widget in self.knobs.items():
             setattr(self, name, widget)               # form.k, form.threshold, ... read like the other fields
@@ -88,7 +93,7 @@ class Form:
         self.fit(method_changed=True)
 
     def column(self, *below) -> pn.Column:
-        return pn.Column("## speclab", self.method, self.target, self.draft, self.prompt, self.chat,
+        return pn.Column("## speclab", self.method, self.target, self.draft, self.prompt, self.preset, self.chat,
                          *self.knobs.values(), self.max_new_tokens, self.temperature, self.seed, self.extra,
                          *below, width=330)
 
@@ -126,6 +131,17 @@ class Form:
             self._fit_canvas(_config(self.target.value, "max_position_embeddings"))
         if method_changed and not dag:
             self._set_defaults(m, takes)
+        labels = ["-"] + [label for label, _, _ in guide.presets(m)]
+        if list(self.preset.options) != labels:
+            self.preset.options, self.preset.value = labels, "-"
+        self.preset.visible = len(labels) > 1
+
+    def _use_preset(self, label: str) -> None:
+        for name, prompt, chat in guide.presets(self.method.value):
+            if name == label:
+                self.prompt.value = prompt
+                if self.chat.visible:
+                    self.chat.value = chat
 
     def _set_defaults(self, method: str, takes: list[str]) -> None:
         """The knobs at the values the method runs with when left alone (None: keep the knob's value,

@@ -150,39 +150,42 @@ def _increments(progress):
 
 
 # -- comparing ------------------------------------------------------------------------------------
-COMPARE_COLS = ("method", "new tokens", "tau", "alpha", "target fwd", "draft fwd", "wall s", "speed-up vs ar",
-                "identical to greedy ar")
+# each family's baseline in a comparison: (method, its name in the table)
+BASELINE = {"speculative": ("ar", "ar"), "diffusion": ("dllm-lowconf", "one-per-step")}
 
 
 def speedup(t: Trace, reference: Trace | None) -> float | None:
-    """ar's wall time / this run's (None without a reference or a measured time)."""
+    """The reference's wall time / this run's (None without a reference or a measured time)."""
     if reference is None or not t.totals.wall_s:
         return None
     return reference.totals.wall_s / t.totals.wall_s
 
 
-def compare_rows(traces: dict[str, Trace], reference: Trace | None) -> list[dict]:
-    """The ar reference first (when given), then one row per method. `identical` compares output ids
-    with greedy ar (None when sampling, since a sampled run is lossless in distribution, not token
-    for token)."""
+def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "ar") -> list[dict]:
+    """The reference first (when given), then one row per method. `identical` compares output ids
+    with the greedy reference (None when sampling, since a sampled run is lossless in distribution,
+    not token for token). ref: the reference's name ("ar"; "one-per-step" for diffusion policies),
+    which names the last two columns."""
+    same_col = "identical to greedy ar" if ref == "ar" else f"identical to {ref}"
     rows = []
-    for name, t in ([("ar", reference)] if reference is not None else []) + list(traces.items()):
+    for name, t in ([(ref, reference)] if reference is not None else []) + list(traces.items()):
         tot = t.totals
         same = None if reference is None or t.sampling.temperature > 0 else t.output_ids == reference.output_ids
         up = speedup(t, reference)
         rows.append({"method": name, "new tokens": tot.new_tokens, "tau": round(tot.tau, 2),
                      "alpha": None if tot.alpha is None else round(tot.alpha, 2),
                      "target fwd": tot.target_forwards, "draft fwd": tot.draft_forwards,
-                     "wall s": round(tot.wall_s, 2), "speed-up vs ar": None if up is None else f"{up:.2f}x",
-                     "identical to greedy ar": ("reference" if t is reference else
-                                                {None: "n/a (sampling)", True: "yes", False: "NO"}[same])})
+                     "wall s": round(tot.wall_s, 2), f"speed-up vs {ref}": None if up is None else f"{up:.2f}x",
+                     same_col: ("reference" if t is reference else
+                                {None: "n/a (sampling)", True: "yes", False: "NO"}[same])})
     return rows
 
 
 def rows_html(rows: list[dict]) -> str:
-    head = "".join(f"<th style='padding:2px 10px;text-align:left'>{c}</th>" for c in COMPARE_COLS)
+    cols = list(rows[0]) if rows else []
+    head = "".join(f"<th style='padding:2px 10px;text-align:left'>{c}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td style='padding:2px 10px'>{html.escape(str('-' if r[c] is None else r[c]))}</td>"
-                                    for c in COMPARE_COLS) + "</tr>" for r in rows)
+                                    for c in cols) + "</tr>" for r in rows)
     return f"<table class='speclab-compare-table'><tr>{head}</tr>{body}</table>"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import panel as pn
 
+from speclab.apps.keys import StepKeys
 from speclab.apps.status import player_css, status_html
 from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, detail_html, move_current,
                              round_strip, step_figure, step_label, step_title, timing, update_step)
@@ -48,10 +49,21 @@ class Viewer:
         self.summary_note = pn.pane.Markdown("Summary figures are for speculative and diffusion runs; the Step "
                                              "tab shows every strategy of a DAG run.", visible=False)
         self.player.param.watch(lambda e: self.show_step(e.new), "value")
+        self.keys = StepKeys(self.move)             # arrow keys, Home / End
+        self.keys_note = pn.pane.HTML("<small>keys: &larr; &rarr; step, Home / End: first / last</small>",
+                                      css_classes=["speclab-keys-note"])
 
     def step_column(self) -> pn.Column:
-        return pn.Column(pn.Row(self.player, self.step_text), self.step_fig, self.detail, self.dist_temp,
-                         self.dist_fig)
+        return pn.Column(pn.Row(self.player, self.step_text, self.keys_note), self.keys, self.step_fig, self.detail,
+                         self.dist_temp, self.dist_fig)
+
+    def move(self, by) -> None:
+        """One step forward / back (by = 1 / -1), or to the "first" / "last" step: the keys call this."""
+        if self.trace is None:
+            return
+        last = n_steps(self.trace) - 1
+        step = {"first": 0, "last": last}.get(by) if isinstance(by, str) else self.player.value + int(by)
+        self.player.value = min(max(step, 0), last)
 
     def summary_column(self) -> pn.Column:
         return pn.Column(self.summary_note, *self.summary_figs)

@@ -1,18 +1,17 @@
-"""The Python API: `speclab.generate(...) -> Result`, one entry point for every method."""
+"""The Python API: `speclab.run(...)` (every engine) and `speclab.generate(...)` (speculative, batches) -> Result."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from speclab.decoding.acceptance import Sampler
-from speclab.decoding.batch import decode_batch, unsupported
+from speclab.decoding.batch import run_batch, unsupported
 from speclab.decoding.registry import Method, get_method, method_params, recorded_params, takes_backend
-from speclab.decoding.speculative import Drafter, decode
+from speclab.decoding.speculative import Drafter
+from speclab.decoding.speculative import run as run_speculative
 from speclab.models.causal import make_lm
 from speclab.models.loading import (PromptBoundaryWarning, as_model, chat_prompt, check_vocab,  # noqa: F401
-                                    encode_prompt, model_info, token_table)
-from speclab.trace import RECORD_LEVELS, Sampling, Trace, replay
+                                    encode_prompt, model_info)
+from speclab.trace import RECORD_LEVELS, Trace
 
 
 @dataclass
@@ -96,25 +95,15 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     if dft is not None:
         models["draft"] = model_info(dft[0], getattr(dft[0], "name_or_path", "draft"))
 
-    def trace(ids, new, rounds, totals, seed, lm, **lane) -> Trace:
-        table_ids = ids + new + [n.token for r in rounds for n in r.nodes] + [r.emitted for r in rounds]
-        return Trace(engine="speculative", method=method,
-                     params=dict(recorded_params(method_params_), max_new_tokens=max_new_tokens,
-                                 backend=type(lm).__name__, **({"chat": True} if chat else {}), **lane),
-                     models=models, sampling=Sampling(temperature, top_k, top_p, seed), record=record,
-                     prompt_ids=ids, output_ids=new, token_text=token_table(tok, table_ids),
-                     totals=totals, rounds=rounds)
-
+    params = dict(recorded_params(method_params_), max_new_tokens=max_new_tokens, **({"chat": True} if chat else {}))
     if batch:       # one drafter per sequence: drafters keep per-request state
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed + i for i in range(len(ids))]
-        lanes, lm = decode_batch(model, [build() for _ in ids], ids, max_new_tokens, sampler, seeds, record,
-                                 tok.eos_token_id, progress)
-        return [Result(text=tok.decode(new), ids=new,
-                       trace=trace(i, new, rounds, totals, sd, lm, batch_size=len(ids), lane=b))
-                for b, (i, (new, rounds, totals), sd) in enumerate(zip(ids, lanes, seeds))]
-    lm = make_lm(model, "target", backend)
-    new, rounds, totals = decode(lm, build(), ids[0], max_new_tokens, sampler, seed, record, tok.eos_token_id, progress)
-    return Result(text=tok.decode(new), ids=new, trace=trace(ids[0], new, rounds, totals, seed, lm))
+        traces = run_batch(model, [build() for _ in ids], tok, ids, max_new_tokens, sampler, seeds, record,
+                           method, params, models, progress)
+        return [Result(text=tok.decode(t.output_ids), ids=list(t.output_ids), trace=t) for t in traces]
+    trace = run_speculative(make_lm(model, "target", backend), build(), tok, ids[0], max_new_tokens, sampler, seed,
+                            record, method, params, models, progress)
+    return Result(text=tok.decode(trace.output_ids), ids=list(trace.output_ids), trace=trace)
 
 
 def encode_one(tok, prompt, max_new_tokens: int, n_pos: int | None, index: int | None):

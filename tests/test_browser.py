@@ -130,6 +130,18 @@ def alert_text(page) -> str:
     return deep_text(page, "speclab-alert")
 
 
+SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
+
+
+def shoot(page, name: str) -> None:
+    """With SPECLAB_SCREENSHOTS=1, save what the page shows now as docs/screenshots/NAME.png (the
+    README's pictures are taken by these tests: `SPECLAB_SCREENSHOTS=1 pytest tests/test_browser.py`)."""
+    if os.environ.get("SPECLAB_SCREENSHOTS"):
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.wait_for_timeout(500)                  # let plotly finish drawing
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
 def step_title(page) -> str:
     return page.locator(".speclab-step .annotation-text").first.text_content() or ""
 
@@ -168,6 +180,41 @@ def test_player_steps_and_tree_changes(page):
             "  walk(document); return a.some(t => t.startsWith('round 2/')); }", timeout=30_000)
         assert step_title(page) != before
         assert "round 2 of" in page.locator(".speclab-detail b").first.text_content()
+        shoot(page, "dashboard-step")
+
+
+def test_distributions_of_the_round(page):
+    """record="full" (the dashboard's level): p and q of the round's key draft node as bars."""
+    with screenshot_on_failure(page, "distributions"):
+        wait_text(page, "speclab-dist", "q: draft")
+        text = deep_text(page, "speclab-dist")
+        assert "p: target" in text and "q: draft" in text
+        page.locator(".speclab-dist").first.scroll_into_view_if_needed()
+        shoot(page, "dashboard-distributions")
+
+
+def wait_title(page, prefix: str) -> None:
+    page.wait_for_function(
+        "p => { const a = [];"
+        "  const walk = r => r.querySelectorAll('*').forEach(e => { if (e.classList && e.classList.contains('annotation-text')) a.push(e.textContent); if (e.shadowRoot) walk(e.shadowRoot); });"
+        "  walk(document); return a.some(t => t.startsWith(p)); }", arg=prefix, timeout=30_000)
+
+
+def test_arrow_keys_step_the_player(page):
+    with screenshot_on_failure(page, "keys"):
+        page.mouse.click(1390, 990)                     # the page, not a text field, has the focus
+        page.keyboard.press("Home")
+        wait_title(page, "round 1/")
+        page.keyboard.press("ArrowRight")
+        wait_title(page, "round 2/")
+        assert "round 2 of" in page.locator(".speclab-detail b").first.text_content()
+        page.keyboard.press("ArrowLeft")
+        wait_title(page, "round 1/")
+        n = step_title(page).split("/")[1].split()[0].rstrip(":,")
+        page.keyboard.press("End")
+        wait_title(page, f"round {n}/")
+        page.keyboard.press("Home")                     # back where the next tests expect the player
+        wait_title(page, "round 1/")
 
 
 def test_compare_table_appears(page):
@@ -182,6 +229,9 @@ def test_compare_table_appears(page):
         assert "prompt-lookup" in text and "draft-model" in text
         # greedy speculative decoding is lossless: both rows must match plain greedy decoding
         assert text.count("yes") == 2, text
+        wait_text(page, "speclab-compare-chart", "tokens per second")
+        page.locator(".speclab-race").first.wait_for(state="attached", timeout=30_000)
+        shoot(page, "dashboard-compare")
 
 
 def test_save_then_open_trace(page):
@@ -222,3 +272,22 @@ def test_bad_upload_shows_message(page):
             files=[{"name": "good.json", "mimeType": "application/json", "buffer": json.dumps(good).encode()}])
         page.wait_for_function(f"() => ({DEEP_TEXT})('speclab-alert') === ''", timeout=30_000)
         assert "draft-model" in deep_text(page, "speclab-status")
+
+
+def choose(page, cls: str, value: str) -> None:
+    page.locator(f".{cls} select").first.select_option(value)
+
+
+def test_switching_method_resets_the_form_and_clears_the_run(page):
+    with screenshot_on_failure(page, "form_reset"):
+        page.locator(".bk-tab", has_text="Step").first.click()
+        choose(page, "speclab-method", "dllm-threshold")
+        assert "The form changed" in wait_text(page, "speclab-status", "The form changed")
+        page.wait_for_function("() => document.querySelectorAll('.speclab-step .annotation-text').length === 0")
+        choose(page, "speclab-target", "digits-dllm")
+        page.locator(".speclab-run button").click()
+        wait_text(page, "speclab-status", "tokens per forward", timeout=RUN_S)
+        shoot(page, "dashboard-diffusion")
+        page.locator(".bk-tab", has_text="Summary").first.click()
+        page.wait_for_timeout(300)
+        shoot(page, "dashboard-diffusion-summary")

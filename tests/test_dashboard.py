@@ -233,3 +233,62 @@ def test_dashboard_needs_no_ipywidgets():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "SPECLAB_DASHBOARD_TARGET": "code-target"})
     assert out.stdout.split()[-2:] == ["False", "False"], out.stderr[-500:]
+
+
+def test_keys_move_the_player_within_the_run():
+    d = Dashboard()
+    d.show_trace(tiny_trace())
+    d.viewer.move(1)
+    assert d.viewer.player.value == 1 and "round 2 of 2" in d.viewer.step_text.object
+    d.viewer.move(1)                                            # past the end: stays on the last round
+    assert d.viewer.player.value == 1
+    d.viewer.move("first")
+    assert d.viewer.player.value == 0
+    d.viewer.move("last")
+    assert d.viewer.player.value == 1
+
+
+def test_the_page_opens_on_a_recorded_example(tmp_path, monkeypatch):
+    from speclab.apps import guide
+    d = Dashboard()
+    f = d.form
+    assert d.trace is None                                      # no example for this pair yet
+    monkeypatch.setattr(guide, "EXAMPLES", tmp_path)
+    recorded = tiny_trace("draft-model")
+    recorded.save(guide.example_path(f.method.value, f.target.value, f.draft.value))
+    d = Dashboard()
+    assert d.trace is not None and d.trace.output_ids == recorded.output_ids
+    assert "example run" in d.viewer.status.object and d.viewer.player.end == 1
+
+
+def test_shipped_examples_replay():
+    from speclab.apps import guide
+    from speclab.trace import Trace, replay
+    for path in sorted(guide.EXAMPLES.glob("*.json")):
+        t = Trace.load(path)
+        assert replay(t) == t.output_ids and t.record == "full", path.name
+
+
+def test_a_preset_fills_the_prompt():
+    d = Dashboard()
+    d.form.method.value = "prompt-lookup"
+    label, prompt, chat = __import__("speclab.apps.guide", fromlist=["x"]).presets("prompt-lookup")[0]
+    assert d.form.preset.visible and label in d.form.preset.options
+    d.form.preset.value = label
+    assert d.form.prompt.value == prompt and d.form.chat.value == chat
+
+
+def test_compare_diffusion_policies_against_one_per_step():
+    d = Dashboard()
+    d.form.method.value = "dllm-threshold"
+    d.form.target.value = "digits-dllm"
+    d.form.prompt.value, d.form.gen_length.value = "SUM 27=", 8
+    assert set(d.compare_methods.options) == {m for m in runs.method_names() if m.startswith("dllm-")}
+    d.compare_methods.value = ["dllm-freedave", "dllm-threshold"]
+    rows = d.compare_now()
+    assert [r["method"] for r in rows] == ["one-per-step", "dllm-freedave", "dllm-threshold"]
+    assert rows[1]["identical to one-per-step"] == "yes"               # FreeDave is lossless vs one per step
+    assert rows[0]["target fwd"] >= rows[1]["target fwd"]
+    assert d.compare_chart.visible and [b for b in d.compare_chart.object.data[0].x] == [r["method"] for r in rows]
+    d.form.method.value = "dag-viterbi"
+    assert d.compare_now() == [] and "dag-all" in d.alert.object

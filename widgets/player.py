@@ -20,6 +20,8 @@ from speclab.figures import move_current, n_steps, run_strip, step_dict, step_la
 from speclab.trace import Trace
 from speclab.figures.detail import detail_html
 
+WIDTH = 960         # px: a JupyterLab output area at its default width
+
 
 def as_trace(obj) -> Trace:
     """A Trace from a Trace, a Result (anything with .trace), a saved trace's path, or its dict."""
@@ -49,10 +51,14 @@ class Player(widgets.VBox):
                                         layout=widgets.Layout(width="60%"))
         self.label = widgets.Label(step_title(trace, 0))
         widgets.jslink((self.play, "value"), (self.slider, "value"))   # in the browser, no kernel round trip
+        # a set width: unset, JupyterLab drew the widget at plotly's 700 px default and clipped long titles
         self.figure = go.FigureWidget(step_dict(trace, 0))
+        self.figure.layout.width = WIDTH
         self.detail = widgets.HTML(detail_html(trace, 0))
         strip = run_strip(trace, 0)
         self.strip = go.FigureWidget(strip) if strip is not None else None
+        if self.strip is not None:
+            self.strip.layout.width = WIDTH
         self.step = 0
         self.slider.observe(lambda change: self.update(change["new"]), names="value")
         parts = [widgets.HBox([self.play, self.slider, self.label]), self.figure, self.detail]

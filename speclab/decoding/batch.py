@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 from speclab.decoding.acceptance import Sampler, walk_tree
-from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, commit_round, record_round
+from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, commit_round, record_round, trace_of
 from speclab.models.causal import BatchCausalLM
-from speclab.trace import Round, Totals
+from speclab.trace import Round, Totals, Trace
 
 # methods whose drafters see only their own lane's text, logits and draft model
 BATCH_METHODS = ("ar", "prompt-lookup", "suffix", "recycling", "lookahead", "draft-model", "tree-static",
@@ -135,6 +135,17 @@ def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], m
         tot.new_tokens = len(lane.new)
         out.append((lane.new, lane.rounds, tot))
     return out, lm
+
+
+def run_batch(model, drafters: list[Drafter], tok, prompts_ids: list[list[int]], max_new_tokens: int,
+              sampler: Sampler, seeds: list[int], record: str | None, method: str, params: dict, models: dict,
+              progress=None) -> list[Trace]:
+    """The batch seam: decode_batch, then one trace per prompt (its lane), in order."""
+    lanes, lm = decode_batch(model, drafters, prompts_ids, max_new_tokens, sampler, seeds, record,
+                             tok.eos_token_id, progress)
+    return [trace_of(tok, method, dict(params, backend=type(lm).__name__, batch_size=len(lanes), lane=b), models,
+                     sampler, seed, record, ids, new, rounds, totals)
+            for b, (ids, (new, rounds, totals), seed) in enumerate(zip(prompts_ids, lanes, seeds))]
 
 
 def unsupported(method: str) -> str | None:

@@ -7,6 +7,7 @@
     record    a Round for the trace (how much depends on the recording level)
 
 The plain autoregressive decoder is this loop with a drafter that proposes nothing.
+The engine's seam is `run(...) -> Trace` (`decode` plus the trace of what ran); speclab.run calls it.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import torch
 from speclab.decoding.acceptance import Sampler, walk_tree, warp
 from speclab.decoding.tree import DraftTree
 from speclab.models.causal import CausalLM, is_chain
-from speclab.trace import ACCEPTED, NOT_REACHED, REJECTED, DraftNode, Round, Totals
+from speclab.models.loading import token_table
+from speclab.trace import ACCEPTED, NOT_REACHED, REJECTED, DraftNode, Round, Sampling, Totals, Trace
 
 TOPK_RECORD = 5
 
@@ -218,3 +220,24 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], max_new_to
     tot.draft_forwards = drafter.forwards - d_forwards0
     tot.new_tokens = len(new)
     return new, rounds, tot
+
+
+def trace_of(tok, method: str, params: dict, models: dict, sampler: Sampler, seed: int, record: str | None,
+             prompt_ids: list[int], new: list[int], rounds: list[Round], totals: Totals) -> Trace:
+    """The Trace of one speculative run (or one lane of a batch): what ran, with the text of every
+    token it mentions (prompt, output, draft nodes, emitted tokens)."""
+    table_ids = prompt_ids + new + [n.token for r in rounds for n in r.nodes] + [r.emitted for r in rounds]
+    return Trace(engine="speculative", method=method, params=params, models=models,
+                 sampling=Sampling(sampler.temperature, sampler.top_k, sampler.top_p, seed), record=record,
+                 prompt_ids=prompt_ids, output_ids=new, token_text=token_table(tok, table_ids),
+                 totals=totals, rounds=rounds)
+
+
+def run(target: CausalLM, drafter: Drafter, tok, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler,
+        seed: int, record: str | None, method: str, params: dict, models: dict, progress=None) -> Trace:
+    """The speculative engine's seam: decode `prompt_ids` and return the trace (params: the method's
+    recorded parameters; models: model_info of each role)."""
+    new, rounds, totals = decode(target, drafter, prompt_ids, max_new_tokens, sampler, seed, record,
+                                 tok.eos_token_id, progress)
+    params = dict(params, backend=type(target).__name__)
+    return trace_of(tok, method, params, models, sampler, seed, record, prompt_ids, new, rounds, totals)

@@ -10,6 +10,7 @@ step, so a player can update a figure in place and an export can animate it with
     round_strip(trace, step)       tokens per round for the whole run, `step` marked
     acceptance_summary(trace)      accepted length strip, histogram, per-position acceptance
     timing(trace)                  draft vs verify seconds per round
+    compare_chart(runs, reference) tokens per second per run, speed-up over the baseline on each bar
     dag_figure(trace, step)        a DAG run with each strategy's path; `step` highlights one
     canvas_figure(trace, step)     a diffusion canvas after one denoising step, over the confidence
                                    of its masked positions (block shaded, threshold line)
@@ -21,6 +22,7 @@ step, so a player can update a figure in place and an export can animate it with
     update_step(fig, trace, step)  a step figure moved to another step in place (players)
 """
 from speclab.figures.compose import move_current, n_steps, run_strip, step_dict, step_figure, update_figure, update_step
+from speclab.figures.compare import compare_chart
 from speclab.figures.dag import dag_figure
 from speclab.figures.detail import detail_html
 from speclab.figures.diffusion import canvas_figure, confidence_bands, decoding_order
@@ -32,4 +34,4 @@ from speclab.figures.tree import draft_tree
 __all__ = ["token_strip", "draft_tree", "step_figure", "round_strip", "acceptance_summary", "timing",
            "dag_figure", "per_position", "cells", "n_steps", "step_dict", "canvas_figure", "decoding_order",
            "confidence_bands", "run_strip", "step_label", "step_names", "step_title", "detail_html",
-           "update_figure", "update_step", "move_current"]
+           "update_figure", "update_step", "move_current", "compare_chart"]

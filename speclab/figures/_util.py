@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import html
+import re
 
 from speclab.trace import Trace
 
 
 def show_token(text: str) -> str:
-    """A token as it should look in a cell: whitespace made visible, never empty."""
-    t = text.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·")
+    """A token as it should look in a cell: whitespace made visible, never empty. A run of 3 or more
+    spaces (code indentation) reads as a count, "·×8", which a projector shows where eight dots blur."""
+    t = text.replace("\n", "⏎").replace("\t", "⇥")
+    t = re.sub(r" {3,}", lambda m: f"·×{len(m.group())}", t).replace(" ", "·")
     return t or "∅"
 
 

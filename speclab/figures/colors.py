@@ -38,5 +38,7 @@ CANVAS_LABEL = {"earlier": "committed earlier", "now": "committed this step", "m
 NOISE = {"noise": "#e4d4f4", "sampled": "#bfe6c8"}
 NOISE_LABEL = {"noise": "random token (re-noised)", "sampled": "accepted sample (provisional)"}
 PROPOSAL = {"now": "#f4a259", "block": "#7fb3ff", "outside": "#cfdff5"}   # confidence bars
+PROPOSAL_LABEL = {"block": "confidence (active block)", "outside": "confidence (later blocks)"}
 BLOCK_FILL, BLOCK_LINE = "rgba(31,119,180,0.10)", "rgba(31,119,180,0.55)"
 THRESHOLD = "#d62728"
+REFERENCE = "#bdbdbd"           # the baseline run in comparisons (ar, one token per step)

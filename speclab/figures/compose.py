@@ -58,7 +58,8 @@ def step_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
         t.update(xaxis="x2", yaxis="y2")
     layout = dict(
         title=dict(text=strip["title"]), height=area + 110, plot_bgcolor="white", barmode="overlay",
-        margin=dict(l=10, r=10, t=60, b=50), legend=dict(orientation="h", y=0, yanchor="top"),
+        # itemsizing: legend markers keep their size on rounds with no node of that kind
+        margin=dict(l=10, r=10, t=60, b=50), legend=dict(orientation="h", y=0, yanchor="top", itemsizing="constant"),
         xaxis=dict(strip["xaxis"], domain=[0, 1], anchor="y"),
         yaxis=dict(strip["yaxis"], domain=[(h2 + gap) / area, 1], anchor="x"),
         xaxis2=dict(tree["xaxis"], domain=[0, 1], anchor="y2"),

@@ -64,10 +64,15 @@ def label(trace: Trace, token: int) -> str:
     return "EOS" if token == trace.params.get("eos_id") else show_token(trace.text_of(token))
 
 
+CANVAS_PX, CHAR_PX = 1000, 7.5    # a canvas about 1000 px wide; a monospace character at 12 px
+
+
 def rotated(trace: Trace) -> bool:
-    """Vertical cell text for long canvases of multi-character tokens (fixed for the whole run)."""
+    """Vertical cell text only where the longest token cannot fit its cell lying down (fixed for the
+    whole run): a 24-slot canvas of short tokens reads horizontally, a 64-slot canvas of words not."""
     final = trace.denoise[-1].tokens if trace.denoise else []
-    return gen_length(trace) > 12 and max((len(label(trace, t)) for t in final), default=0) > 2
+    longest = max((len(label(trace, t)) for t in final), default=0)
+    return longest * CHAR_PX > 0.9 * CANVAS_PX / max(gen_length(trace), 1)
 
 
 def step_note(trace: Trace, s: DenoiseStep) -> str:
@@ -153,6 +158,7 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     entropy = s.info.get("entropy")
     bars = dict(
         type="bar", x=list(s.masked), y=list(s.conf), width=0.8, name="confidence of masked positions",
+        showlegend=False,       # its own legend entries below: a bar's swatch took the first bar's colour
         text=[label(trace, t) for t in s.top1], textposition="auto", textangle=-90 if vertical else 0,
         textfont=dict(family="monospace", size=11),
         marker=dict(color=[colors.PROPOSAL["now" if p in now else "block" if lo <= p < hi else "outside"]
@@ -167,9 +173,11 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
                 line=dict(color=colors.THRESHOLD, width=2, dash="dash"), showlegend=thr is not None,
                 hovertemplate="threshold %{y:.3g}<extra></extra>", xaxis="x2", yaxis="y2")
     names = {**colors.CANVAS_LABEL, **(colors.NOISE_LABEL if is_noise(trace) else {})}
+    swatches = [(names[k], palette[k]) for k in names] + [
+        (label, colors.PROPOSAL[k]) for k, label in colors.PROPOSAL_LABEL.items()]
     legend = [None if not static else dict(
-        type="scatter", x=[None], y=[None], mode="markers", name=names[k],
-        marker=dict(symbol="square", size=12, color=palette[k])) for k in names]
+        type="scatter", x=[None], y=[None], mode="markers", name=name,
+        marker=dict(symbol="square", size=12, color=color)) for name, color in swatches]
     h1, h2, gap = (110 if vertical else 50), 220, 45
     area = h1 + gap + h2
     note = step_note(trace, s)
@@ -185,7 +193,7 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     layout = dict(
         title=dict(text=title), height=area + 180, plot_bgcolor="white", barmode="overlay",
         margin=dict(l=55, r=10, t=80, b=100),       # each text shrinks to fit its own cell
-        legend=dict(orientation="h", y=-70 / area, yanchor="top", x=0),
+        legend=dict(orientation="h", y=-70 / area, yanchor="top", x=0, itemsizing="constant"),
         xaxis=bare_axis(range=xr, domain=[0, 1], anchor="y"),
         yaxis=bare_axis(range=[-0.15, 1.15], domain=[(h2 + gap) / area, 1], anchor="x"),
         xaxis2=dict(range=xr, domain=[0, 1], anchor="y2", showgrid=False, zeroline=False,

@@ -122,9 +122,10 @@ def token_strip(trace: Trace, step: int | None = None, line: int = 64, prompt_ta
     Traces: 0 the cells, 1 the outline, 2.. legend entries, last the cover."""
     p = strip_parts(trace, step, line, prompt_tail)
     return go.Figure(p["data"], dict(
-        barmode="overlay", height=p["height"] + 40, margin=dict(l=10, r=10, t=40, b=10), title=p["title"],
+        barmode="overlay", height=p["height"] + 80, margin=dict(l=10, r=10, t=40, b=50), title=p["title"],
         plot_bgcolor="white", xaxis=p["xaxis"], yaxis=p["yaxis"],
-        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom")))
+        # under the strip: beside the title, a long title ran into it
+        legend=dict(orientation="h", y=0, yanchor="top", x=0, itemsizing="constant")))
 
 
 def outline(cells_: list[tuple[tuple[int, int], int]]) -> tuple[list, list]:

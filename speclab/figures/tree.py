@@ -166,7 +166,8 @@ def draft_tree(trace: Trace, step: int = 0) -> go.Figure:
     path, 2 context, 3 accepted, 4 rejected, 5 not reached nodes, 6 emitted token, 7 try order."""
     p = tree_parts(trace, step)
     return go.Figure(p["data"], dict(title=p["title"], height=p["height"] + 60, plot_bgcolor="white",
-                                     margin=dict(l=10, r=10, t=50, b=10), xaxis=p["xaxis"], yaxis=p["yaxis"]))
+                                     margin=dict(l=10, r=10, t=50, b=10), xaxis=p["xaxis"], yaxis=p["yaxis"],
+                                     legend=dict(itemsizing="constant")))
 
 
 def tree_title(trace: Trace, step: int) -> str:

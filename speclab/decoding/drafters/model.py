@@ -48,8 +48,8 @@ class ChainDrafter(Drafter):
 
     def run_chain(self, step, first) -> tuple[list[int], list, torch.Tensor | None]:
         """Draft up to draft_length() tokens: step(first) gives the logits (V,) of the first draft
-        token, step(token (1,)) those of the next. Returns tokens, their q, and q dists (k, V) if
-        sampling."""
+        token, step(token (1,)) those of the next. Returns tokens, their q, and q dists (k, V) when
+        sampling (the rule needs them) or recording "full" (the views show them; greedy ignores them)."""
         inp = first
         toks, dists, confs = [], [], []
         need_q = self.record is not None or self.threshold is not None
@@ -58,7 +58,10 @@ class ChainDrafter(Drafter):
             if self.sampler.greedy:
                 tok = logits.argmax()
                 if need_q:
-                    confs.append(logits.softmax(-1)[tok])
+                    q = logits.float().softmax(-1)
+                    confs.append(q[tok])
+                    if self.record == "full":       # the distribution the argmax came from, for the views
+                        dists.append(q)
             else:
                 q = warp(logits, self.sampler)
                 tok = sample(q, self.gen)

@@ -1,0 +1,78 @@
+"""What the dashboard says to a first-time visitor: what to look at, a glossary, preset prompts that
+show each method at its best, and the recorded example run the page opens on.
+
+The example runs are traces saved by `python scripts/record_examples.py` (real decodes, recorded
+"full"), so the page shows a real run at once, before any model is loaded.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from speclab.trace import Trace, TraceError
+
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+
+# one paragraph of what to look at, per engine of the chosen method
+INTRO = {
+    "speculative": """**What you are looking at.** A *draft* proposes a few tokens cheaply; the *target* model checks
+them all in **one** forward and keeps the longest prefix it agrees with, plus one token of its own. Step
+through the rounds with the player (or the &larr; &rarr; keys): green tokens came from the draft and were
+accepted, the target wrote the rest. The tree below the text shows each round's proposals, which ones the
+target accepted, and why (hover a node for p, q and the rule). **Compare** races `ar` (one forward per
+token) against other methods on the same prompt.""",
+    "diffusion": """**What you are looking at.** A diffusion LM writes into a canvas of masked slots. Each step is
+one forward that proposes a token for every masked slot with a confidence; the *policy* commits the
+ones it trusts (above the dashed threshold line) and leaves the rest masked for the next step. Fewer
+steps than tokens is the speed-up; committing too eagerly costs quality. Step through with the player
+(or the &larr; &rarr; keys); **Summary** shows the order the canvas was written in.""",
+    "dag": """**What you are looking at.** A Directed Acyclic Transformer predicts a whole graph of tokens in one
+forward; decoding is choosing a path through it. Each step of the player is one strategy (greedy,
+lookahead, Viterbi, sampling, beam): its path is drawn on the graph, and different paths can give
+different, equally valid outputs.""",
+}
+
+GLOSSARY = """| term | meaning |
+|---|---|
+| **tau** | new tokens per target forward (`ar` = 1; higher is faster, if drafting is cheap) |
+| **alpha** | share of drafted tokens the target accepted |
+| **bonus** | the target's own next token after a fully accepted draft: a round always gains >= 1 token |
+| **correction** | the token the target writes in place of the first rejected draft token |
+| **p / q** | the target's / the draft's probability of a token; a draft token is accepted with min(1, p/q) |
+| **residual** | max(0, p - q), normalised: where the correction is drawn from when sampling |
+| **lossless** | the output is the one `ar` would write (greedy: token for token; sampling: in distribution) |
+| **step (diffusion)** | one forward of a diffusion LM; a policy commits the masked positions it is confident of |"""
+
+# method -> [(label, prompt, chat)]: prompts on which the method shows what it does best
+PRESETS = {
+    "draft-model": [("chat question", "Explain in a few sentences why the sky is blue.", True),
+                    ("list", "List five fruits and one fact about each.", True)],
+    "prompt-lookup": [("edit code (the answer repeats the prompt)",
+                       "Rename the variable x to count in this code and print it again:\n\n"
+                       "def total(items):\n    x = 0\n    for item in items:\n        x += item\n    return x", True)],
+    "suffix": [("repeat with a change", "Write the sentence 'the quick brown fox jumps over the lazy dog' three "
+                                         "times, numbered.", True)],
+    "eagle": [("chat question", "What is the capital of France, and why is it famous?", True)],
+    "medusa": [("chat question", "Give three tips for learning to program.", True)],
+    "dllm-threshold": [("chat question", "Explain in a few sentences why the sky is blue.", True)],
+    "dllm-freedave": [("chat question", "Explain in a few sentences why the sky is blue.", True)],
+    "dag-viterbi": [("a date", "2024-03-05", False)],
+}
+
+
+def presets(method: str) -> list[tuple[str, str, bool]]:
+    return PRESETS.get(method, [])
+
+
+def example_path(method: str, target: str, draft: str | None) -> Path:
+    return EXAMPLES / f"{method}--{target}--{draft or 'none'}.json"
+
+
+def example(method: str, target: str, draft: str | None) -> Trace | None:
+    """The recorded example run for this method and pair, if one ships (None otherwise)."""
+    path = example_path(method, target, draft)
+    if not path.exists():
+        return None
+    try:
+        return Trace.load(path)
+    except TraceError:
+        return None

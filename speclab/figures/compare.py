@@ -1,0 +1,35 @@
+"""Several runs of one prompt side by side: how fast each was against the baseline of its family.
+
+    compare_chart(runs, reference)   tokens per second per run (bars), the speed-up over the
+                                     reference and tokens per forward written on each bar
+
+The reference is `ar` for speculative methods and one-token-per-step decoding for diffusion
+policies; its bar is grey. Timings are the runs' own wall times (warm-up excluded by the caller).
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from speclab.figures import colors
+from speclab.trace import Trace
+
+
+def tokens_per_s(t: Trace) -> float:
+    return t.totals.new_tokens / t.totals.wall_s if t.totals.wall_s else 0.0
+
+
+def compare_chart(runs: dict[str, Trace], reference: Trace | None, reference_name: str = "ar") -> go.Figure:
+    names = ([reference_name] if reference is not None else []) + list(runs)
+    traces = ([reference] if reference is not None else []) + list(runs.values())
+    speed = [tokens_per_s(t) for t in traces]
+    base = speed[0] if reference is not None and speed[0] else None
+    text = [(f"{s / base:.2f}x" if base else "") + f"<br>{t.totals.tau:.2f} tok/fwd" for s, t in zip(speed, traces)]
+    bar_colors = [colors.REFERENCE if reference is not None and i == 0 else colors.ORIGIN["accepted"]
+                  for i in range(len(names))]
+    fig = go.Figure(go.Bar(x=names, y=speed, text=text, textposition="outside", marker_color=bar_colors,
+                           hovertemplate="%{x}: %{y:.1f} tokens/s<extra></extra>", cliponaxis=False))
+    top = max(speed, default=1.0) or 1.0
+    fig.update_layout(title=f"tokens per second on this prompt (speed-up over {reference_name} on each bar)",
+                      height=320, plot_bgcolor="white", margin=dict(l=50, r=10, t=60, b=40),
+                      yaxis=dict(title="tokens / s", range=[0, top * 1.3], gridcolor="#eeeeee"))
+    return fig

@@ -1,6 +1,19 @@
 import os
+from pathlib import Path
 
 import pytest
+
+SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
+
+
+def shoot(page, name: str) -> None:
+    """With SPECLAB_SCREENSHOTS=1, save what a browser test's page shows now as
+    docs/screenshots/NAME.png: the README's pictures are taken by the browser tests
+    (`SPECLAB_SCREENSHOTS=1 pytest -m browser`)."""
+    if os.environ.get("SPECLAB_SCREENSHOTS"):
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.wait_for_timeout(500)                  # let plotly finish drawing
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the dashboard opens on the tiny code zoo in tests (its default is the real model when installed)

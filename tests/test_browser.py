@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import shoot
 
 pytestmark = pytest.mark.browser
 
@@ -128,18 +129,6 @@ def wait_text(page, cls: str, needle: str, timeout: int = 30_000) -> str:
 
 def alert_text(page) -> str:
     return deep_text(page, "speclab-alert")
-
-
-SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
-
-
-def shoot(page, name: str) -> None:
-    """With SPECLAB_SCREENSHOTS=1, save what the page shows now as docs/screenshots/NAME.png (the
-    README's pictures are taken by these tests: `SPECLAB_SCREENSHOTS=1 pytest tests/test_browser.py`)."""
-    if os.environ.get("SPECLAB_SCREENSHOTS"):
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.wait_for_timeout(500)                  # let plotly finish drawing
-        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def step_title(page) -> str:
@@ -291,3 +280,25 @@ def test_switching_method_resets_the_form_and_clears_the_run(page):
         page.locator(".bk-tab", has_text="Summary").first.click()
         page.wait_for_timeout(300)
         shoot(page, "dashboard-diffusion-summary")
+
+
+def test_dag_run_shows_every_strategy(page):
+    with screenshot_on_failure(page, "dag"):
+        page.locator(".bk-tab", has_text="Step").first.click()
+        choose(page, "speclab-method", "dag-all")
+        choose(page, "speclab-target", "numwords-dat")
+        page.locator(".speclab-run button").click()
+        wait_text(page, "speclab-status", "strateg", timeout=RUN_S)
+        assert "numwords-dat" in deep_text(page, "speclab-status")
+        shoot(page, "dashboard-dag")
+
+
+def test_projector_mode(page):
+    with screenshot_on_failure(page, "projector"):
+        page.locator(".speclab-projector button").first.click()
+        page.wait_for_function(
+            "() => { let z = null; const walk = r => r.querySelectorAll('*').forEach(e => {"
+            "  if (e.style && e.style.zoom) z = e.style.zoom; if (e.shadowRoot) walk(e.shadowRoot); });"
+            "  walk(document); return z === '1.4'; }", timeout=30_000)
+        shoot(page, "dashboard-projector")
+        page.locator(".speclab-projector button").first.click()

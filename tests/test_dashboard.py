@@ -292,3 +292,11 @@ def test_compare_diffusion_policies_against_one_per_step():
     assert d.compare_chart.visible and [b for b in d.compare_chart.object.data[0].x] == [r["method"] for r in rows]
     d.form.method.value = "dag-viterbi"
     assert d.compare_now() == [] and "dag-all" in d.alert.object
+
+
+def test_projector_mode_enlarges_the_views():
+    d = Dashboard()
+    d.projector.value = True
+    assert d.main.styles.get("zoom") == "1.4"
+    d.projector.value = False
+    assert "zoom" not in d.main.styles

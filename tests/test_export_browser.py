@@ -10,6 +10,7 @@ import pytest
 
 import speclab
 from speclab.export import to_html
+from conftest import shoot
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
@@ -41,6 +42,7 @@ def test_exported_html_renders_and_slider_moves(tmp_path, target, draft):
             page.mouse.click(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)   # the last round
             page.wait_for_function(f"() => ({state})() !== {json.dumps(before)}", timeout=10_000)
             assert page.evaluate(state) != before
+            shoot(page, "export-html")
             assert not blocked, f"the export fetched {blocked[:3]}: it must work offline"
         except Exception:
             Path("test-artifacts").mkdir(exist_ok=True)
@@ -70,6 +72,7 @@ def test_race_types_both_answers_and_shows_the_speedup(tmp_path, target, draft):
             final = texts()
             assert final == [r.text for r in runs]                 # at rest: both whole answers
             assert "x ar" in page.inner_text(".lane:nth-child(2) .up")
+            shoot(page, "race")
             page.click("#go")                                      # 20x slower: typing is visible
             page.wait_for_timeout(300)
             early = texts()

@@ -221,3 +221,19 @@ def test_dashboard_shows_a_diffusion_trace_and_fits_the_form(runs):
     assert kw["gen_length"] == 24 and kw["block_length"] in d.form.block_length.options and "k" not in kw
     if not R.zoo_models()["diffusion"]:                   # before digits-dllm / code-dllm are trained
         assert d.run_now() is None and "masked-diffusion" in d.alert.object
+
+
+def test_canvas_legend_has_its_own_swatches_and_upright_short_tokens(runs):
+    """The confidence bars' legend swatch took the first bar's colour (orange when that slot was
+    committed): the bars stay out of the legend, fixed swatches stand for them; short tokens on a
+    canvas that has room for them are written upright."""
+    from speclab.figures import canvas_figure, colors
+    from speclab.figures.diffusion import rotated
+    tr = runs["threshold"]
+    fig = canvas_figure(tr, 0)
+    bars = next(t for t in fig.data if t.name == "confidence of masked positions")
+    assert bars.showlegend is False
+    swatches = {t.name: t.marker.color for t in fig.data if t.x == (None,)}
+    assert all(swatches[label] == colors.PROPOSAL[k] for k, label in colors.PROPOSAL_LABEL.items())
+    assert fig.layout.legend.itemsizing == "constant"
+    assert not rotated(tr) and bars.textangle == 0

@@ -76,3 +76,21 @@ def test_dag_player_walks_the_strategies():
         widths = {t.name.split(":")[0]: t.line.width for t in fig.data if t.name and t.name.split(":")[0] in names}
         assert widths[name] == 4 and all(w == 2 for n, w in widths.items() if n != name)
         assert name in v.detail.value and v.figure is fig
+
+
+def test_jupyterlab_layout_fixes(result):
+    """What JupyterLab showed wrong, pinned: a figure with no width (titles clipped at 700 px),
+    legend markers shrinking to dots on rounds without such nodes, the token strip's legend over its title."""
+    from speclab.figures import token_strip
+    from speclab.widgets.player import WIDTH
+    v = show(result)
+    assert v.figure.layout.width == WIDTH and (v.strip is None or v.strip.layout.width == WIDTH)
+    assert v.figure.layout.legend.itemsizing == "constant"
+    strip = token_strip(result.trace, 0)
+    assert strip.layout.legend.y <= 0 and strip.layout.legend.itemsizing == "constant"
+
+
+def test_whitespace_tokens_read_on_a_projector():
+    from speclab.figures._util import show_token
+    assert show_token("\n        return") == "⏎·×8return"       # an indentation run as a count
+    assert show_token(" the") == "·the" and show_token("  x") == "··x" and show_token("") == "∅"

@@ -60,6 +60,19 @@ def unseen(where: torch.Tensor, mask_id: int, x0, *stats):
         t[where] = 0
 
 
+def block_proposals(den, x: torch.Tensor, lo: int, hi: int, G: int, temperature: float, gen: torch.Generator):
+    """propose() for a block-causal model: only the active block [lo, hi) is computed (its rows
+    from den.block_logits); every other slot is "unseen" (the mask, zero statistics), as a
+    block-causal model has not looked at later blocks and earlier ones are committed."""
+    rows = never_propose_mask(den.block_logits(x), den.mask_id)          # (hi - lo, V)
+    block = propose(rows, temperature, gen)
+    out = [torch.full((G,), den.mask_id, dtype=block[0].dtype, device=rows.device)]
+    out += [torch.zeros(G, dtype=t.dtype, device=rows.device) for t in block[1:]]
+    for full, part in zip(out, block):
+        full[lo:hi] = part
+    return tuple(out)
+
+
 def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: int | None = None,
             temperature: float = 0.0, seed: int = 0, record: str | None = "light",
             eos_id: int | None = None, eos_stop: bool = True, progress=None):
@@ -79,13 +92,14 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
         policy.start_block(int((x[P + lo:P + hi] == MASK).sum()))
         i = 0
         while not done and bool((x[P + lo:P + hi] == MASK).any()):
-            logits = never_propose_mask(den.logits(x)[P:], MASK)           # (G, V): one forward
-            x0, conf, margin, lmargin, entropy = propose(logits, temperature, gen)
+            if den.block_causal:        # one forward over the active block; the other slots unseen
+                x0, conf, margin, lmargin, entropy = block_proposals(den, x, lo, hi, G, temperature, gen)
+            else:
+                logits = never_propose_mask(den.logits(x)[P:], MASK)       # (G, V): one forward
+                x0, conf, margin, lmargin, entropy = propose(logits, temperature, gen)
             masked = x[P:] == MASK
             eligible = masked.clone()
             eligible[:lo] = eligible[hi:] = False
-            if den.block_causal:
-                unseen(masked & ~eligible, MASK, x0, conf, margin, lmargin, entropy)
             rand = torch.rand(G, generator=gen, device=dev)
             # a block-causal model sees no later block: its "every mask" is the active block's
             seen = eligible if den.block_causal else masked

@@ -41,7 +41,9 @@ def status_html(trace: Trace) -> str:
             run = trace.dag
             path = run.paths.get(run.chosen, [])
             stats += (f"; strategy {html.escape(run.chosen)}: a path through {len(path)} of {run.num_vertices} "
-                      f"vertices ({len(run.paths)} strateg{'y' if len(run.paths) == 1 else 'ies'} decoded)")
+                      f"vertices ({len(run.paths)} strateg{'y' if len(run.paths) == 1 else 'ies'} decoded"
+                      + (f", {sum(run.valid.values())} of {len(run.valid)} with a valid answer" if run.valid else "")
+                      + ")")
     else:
         stats = (f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha}, target forwards {t.target_forwards}, "
                  f"draft forwards {t.draft_forwards}")

@@ -146,6 +146,7 @@ class DagRun:
     paths: dict[str, list[int]] = field(default_factory=dict)     # strategy -> vertex path
     outputs: dict[str, list[int]] = field(default_factory=dict)   # strategy -> token ids
     chosen: str = ""                                              # strategy whose output is `output_ids`
+    valid: dict[str, bool] = field(default_factory=dict)          # strategy -> its output is a right answer
 
 
 @dataclass

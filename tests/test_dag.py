@@ -218,3 +218,22 @@ def test_training_runs_a_few_steps_and_reloads(tmp_path):
         assert m.cfg.n_embd == 32 and next(m.parameters()).dtype == torch.float32
         t = run_dag(m, heldout(name)[0], "all")
         assert replay(t) == t.output_ids
+
+
+def test_every_strategy_is_judged_valid_or_not_on_the_tasks_own_terms(tmp_path):
+    """A DAG run is compared on its own terms: each strategy's output is checked against the task's
+    right answers (all word orders of the date, every `and` variant of the number)."""
+    import speclab
+    from speclab.figures.detail import detail_html
+    from speclab.models.dag_tasks import TASKS
+    from speclab.trace import Trace
+    r = speclab.run("dates-dat", "2024-03-05", "dag-all")
+    run = r.trace.dag
+    right = TASKS["dates"].variants("2024-03-05")
+    assert set(run.valid) == set(run.outputs)
+    for name, out in run.outputs.items():
+        assert run.valid[name] == ([r.trace.text_of(t) for t in out] in right)
+    back = Trace.load(r.trace.save(tmp_path / "t.json")).dag
+    assert back.valid == run.valid
+    step = list(run.paths).index("viterbi")
+    assert ("valid" in detail_html(r.trace, step)) and ("not a valid answer" in detail_html(r.trace, step)) != run.valid["viterbi"]

@@ -254,7 +254,10 @@ def run_dag(model: DATransformer, source_text: str, strategy: str = "viterbi",
     wall = time.perf_counter() - t0
 
     Lg = E.size(0)
-    run = DagRun(num_vertices=Lg, paths=paths, outputs=outputs, chosen=chosen)
+    task = TASKS[model.cfg.task]        # a DAG is judged on its own terms: is the output a right answer?
+    right = task.variants(task.parse(source_text))
+    valid = {name: model.vocab.decode(collapse(list(out), dedup=False)) in right for name, out in outputs.items()}
+    run = DagRun(num_vertices=Lg, paths=paths, outputs=outputs, chosen=chosen, valid=valid)
     if record is not None:
         k = 5 if record == "full" else 2
         run.emissions_topk = _topk_rows(E, k)

@@ -41,7 +41,9 @@ def strategy_html(trace: Trace, step: int) -> str:
     run = trace.dag
     name = list(run.paths)[step]
     chosen = " (the trace's chosen output)" if name == run.chosen else ""
-    return (f"<b>{html.escape(name)}</b>{chosen}: <code>{html.escape(output_text(trace, name))}</code><br>"
+    verdict = {True: " <span style='color:#2ca02c'>valid</span>",
+               False: " <span style='color:#d62728'>not a valid answer</span>"}.get(run.valid.get(name), "")
+    return (f"<b>{html.escape(name)}</b>{chosen}: <code>{html.escape(output_text(trace, name))}</code>{verdict}<br>"
             f"vertex path: {run.paths[name]} ({len(run.paths[name])} of {run.num_vertices} vertices)")
 
 

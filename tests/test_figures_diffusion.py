@@ -237,3 +237,24 @@ def test_canvas_legend_has_its_own_swatches_and_upright_short_tokens(runs):
     assert all(swatches[label] == colors.PROPOSAL[k] for k, label in colors.PROPOSAL_LABEL.items())
     assert fig.layout.legend.itemsizing == "constant"
     assert not rotated(tr) and bars.textangle == 0
+
+
+def test_a_long_canvas_of_words_wraps_into_rows_of_upright_text():
+    """64 slots of words do not fit one row lying down: the canvas wraps at 16 slots a row (text
+    upright, read on a projector) and the active block is outlined row by row."""
+    from speclab.figures import canvas_figure
+    from speclab.figures.diffusion import ROW, canvas_rows, row_shade
+    from speclab.trace import DenoiseStep, Trace
+    words = {5: " because", 6: " sky", 7: " the"}
+    toks = [5, 6, 7, 6] * 16
+    tr = Trace(engine="diffusion", method="dllm-threshold", params={"gen_length": 64, "eos_id": 0, "mask_id": 1},
+               token_text={1: "<|mask|>", **words},
+               denoise=[DenoiseStep(block=(0, 32), masked=list(range(64)), top1=toks, conf=[0.5] * 64,
+                                    margin=[0.1] * 64, committed=list(range(64)), tokens=toks)])
+    assert canvas_rows(tr) == (16, False)
+    fig = canvas_figure(tr, 0)
+    cells = fig.data[1]
+    assert list(cells.x[:18]) == list(range(16)) + [0, 1] and cells.base[17] == -ROW and cells.textangle == 0
+    xs, ys = row_shade(0, 32, 16)
+    assert xs.count(None) == 1 and min(x for x in xs if x is not None) == -0.5 and max(x for x in xs if x is not None) == 15.5
+    assert list(fig.data[0].x) == xs

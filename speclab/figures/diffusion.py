@@ -67,12 +67,40 @@ def label(trace: Trace, token: int) -> str:
 CANVAS_PX, CHAR_PX = 1000, 7.5    # a canvas about 1000 px wide; a monospace character at 12 px
 
 
-def rotated(trace: Trace) -> bool:
-    """Vertical cell text only where the longest token cannot fit its cell lying down (fixed for the
-    whole run): a 24-slot canvas of short tokens reads horizontally, a 64-slot canvas of words not."""
+ROW = 1.3          # a canvas row's pitch in data units (cells are 1 high)
+
+
+def canvas_rows(trace: Trace) -> tuple[int, bool]:
+    """(slots per canvas row, vertical text), fixed for the whole run. One row when the tokens fit
+    their cells lying down (the median token; plotly shrinks longer ones): a 24-slot canvas of digits;
+    else rows of 16 slots, where ~7 characters fit upright (a chat answer's words on a projector);
+    the text turns only when even that is too narrow."""
+    G = gen_length(trace)
     final = trace.denoise[-1].tokens if trace.denoise else []
-    longest = max((len(label(trace, t)) for t in final), default=0)
-    return longest * CHAR_PX > 0.9 * CANVAS_PX / max(gen_length(trace), 1)
+    sizes = sorted(len(label(trace, t)) for t in final) or [0]
+    longest = sizes[len(sizes) // 2]            # the typical token; a longer one shrinks to fit its cell
+    fits = lambda width: longest * CHAR_PX <= 0.9 * CANVAS_PX / max(width, 1)
+    if fits(G):
+        return G, False
+    W = 16 if G > 16 and G % 16 == 0 else G
+    return W, not fits(W)
+
+
+def rotated(trace: Trace) -> bool:
+    """Vertical cell text: only where the longest token cannot lie in its cell (see canvas_rows)."""
+    return canvas_rows(trace)[1]
+
+
+def row_shade(lo: int, hi: int, W: int) -> tuple[list, list]:
+    """The outline of slots [lo, hi) on a canvas of W slots a row: one rectangle per row it
+    touches, separated by None (plotly fills each closed piece)."""
+    xs, ys = [], []
+    for r in range(lo // W, (hi - 1) // W + 1):
+        a, b = max(lo, r * W) - r * W - 0.5, min(hi, (r + 1) * W) - r * W - 0.5
+        y0, y1 = -r * ROW - 0.12, -r * ROW + 1.12
+        xs += ([None] if xs else []) + [a, b, b, a, a]
+        ys += ([None] if ys else []) + [y0, y0, y1, y1, y0]
+    return xs, ys
 
 
 def step_note(trace: Trace, s: DenoiseStep) -> str:
@@ -140,14 +168,17 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     now, before = set(s.committed), set(s.masked)
     state = [canvas_state(trace, s, p, now, before) for p in range(G)]
     palette = {**colors.CANVAS, **colors.NOISE}
-    vertical = rotated(trace)
-    shade = lambda y0, y1, axes: dict(
-        type="scatter", x=[lo - 0.5, hi - 0.5, hi - 0.5, lo - 0.5, lo - 0.5], y=[y0, y0, y1, y1, y0],
+    W, vertical = canvas_rows(trace)
+    rows = -(-G // W)
+    shade = lambda xy, axes: dict(
+        type="scatter", x=xy[0], y=xy[1],
         mode="lines", fill="toself", fillcolor=colors.BLOCK_FILL, line=dict(color=colors.BLOCK_LINE, width=1),
         name="active block", showlegend=axes == "", hoverinfo="skip",
         xaxis="x" + axes, yaxis="y" + axes)
+    bar_block = ([lo - 0.5, hi - 0.5, hi - 0.5, lo - 0.5, lo - 0.5], [0, 0, 1.05, 1.05, 0])
     cells = dict(
-        type="bar", x=list(range(G)), y=[1] * G, width=0.92, name="canvas", showlegend=False,
+        type="bar", x=[p % W for p in range(G)], y=[1] * G, base=[-(p // W) * ROW for p in range(G)],
+        width=0.92, name="canvas", showlegend=False,
         text=["" if st == "masked" else f"<i>{label(trace, s.tokens[p])}</i>" if st == "noise"
               else label(trace, s.tokens[p]) for p, st in enumerate(state)],
         textposition="inside", insidetextanchor="middle", textangle=-90 if vertical else 0,
@@ -178,7 +209,7 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     legend = [None if not static else dict(
         type="scatter", x=[None], y=[None], mode="markers", name=name,
         marker=dict(symbol="square", size=12, color=color)) for name, color in swatches]
-    h1, h2, gap = (110 if vertical else 50), 220, 45
+    h1, h2, gap = (110 if vertical else 50) * rows, 220, 45
     area = h1 + gap + h2
     note = step_note(trace, s)
     if is_noise(trace):
@@ -194,14 +225,14 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
         title=dict(text=title), height=area + 180, plot_bgcolor="white", barmode="overlay",
         margin=dict(l=55, r=10, t=80, b=100),       # each text shrinks to fit its own cell
         legend=dict(orientation="h", y=-70 / area, yanchor="top", x=0, itemsizing="constant"),
-        xaxis=bare_axis(range=xr, domain=[0, 1], anchor="y"),
-        yaxis=bare_axis(range=[-0.15, 1.15], domain=[(h2 + gap) / area, 1], anchor="x"),
+        xaxis=bare_axis(range=[-0.6, W - 0.4], domain=[0, 1], anchor="y"),
+        yaxis=bare_axis(range=[-(rows - 1) * ROW - 0.15, 1.15], domain=[(h2 + gap) / area, 1], anchor="x"),
         xaxis2=dict(range=xr, domain=[0, 1], anchor="y2", showgrid=False, zeroline=False,
                     title=dict(text="position"), dtick=max(1, G // 16)),
         yaxis2=dict(range=[0, 1.05], domain=[0, h2 / area], anchor="x2", gridcolor="#eeeeee",
                     title=dict(text="confidence p(top-1)")),
         meta=dict(step=step, steps=n, engine=trace.engine))
-    data = [shade(-0.12, 1.12, ""), cells, shade(0, 1.05, "2"), bars, line] + legend
+    data = [shade(row_shade(lo, hi, W), ""), cells, shade(bar_block, "2"), bars, line] + legend
     return dict(data=data, layout=layout)
 
 

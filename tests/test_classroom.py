@@ -139,7 +139,7 @@ def test_dag_run_player_tooltips_and_status(dag_trace):
     status = status_html(dag_trace)
     path = run.paths[run.chosen]
     assert f"strategy {run.chosen}: a path through {len(path)} of {run.num_vertices} vertices" in status
-    assert f"({len(run.paths)} strategies decoded)" in status
+    assert f"({len(run.paths)} strategies decoded, {sum(run.valid.values())} of {len(run.paths)} with a valid answer)" in status
     assert "tau" not in status and "alpha" not in status and "draft forwards" not in status
 
 

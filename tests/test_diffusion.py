@@ -106,14 +106,14 @@ def test_threshold_uses_fewer_forwards_on_code(code):
 
 
 def test_digits_quality(dig):
-    """The shipped model makes valid SUM answers and solves part of held-out ADD (it is
-    under-trained on 3-digit sums: ~0.5 exact, see BENCHMARKS.md), one token per step."""
+    """The shipped model makes valid SUM answers and solves held-out ADD (1.000 exact and 0.956
+    valid on 500 prompts each, see BENCHMARKS.md), one token per step."""
     prompts = digits.eval_prompts(40, seed=7)
     ok = {"ADD": 0, "SUM": 0}
     for p in prompts:
         r = speclab.run(dig, p["prompt"], "dllm-lowconf", gen_length=8, record=None)
         ok[p["task"]] += digits.check(p["prompt"], dig[1].decode(r.ids))
-    assert ok["ADD"] >= 12 and ok["SUM"] >= 32, ok
+    assert ok["ADD"] >= 36 and ok["SUM"] >= 34, ok
 
 
 def test_sampling_is_seeded(dig):

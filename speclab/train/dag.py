@@ -13,8 +13,10 @@ with no valid successor). Glancing (B.3, `number-random`): a no-grad pass finds 
 the target to vertices, and a share of the words the model got wrong is fed back as decoder input.
 
   python -m speclab.train.dag numwords --out speclab/zoo/numwords-dat --minutes 10
-  python -m speclab.train.dag dates --out speclab/zoo/dates-dat --minutes 10 --glat-p 0,0
-(dates: glancing made the graph worse within a 10-minute budget; see BENCHMARKS.md)
+  python -m speclab.train.dag dates --out speclab/zoo/dates-dat --minutes 17 --glat-p 0,0 --upsample 4
+  python -m speclab.train.dag dates --out speclab/zoo/dates-dat --minutes 11 --glat-p 0,0 --seed 1 --resume
+(dates: glancing made the graph worse within a 10-minute budget, and lambda 2 kept a tail vertex
+shared by three word orders; see BENCHMARKS.md)
 `--resume` continues from the weights already in `--out` (same architecture, fresh optimizer and
 warm-up); the saved step count is the total over every run.
 """

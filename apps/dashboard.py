@@ -49,7 +49,7 @@ class Dashboard:
         self.compare_table: list[dict] = []
         self.history = SuffixHistory()      # this session's earlier requests, for suffix (never another's)
         self.viewer = Viewer()
-        self.form = Form(runs.zoo_models(), on_change=self._form_changed)
+        self.form = Form(runs.zoo_models())
         w = pn.widgets
         self.run_button = w.Button(name="Run", button_type="primary", css_classes=["speclab-run"])
         self.progress = w.Progress(name="progress", value=0, max=1, visible=False, bar_color="primary")
@@ -75,6 +75,7 @@ class Dashboard:
         self.projector = w.Toggle(name="projector: large text", value=False, width=170,
                                   css_classes=["speclab-projector"])
         self.view = self._layout()
+        self.form.on_change = self._form_changed      # once the widgets it updates exist
         self.projector.param.watch(lambda e: self._presentation(e.new), "value")
         self.show_example()
 
@@ -130,10 +131,8 @@ class Dashboard:
 
     def _form_changed(self) -> None:
         """Another method or target: the run on the page no longer matches the form."""
-        if hasattr(self, "compare_methods"):
-            self._fit_compare()
-        if hasattr(self, "intro"):
-            self.intro.object = guide.INTRO[runs.engine(self.form.method.value)]
+        self._fit_compare()
+        self.intro.object = guide.INTRO[runs.engine(self.form.method.value)]
         if self.viewer.trace is not None:
             self.viewer.clear("The form changed: press Run for a run with these settings.")
             self.download.disabled = True

@@ -16,6 +16,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from speclab import metrics
 from speclab.decoding.registry import get_method, method_params, methods
 from speclab.models.zoo import ZOO_DIR, zoo_names
 from speclab.params import parse_assignment  # the same NAME=VALUE parsing as --param
@@ -154,13 +155,6 @@ def _increments(progress):
 BASELINE = {"speculative": ("ar", "ar"), "diffusion": ("dllm-lowconf", "one-per-step")}
 
 
-def speedup(t: Trace, reference: Trace | None) -> float | None:
-    """The reference's wall time / this run's (None without a reference or a measured time)."""
-    if reference is None or not t.totals.wall_s:
-        return None
-    return reference.totals.wall_s / t.totals.wall_s
-
-
 def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "ar") -> list[dict]:
     """The reference first (when given), then one row per method. `identical` compares output ids
     with the greedy reference (None when sampling, since a sampled run is lossless in distribution,
@@ -171,7 +165,7 @@ def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "
     for name, t in ([(ref, reference)] if reference is not None else []) + list(traces.items()):
         tot = t.totals
         same = None if reference is None or t.sampling.temperature > 0 else t.output_ids == reference.output_ids
-        up = speedup(t, reference)
+        up = metrics.speedup(t.totals.wall_s, reference.totals.wall_s if reference is not None else None)
         rows.append({"method": name, "new tokens": tot.new_tokens, "tau": round(tot.tau, 2),
                      "alpha": None if tot.alpha is None else round(tot.alpha, 2),
                      "target fwd": tot.target_forwards, "draft fwd": tot.draft_forwards,

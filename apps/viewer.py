@@ -104,8 +104,8 @@ class Viewer:
             self.detail.object = detail_html(trace, step)
             self.step = step
             self._show_distributions()
-            for maker, pane in zip(makers, self.summary_figs):     # the "current" markers follow the step
-                move_current(pane.object, maker(trace, step))
+            for pane in self.summary_figs[:len(makers)]:       # the "current" markers follow the step
+                move_current(pane.object, step)
                 pane.param.trigger("object")
 
     def _show_distributions(self) -> None:

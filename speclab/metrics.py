@@ -27,6 +27,12 @@ def tau(new_tokens: int, target_forwards: int) -> float:
     return new_tokens / target_forwards if target_forwards else 0.0
 
 
+def speedup(wall_s: float, reference_wall_s: float | None) -> float | None:
+    """Speed-up over a reference run of the same prompt: its wall time / this run's (the bench's
+    speedup_vs_ar, the dashboard's compare table and chart); None without both times."""
+    return reference_wall_s / wall_s if reference_wall_s and wall_s else None
+
+
 def alpha(accepted: int, drafted: int) -> float | None:
     """Acceptance rate: accepted draft tokens / drafted tokens (None when nothing was drafted)."""
     return accepted / drafted if drafted else None

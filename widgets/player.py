@@ -68,7 +68,7 @@ class Player(widgets.VBox):
         """Show `step`: the slider calls this; so can a test or a notebook cell."""
         update_step(self.figure, self.trace, step)
         if self.strip is not None:
-            move_current(self.strip, run_strip(self.trace, step))
+            move_current(self.strip, step)
         self.detail.value = detail_html(self.trace, step)
         self.label.value = step_title(self.trace, step)
         self.step = step

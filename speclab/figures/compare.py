@@ -1,7 +1,8 @@
 """Several runs of one prompt side by side: how fast each was against the baseline of its family.
 
     compare_chart(runs, reference)   tokens per second per run (bars), the speed-up over the
-                                     reference and tokens per forward written on each bar
+                                     reference (metrics.speedup, as in the table beside it) and
+                                     tokens per forward written on each bar
 
 The reference is `ar` for speculative methods and one-token-per-step decoding for diffusion
 policies; its bar is grey. Timings are the runs' own wall times (warm-up excluded by the caller).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from speclab import metrics
 from speclab.figures import colors
 from speclab.trace import Trace
 
@@ -22,8 +24,9 @@ def compare_chart(runs: dict[str, Trace], reference: Trace | None, reference_nam
     names = ([reference_name] if reference is not None else []) + list(runs)
     traces = ([reference] if reference is not None else []) + list(runs.values())
     speed = [tokens_per_s(t) for t in traces]
-    base = speed[0] if reference is not None and speed[0] else None
-    text = [(f"{s / base:.2f}x" if base else "") + f"<br>{t.totals.tau:.2f} tok/fwd" for s, t in zip(speed, traces)]
+    ups = [metrics.speedup(t.totals.wall_s, reference.totals.wall_s) if reference is not None else None
+           for t in traces]
+    text = [(f"{u:.2f}x" if u else "") + f"<br>{t.totals.tau:.2f} tok/fwd" for u, t in zip(ups, traces)]
     bar_colors = [colors.REFERENCE if reference is not None and i == 0 else colors.ORIGIN["accepted"]
                   for i in range(len(names))]
     fig = go.Figure(go.Bar(x=names, y=speed, text=text, textposition="outside", marker_color=bar_colors,

@@ -96,13 +96,19 @@ def update_step(fig: go.Figure, trace: Trace, step: int) -> go.Figure:
     return update_figure(fig, step_dict(trace, step, static=False))
 
 
-def move_current(fig: go.Figure, marked: go.Figure) -> go.Figure:
-    """Move `fig`'s "current" markers in place to where `marked` (the same figure drawn for another
-    step) has them: how a player follows the step on the whole-run figures without redrawing them."""
+def move_current(fig: go.Figure, step: int) -> go.Figure:
+    """Move `fig`'s "current" markers to `step` (0-based) in place, without redrawing the figure:
+    every whole-run view draws its marker at the step's 1-based number on one axis (a vertical line
+    x = [s, s] or a horizontal one y = [s, s]), so only that coordinate changes."""
     with fig.batch_update():
-        for old, new in zip(fig.data, marked.data):
-            if new.name == "current":
-                old.update(x=new.x, y=new.y)
+        for t in fig.data:
+            if t.name != "current":
+                continue
+            for axis in ("x", "y"):
+                v = getattr(t, axis)
+                if v is not None and len(v) == 2 and v[0] is not None and v[0] == v[1]:
+                    t.update({axis: [step + 1, step + 1]})
+                    break
     return fig
 
 

@@ -58,7 +58,7 @@ class ChainDrafter(Drafter):
             if self.sampler.greedy:
                 tok = logits.argmax()
                 if need_q:
-                    q = logits.float().softmax(-1)
+                    q = logits.softmax(-1)
                     confs.append(q[tok])
                     if self.record == "full":       # the distribution the argmax came from, for the views
                         dists.append(q)

@@ -120,10 +120,7 @@ def run_one(target: str, prompt: str, method: str, draft: str | None = None, max
         raise ValueError("empty prompt: type some text to continue")
     import speclab
     eng = engine(method)
-    if eng == "dag":                # a DAG samples only when asked to (its decode config's temperature)
-        kw["temperature"] = temperature if temperature > 0 else None
-    else:
-        kw["temperature"] = float(temperature)
+    kw["temperature"] = float(temperature)
     if eng == "diffusion" and progress:
         progress = _increments(progress)
     # the draft picker feeds draft-model methods; eagle / medusa take their target's head from the zoo

@@ -219,7 +219,9 @@ def _run_dag(target, prompt, strategy, record="light", seed=0, device=None, temp
     known = {f.name for f in fields(DecodeConfig)}
     if set(params) - known:
         raise ValueError(f"dag methods do not take {sorted(set(params) - known)}; they take {sorted(known)}")
-    for name, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)):
+    # temperature 0 (greedy, every caller's default) is no sampling setting for a DAG: dag-sample
+    # then draws at its decode config's temperature
+    for name, v in (("temperature", temperature or None), ("top_k", top_k), ("top_p", top_p)):
         if v is not None:
             params[name] = v
     trace = run_dag(model, str(prompt), strategy, record=record, seed=seed, cfg=DecodeConfig(**params))

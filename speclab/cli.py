@@ -77,13 +77,11 @@ def method_kwargs(a) -> dict:
     return kw
 
 
-def run_kwargs(a, engine: str) -> dict:
+def run_kwargs(a) -> dict:
     """The keywords of speclab.run from `speclab run`'s flags (the same for every engine; a flag the
     user left out is left out here too, so each engine's own default applies)."""
     kw = dict(record=None if a.record == "none" else a.record, seed=a.seed, device=a.device, dtype=a.dtype,
               top_k=a.top_k, top_p=a.top_p, temperature=a.temperature, **method_kwargs(a))
-    if engine == "dag":                 # a DAG samples only when asked to (its decode config's temperature)
-        kw["temperature"] = a.temperature if a.temperature > 0 else None
     if a.draft is not None:
         kw["draft"] = a.draft
     if a.chat is not None:
@@ -107,7 +105,7 @@ def cmd_run(a):
     engine = get_method(a.method).engine
     if a.check and engine != "speculative":
         raise ValueError(f"--check compares with greedy ar: it is for speculative methods, not {a.method}")
-    r = speclab.run(a.target, prompt, a.method, **run_kwargs(a, engine))
+    r = speclab.run(a.target, prompt, a.method, **run_kwargs(a))
     show = {"dag": _show_dag, "diffusion": _show_dllm}.get(engine, _show_speculative)
     out = show(a, prompt, r)
     if a.trace:
@@ -218,7 +216,7 @@ def _run_batch(a):
     else:
         prompts, chat = [a.chat if a.chat is not None else a.prompt], a.chat is not None
     color = a.color == "always" or (a.color == "auto" and sys.stdout.isatty())
-    kw = run_kwargs(a, "speculative") | dict(chat=chat)
+    kw = run_kwargs(a) | dict(chat=chat)
     results, wall = [], 0.0
     for start in range(0, len(prompts), a.batch_size):
         rs = speclab.run(a.target, prompts[start:start + a.batch_size], a.method, **kw | dict(seed=a.seed + start))

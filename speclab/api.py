@@ -38,8 +38,8 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     together as one batch (speclab.decoding.batch: one target forward per round for all of them)
     and a list of Results comes back, one per prompt, in order, each lossless against decoding its
     prompt alone. Lane i samples with seed + i (or seed[i] if seed is a list), recorded in its trace.
-    A batch's target runs through transformers (models.causal.BatchCausalLM); `backend` then applies
-    to draft models only.
+    A batch's target runs in one cache (models.causal.make_batch_lm: plain Llama models on the lean
+    forward's shared slot space, anything else as rows of a transformers cache).
 
     target / draft: a zoo name ("code-target", "smollm2-135m"), a local directory, a hub id, or
     (model, tokenizer). dtype: "auto" (bf16 where the hardware runs it natively, else fp32; the toy
@@ -99,7 +99,7 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     if batch:       # one drafter per sequence: drafters keep per-request state
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed + i for i in range(len(ids))]
         traces = run_batch(model, [build() for _ in ids], tok, ids, max_new_tokens, sampler, seeds, record,
-                           method, params, models, progress)
+                           method, params, models, progress, backend)
         return [Result(text=tok.decode(t.output_ids), ids=list(t.output_ids), trace=t) for t in traces]
     trace = run_speculative(make_lm(model, "target", backend), build(), tok, ids[0], max_new_tokens, sampler, seed,
                             record, method, params, models, progress)

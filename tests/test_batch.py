@@ -13,6 +13,7 @@ import speclab
 from speclab.decoding.acceptance import Sampler, warp
 from speclab.decoding.batch import BATCH_METHODS
 from speclab.models.causal import BatchCausalLM
+from speclab.models.fast_batch import FastBatchLM
 from speclab.trace import Trace, replay
 
 NEW = 32
@@ -107,14 +108,9 @@ def test_batch_on_transformers_llamas(which, method, params, drafter, tiny_llama
         assert all(r.trace.totals.tau > 2 for r in rs)
 
 
-def test_batch_cache_rows_see_only_their_own_keys(tiny_llamas):
-    """BatchCausalLM against CausalLM alone: ragged prefill, a tree in one row and a chain in another,
-    non-contiguous kept slots, compaction and a row leaving, each row's logits as if it ran alone."""
-    from speclab.models.causal import CausalLM
-    m = tiny_llamas[1][0]
-    alone = lambda ids: CausalLM(m).forward(torch.tensor(ids))
-    close = lambda a, b: torch.allclose(a, b, atol=1e-4)
-    lm = BatchCausalLM(m, 3)
+def _rows_see_only_their_own_keys(lm, alone, close):
+    """A batch cache against each sequence alone: ragged prefill, a tree in one row and a chain in
+    another, non-contiguous kept slots, compaction and a row leaving."""
     ps = [[5, 9, 11, 3], [7, 8], [1, 2, 3, 4, 5, 6, 7]]
     lg = lm.forward([(p, None, len(p)) for p in ps])                          # (3, 7, V)
     assert all(close(lg[b, :len(p)], alone(p)) for b, p in enumerate(ps))
@@ -130,24 +126,68 @@ def test_batch_cache_rows_see_only_their_own_keys(tiny_llamas):
     lm.keep(2, 1, [])
     width = lm.width
     lm.compact()
-    assert lm.width == 7 < width and [lm.length(b) for b in range(3)] == [6, 3, 7]
+    assert lm.width < width and [lm.length(b) for b in range(3)] == [6, 3, 7]
     lm.retain([0, 2])
     lg = lm.forward([([2], None, 1), ([50], None, 1)])
     assert close(lg[0, 0], alone([5, 9, 11, 3, 21, 24, 2])[-1]) and close(lg[1, 0], alone(ps[2] + [50])[-1])
 
 
+def test_batch_cache_rows_see_only_their_own_keys(tiny_llamas):
+    """BatchCausalLM (rows of a transformers cache) against CausalLM alone."""
+    from speclab.models.causal import CausalLM
+    m = tiny_llamas[1][0]
+    _rows_see_only_their_own_keys(BatchCausalLM(m, 3), lambda ids: CausalLM(m).forward(torch.tensor(ids)),
+                                  lambda a, b: torch.allclose(a, b, atol=1e-4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shared_slot_cache_rows_see_only_their_own_keys(tiny_llamas, dtype):
+    """FastBatchLM (one lean-forward slot space for every sequence) against the lean forward alone.
+    In bf16 on a CPU with AVX512-BF16 (the fused kernel) each sequence's logits are bit for bit its
+    logits alone, whatever the other sequences hold."""
+    import copy as _copy
+    from speclab.models import kernels
+    from speclab.models.fast_llama import FastLlama
+    m = _copy.deepcopy(tiny_llamas[0][0]).to(dtype)
+    lm = FastBatchLM(m, 3)
+    alone = lambda ids: FastLlama(m).forward(torch.tensor(ids))
+    bitwise = dtype == torch.bfloat16 and kernels.available("cpu", dtype)
+    close = torch.equal if bitwise else (lambda a, b: torch.allclose(a, b, atol=1e-4 if dtype == torch.float32 else 0.1))
+    _rows_see_only_their_own_keys(lm, alone, close)
+
+
+def test_shared_slot_cache_grows_when_compaction_is_not_enough(tiny_llamas):
+    from speclab.models.fast_llama import FastLlama
+    m = tiny_llamas[0][0]
+    lm = FastBatchLM(m, 1)
+    assert lm.lm.max_len == 512
+    ids = torch.randint(5, 200, (550,), generator=torch.Generator().manual_seed(0)).tolist()
+    lm.forward([(ids[:300], None, 300)])
+    lm.keep(0, 300, [])
+    lg = lm.forward([(ids[300:], None, 250)])                   # 550 slots > 512: the cache doubles
+    assert lm.lm.max_len == 1024 and lm.width == 550
+    assert torch.allclose(lg[0, :250], FastLlama(m).forward(torch.tensor(ids))[300:], atol=1e-4)
+
+
+BACKENDS = {"auto": FastBatchLM, "hf": BatchCausalLM}
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("method,params", [("prompt-lookup", {}), ("tree-dynamic", dict(budget=8, width=3))])
-def test_compacting_every_round_changes_nothing(method, params, target, draft, prompts, alone, monkeypatch):
-    import speclab.decoding.batch as batch
-    monkeypatch.setattr(batch, "COMPACT_AT", 0)            # compact whenever 64 slots are hidden
+def test_compacting_every_round_changes_nothing(method, params, backend, target, draft, prompts, alone, monkeypatch):
+    import speclab.models.causal as causal
+    monkeypatch.setattr(causal, "COMPACT_AT", 0)           # compact whenever 64 slots are hidden
     calls = []
-    real = BatchCausalLM.compact
-    monkeypatch.setattr(BatchCausalLM, "compact", lambda self: calls.append(1) or real(self))
-    rs = speclab.generate(target, prompts[:3], method, draft=draft, max_new_tokens=NEW, record=None, **params)
+    cls = BACKENDS[backend]
+    real = cls.compact
+    monkeypatch.setattr(cls, "compact", lambda self: calls.append(1) or real(self))
+    rs = speclab.generate(target, prompts[:3], method, draft=draft, max_new_tokens=NEW, record=None,
+                          backend=backend, **params)
     assert [r.ids for r in rs] == alone[:3] and len(calls) > 3
 
 
-def test_eos_in_one_lane_leaves_the_batch_early(target, draft, prompts, alone, monkeypatch):
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_eos_in_one_lane_leaves_the_batch_early(backend, target, draft, prompts, alone, monkeypatch):
     """Make the 6th token of lane 1 the end of text: lane 1 stops there, its rows leave the forward,
     and the others go on to max_new_tokens, each still equal to decoding it alone."""
     eos = alone[1][5]
@@ -159,9 +199,10 @@ def test_eos_in_one_lane_leaves_the_batch_early(target, draft, prompts, alone, m
     ref = [speclab.generate(tgt, p, "ar", max_new_tokens=NEW, record=None).ids for p in ps]
     assert len(ref[1]) == 6 and any(len(r) == NEW for r in ref)
     rows = []
-    real = BatchCausalLM.forward
-    monkeypatch.setattr(BatchCausalLM, "forward", lambda self, r: rows.append(len(r)) or real(self, r))
-    rs = speclab.generate(tgt, ps, "draft-model", draft=draft, max_new_tokens=NEW)
+    cls = BACKENDS[backend]
+    real = cls.forward
+    monkeypatch.setattr(cls, "forward", lambda self, r: rows.append(len(r)) or real(self, r))
+    rs = speclab.generate(tgt, ps, "draft-model", draft=draft, max_new_tokens=NEW, backend=backend)
     assert [r.ids for r in rs] == ref
     lanes_rounds = [len(r.trace.rounds) for r in rs]
     assert len(rows) == max(lanes_rounds)                       # one forward per round for the batch

@@ -169,6 +169,29 @@ def test_bf16_exact_backend_is_bitwise_identical_to_ar(bf16, method, kw):
         assert r.trace.totals.target_forwards < ref.trace.totals.target_forwards
 
 
+@pytest.mark.skipif(not __import__("speclab.models.kernels").models.kernels.available("cpu", torch.bfloat16),
+                    reason="the fused bf16 kernel needs a CPU with AVX512-BF16")
+@pytest.mark.parametrize("method", ["prompt-lookup", "draft-model", "eagle"])
+def test_bf16_default_backend_is_bitwise_identical_where_the_kernel_runs(bf16, method):
+    """On a CPU with AVX512-BF16 the lean forward runs speclab's fused kernel, whose rows do not
+    depend on the rows beside them: the DEFAULT backend's bf16 output equals bf16 ar token for token."""
+    from speclab.bench.prompts import encode, load_prompts
+    kw = {}
+    if method == "draft-model":
+        if "smollm2-draft" not in zoo.zoo_names():
+            pytest.skip("smollm2-draft is not in the zoo")
+        kw = dict(draft=zoo.load_shared("smollm2-draft", "cpu", "bf16"), k=4)
+    elif method == "eagle" and zoo.paired_draft("smollm2-135m", method) is None:
+        pytest.skip(f"no {method} head for smollm2-135m in the zoo")
+    model, tok = bf16
+    prompts = [encode(tok, item, 48, None) for item in load_prompts("code-edit", 3)]
+    prompts.append(speclab.api.chat_prompt(tok, QUESTIONS[0]))
+    for ids in prompts:
+        ref = speclab.generate(bf16, ids, "ar", max_new_tokens=48, record=None)
+        r = speclab.generate(bf16, ids, method, max_new_tokens=48, record=None, **kw)
+        assert r.ids == ref.ids, method
+
+
 def test_exact_verify_logits_equal_one_token_forwards(bf16):
     from speclab.models.causal import make_lm
     model, tok = bf16

@@ -4,7 +4,7 @@
     verify    ONE target forward for the whole batch: lane b's pending tokens and draft nodes,
               padded to the longest lane; positions = lane b's own committed length (+ depth for
               tree nodes); a 4-D mask so each row sees only its lane's committed keys and, for a
-              draft node, its own ancestors (models/causal.py: BatchCausalLM)
+              draft node, its own ancestors (models/causal.py: make_batch_lm)
     accept    per lane, the rule of a single run (walk_tree) with the lane's own generator
     commit    per lane: the batch cache keeps its pending tokens and accepted path; its drafter observes
     record    per lane: a Round of the lane's own trace
@@ -23,14 +23,12 @@ import torch
 
 from speclab.decoding.acceptance import Sampler, walk_tree
 from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, commit_round, record_round, trace_of
-from speclab.models.causal import BatchCausalLM
+from speclab.models.causal import BatchCausalLM, make_batch_lm
 from speclab.trace import Round, Totals, Trace
 
 # methods whose drafters see only their own lane's text, logits and draft model
 BATCH_METHODS = ("ar", "prompt-lookup", "suffix", "recycling", "lookahead", "draft-model", "tree-static",
                  "tree-dynamic")
-# the hidden slots (rejected drafts, padding) may grow the cache to this many times the longest lane
-COMPACT_AT = 2
 
 
 class LaneTarget:
@@ -96,10 +94,10 @@ def accept(s: RunState, tree, rows: torch.Tensor, P: int, top: list[int] | None)
 
 def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], max_new_tokens: int,
                  sampler: Sampler, seeds: list[int], record: str | None = "light", eos_id: int | None = None,
-                 progress=None) -> tuple[list[tuple[list[int], list[Round], Totals]], BatchCausalLM]:
+                 progress=None, backend: str = "auto") -> tuple[list[tuple[list[int], list[Round], Totals]], BatchCausalLM]:
     """Run rounds until every lane reached max_new_tokens or EOS. Returns, per prompt in order,
     (new ids, rounds, totals), and the batch LM (its `forwards` = batch forwards run)."""
-    lm = BatchCausalLM(model, len(prompts_ids))
+    lm = make_batch_lm(model, len(prompts_ids), backend)
     view, dev = LaneTarget(lm), lm.device
     lanes = []
     for ids, drafter, seed in zip(prompts_ids, drafters, seeds):
@@ -123,7 +121,7 @@ def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], m
             active = [active[b] for b in rows]
             if rows:
                 lm.retain(rows)
-        if active and lm.width > COMPACT_AT * max(lm.length(b) for b in range(len(active))) + 64:
+        if active and lm.crowded():
             lm.compact()
     wall = time.perf_counter() - t0
     out = []
@@ -139,10 +137,10 @@ def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], m
 
 def run_batch(model, drafters: list[Drafter], tok, prompts_ids: list[list[int]], max_new_tokens: int,
               sampler: Sampler, seeds: list[int], record: str | None, method: str, params: dict, models: dict,
-              progress=None) -> list[Trace]:
+              progress=None, backend: str = "auto") -> list[Trace]:
     """The batch seam: decode_batch, then one trace per prompt (its lane), in order."""
     lanes, lm = decode_batch(model, drafters, prompts_ids, max_new_tokens, sampler, seeds, record,
-                             tok.eos_token_id, progress)
+                             tok.eos_token_id, progress, backend)
     return [trace_of(tok, method, dict(params, backend=type(lm).__name__, batch_size=len(lanes), lane=b), models,
                      sampler, seed, record, ids, new, rounds, totals)
             for b, (ids, (new, rounds, totals), seed) in enumerate(zip(prompts_ids, lanes, seeds))]

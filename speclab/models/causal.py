@@ -206,6 +206,21 @@ def param_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# a batch cache is compacted once its hidden slots (padding, rejected drafts) outgrow this many
+# times what is committed
+COMPACT_AT = 2
+
+
+def make_batch_lm(model, rows: int, backend: str = "auto"):
+    """B sequences in one cache: the lean shared-slot cache for plain Llama models (FastBatchLM),
+    else rows of a transformers cache (BatchCausalLM)."""
+    from speclab.models.fast_batch import FastBatchLM
+    from speclab.models.fast_llama import supports
+    if backend == "hf" or not supports(model):
+        return BatchCausalLM(model, rows)
+    return FastBatchLM(model, rows, exact=backend == "exact")
+
+
 class BatchCausalLM:
     """B sequences in one KV cache of a Hugging Face causal LM: one forward verifies every row.
 
@@ -241,6 +256,10 @@ class BatchCausalLM:
 
     def length(self, row: int) -> int:
         return len(self.slots[row])
+
+    def crowded(self) -> bool:
+        """Hidden slots (padding, rejected drafts) outgrow the longest row's committed ones."""
+        return self.width > COMPACT_AT * max(map(len, self.slots)) + 64
 
     @torch.inference_mode()
     def forward(self, rows: list[tuple[list[int], list[int] | None, int]]) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from speclab.models import kernels
 from speclab.models.adapter import scatter_subset
 from speclab.models.causal import is_chain, tree_depths_and_visibility
 
@@ -43,9 +44,16 @@ class FastLlama:
         # fastest for 2-3 rows (7.1 ms against 9.4), so on a CPU the (out, in) copy is kept too and
         # chosen for 2-3 rows. bf16 / fp16: F.linear on (out, in) for every row count, the fastest
         # layout there (LM head of SmolLM2: 3.0 ms at 1 row, 3.9 ms at 16) and row for row the same
-        # result whatever the number of rows, so no second copy.
-        self.layout = "out_in" if self.dtype != torch.float32 else ("dual" if self.device.type == "cpu" else "in_out")
+        # result whatever the number of rows, so no second copy. bf16 on a CPU with AVX512-BF16:
+        # speclab's own kernel over a packed copy (speclab.models.kernels; 2-4x faster at 1-16 rows).
+        if kernels.available(self.device, self.dtype):
+            self.layout = "packed"
+        else:
+            self.layout = "out_in" if self.dtype != torch.float32 else ("dual" if self.device.type == "cpu" else "in_out")
         self.layers, self.head = _packed(model, self.layout, exact)
+        # whole layers in one native call each where every matrix packs without padding
+        self.fused = self.layout == "packed" and not any(
+            w[n].padded for w in self.layers for n in ("wqkv_k", "wo_k", "w13_k", "w2_k"))
         # a trimmed-vocabulary head (speclab.models.adapter.SubsetHead) scores only head_ids
         self.head_ids = getattr(model.lm_head, "head_ids", None)
         self.vocab_size = cfg.vocab_size
@@ -72,6 +80,8 @@ class FastLlama:
         self.n = 0
 
     def _rms(self, x, w):
+        if self.fused:
+            return kernels.module().rms_norm(x.contiguous(), w, self.eps)
         if x.dtype == torch.float32:                # one fused op (same math as LlamaRMSNorm in fp32)
             return F.rms_norm(x, w.shape, w, self.eps)
         x32 = x.float()
@@ -96,12 +106,56 @@ class FastLlama:
             pos = slice(past, past + T)
             if T > 1:
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=self.device).tril(past)
-        rows = self._exact_rows(T, past, n_prefix, vis) if self.exact and T > 1 else None
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # (T, 1, D)
+        return self._run(ids, embeds, pos, past, n_prefix, mask, vis, last_only, n_layers)
+
+    @torch.inference_mode()
+    def forward_rows(self, ids: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
+        """Logits (T, V) for rows ids (T,) at positions pos (T,), row r attending to the slots
+        vis[r] (T, n + T) bool of the cache's first n slots and these rows (which take slots
+        n..n+T-1). Several sequences share one slot space this way (speclab.models.fast_batch)."""
+        T, past = ids.shape[0], self.n
+        if past + T > self.max_len:
+            raise ValueError(f"{past + T} cache slots exceed the cache of {self.max_len}")
+        vis = vis.to(self.device)
+        return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, False, None)
+
+    def _run(self, ids, embeds, pos, past: int, n_prefix: int, mask, vis, last_only: bool, n_layers) -> torch.Tensor:
+        T = (ids if embeds is None else embeds).shape[0]
         x = F.embedding(ids, self.embed) if embeds is None else embeds.to(self.dtype)  # (T, C)
-        Hq, Hkv, D = self.Hq, self.Hkv, self.D
         use = self.layers[: n_layers or len(self.layers)]
         self.captured = {}
+        if self.fused:
+            x = self._fused_layers(x, use, pos, past, vis)
+        else:
+            x = self._layers(x, use, pos, past, n_prefix, mask, vis)
+        if last_only:
+            x = x[-1:]
+        self.n = past + T
+        self.forwards += 1
+        return self.final_norm_head(x).float()
+
+    def _fused_layers(self, x, use, pos, past: int, vis) -> torch.Tensor:
+        """The layers as one native call each (speclab.models.kernels): bf16 on a CPU with
+        AVX512-BF16. Every row is computed as a one-token forward would compute it (see
+        bf16_linear.cpp), so this path is exact without the exact backend's row-by-row cost."""
+        T = x.shape[0]
+        pos = torch.arange(past, past + T) if isinstance(pos, slice) else pos.cpu()
+        vis = torch.empty(0, dtype=torch.bool) if vis is None else vis.contiguous()
+        layer = kernels.module().layer
+        for i, w in enumerate(use):
+            x = layer(x.contiguous(), w["ln1"], w["wqkv_k"].data, w["wo_k"].data, w["ln2"], w["w13_k"].data,
+                      w["w2_k"].data, self.kv[i, 0], self.kv[i, 1], self.cos, self.sin, pos, past, vis,
+                      self.Hq, self.Hkv, self.eps)
+            if i + 1 in self.capture_layers:
+                self.captured[i + 1] = x[None]
+        return x
+
+    def _layers(self, x, use, pos, past: int, n_prefix: int, mask, vis) -> torch.Tensor:
+        """The layers as torch ops (any device and dtype)."""
+        T = x.shape[0]
+        rows = self._exact_rows(T, past, n_prefix, vis) if self.exact and T > 1 else None
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # (T, 1, D)
+        Hq, Hkv, D = self.Hq, self.Hkv, self.D
         for i, w in enumerate(use):
             h = self._rms(x, w["ln1"])
             qkv = _mm(h, w, "wqkv")                                      # (T, (Hq + 2 Hkv) D)
@@ -121,11 +175,7 @@ class FastLlama:
             x = x + _mm(F.silu(g) * u, w, "w2")
             if i + 1 in self.capture_layers:
                 self.captured[i + 1] = x[None]
-        if last_only:
-            x = x[-1:]
-        self.n = past + T
-        self.forwards += 1
-        return self.final_norm_head(x).float()
+        return x
 
     def _exact_rows(self, T: int, past: int, n_prefix: int, vis) -> list:
         """How each query row of an exact forward attends, as `ar` would compute that row.
@@ -180,6 +230,13 @@ class FastLlama:
         if mask is not None:
             s = s.view(self.Hkv, g, T, -1).masked_fill(~mask, float("-inf")).view(self.Hkv, g * T, -1)
         return (s.softmax(-1) @ V.float()).view(Hq, T, D).to(q.dtype)
+
+    def resize(self, max_len: int):
+        """A cache of max_len slots, the first self.n kept (a batch's shared slot space grows)."""
+        kv = torch.empty(*self.kv.shape[:3], max_len, self.D, device=self.device, dtype=self.dtype)
+        kv[:, :, :, : self.n] = self.kv[:, :, :, : self.n]
+        self.kv, self.max_len = kv, max_len
+        self.cos, self.sin = (t.to(self.dtype) for t in _rope_tables(self.model, max_len, self.D))
 
     def keep(self, n: int):
         if n > self.n:
@@ -239,7 +296,7 @@ def _packed(model, layout: str, exact: bool = False):
                   | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight)
                   for l in model.model.layers]
         head = _weights(layout, head=(model.lm_head.weight,))
-        if exact:
+        if exact and layout != "packed":        # the packed kernel is row-count invariant already
             for w in layers + [head]:
                 _split_inner(w)
     model._speclab_packed[(layout, exact)] = (key, (layers, head))
@@ -276,10 +333,13 @@ def _rope_tables(model, max_len: int, D: int):
 
 def _weights(layout: str, **groups) -> dict:
     """name -> nn.Linear weights (out, in) to fuse along out. Gives name: the fused (out, in) matrix
-    (layouts "out_in", "dual") and name + "_t": its (in, out) contiguous transpose ("in_out", "dual")."""
+    (layouts "out_in", "dual"), name + "_t": its (in, out) contiguous transpose ("in_out", "dual"),
+    name + "_k": the kernel's packed copy ("packed")."""
     out = {}
     for name, ws in groups.items():
         fused = torch.cat(ws) if len(ws) > 1 else ws[0]
+        if layout == "packed":
+            out[name + "_k"] = kernels.Packed(fused)
         if layout in ("in_out", "dual"):
             out[name + "_t"] = fused.t().contiguous()
         if layout in ("out_in", "dual"):
@@ -289,6 +349,9 @@ def _weights(layout: str, **groups) -> dict:
 
 def _mm(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     """x (T, in) times the weight `name` -> (T, out), on the layout measured fastest for T rows."""
+    packed = w.get(name + "_k")
+    if packed is not None:
+        return packed(x)
     parts = w.get(name + "_parts")
     if parts is not None:                     # exact mode: row-count-invariant pieces, fp32 sum
         n = parts[0].shape[1]

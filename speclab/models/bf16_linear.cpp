@@ -1,0 +1,236 @@
+// A bf16 matrix-vector (and few-row matrix) product for CPUs with AVX512-BF16.
+//
+// Why: batch-1 decoding reads every weight once per token, so it runs at the speed weights stream
+// from memory. oneDNN's bf16 F.linear reads a one-row product's weight at about half the rate a
+// plain streaming read reaches on this kind of CPU, and its per-call cost for the small matrices of
+// a 135M model is several times the bytes' worth. This kernel streams a pre-packed weight once per
+// call and applies it to all T input rows (T = 1 for `ar`, a handful for a verify), so a verify of
+// a few tokens costs little more than one token.
+//
+// Layout: W (N, K) is packed once into (N/64, K/2, 64, 2): for each block of 64 output rows, the
+// pairs (k, k+1) of all 64 rows side by side. One VDPBF16PS then adds w[n, k] x[k] + w[n, k+1]
+// x[k+1] to 16 fp32 lanes = 16 output rows, with x's pair broadcast: no horizontal sums, and each
+// block is one sequential stream.
+//
+// Numerics: every output is one fp32 sum over k pairs in a fixed order, rounded once to bf16
+// (round to nearest even). A row's result therefore does not depend on how many rows are in the
+// call, which is what makes a multi-token verify agree with one-token forwards.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+constexpr int64_t B = 64;      // output rows per packed block: 4 vectors of 16 fp32 lanes
+constexpr int TMAX = 6;        // input rows per pass: 4 x TMAX accumulators stay in registers
+
+torch::Tensor pack(torch::Tensor W) {
+  TORCH_CHECK(W.dim() == 2 && W.scalar_type() == at::kBFloat16, "pack: W must be a 2-D bf16 tensor");
+  const int64_t N = W.size(0), K = W.size(1);
+  TORCH_CHECK(N % B == 0 && K % 2 == 0, "pack: rows must be a multiple of 64 and columns even");
+  return W.contiguous().view({N / B, B, K / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+template <int TT>
+static inline void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* Wb, int64_t K2,
+                         at::BFloat16* y, int64_t ldy) {
+  __m512 acc[TT][4];
+  for (int t = 0; t < TT; ++t)
+    for (int g = 0; g < 4; ++g) acc[t][g] = _mm512_setzero_ps();
+  const int32_t* xp[TT];                 // x's bf16 pairs read as one 32-bit word each
+  for (int t = 0; t < TT; ++t) xp[t] = reinterpret_cast<const int32_t*>(x + t * ldx);
+  for (int64_t k2 = 0; k2 < K2; ++k2) {
+    const at::BFloat16* w = Wb + k2 * 2 * B;
+    const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 32),
+                  w2 = _mm512_loadu_si512(w + 64), w3 = _mm512_loadu_si512(w + 96);
+    for (int t = 0; t < TT; ++t) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(xp[t][k2]);
+      acc[t][0] = _mm512_dpbf16_ps(acc[t][0], (__m512bh)w0, xb);
+      acc[t][1] = _mm512_dpbf16_ps(acc[t][1], (__m512bh)w1, xb);
+      acc[t][2] = _mm512_dpbf16_ps(acc[t][2], (__m512bh)w2, xb);
+      acc[t][3] = _mm512_dpbf16_ps(acc[t][3], (__m512bh)w3, xb);
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    for (int g = 0; g < 4; ++g)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + t * ldy + g * 16),
+                          (__m256i)_mm512_cvtneps_pbh(acc[t][g]));
+}
+
+// y (T, N) = x (T, K) @ W^T, W packed by pack(); bf16 in and out.
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor Wp) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
+              "linear: x must be a contiguous (T, K) bf16 tensor");
+  const int64_t T = x.size(0), K = x.size(1), NB = Wp.size(0), K2 = Wp.size(1), N = NB * B;
+  TORCH_CHECK(K == 2 * K2, "linear: x has ", K, " columns, the packed weight ", 2 * K2);
+  auto y = torch::empty({T, N}, x.options());
+  const auto* xp = x.data_ptr<at::BFloat16>();
+  const auto* wp = Wp.data_ptr<at::BFloat16>();
+  auto* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const at::BFloat16* Wb = wp + b * K2 * 2 * B;
+      for (int64_t t0 = 0; t0 < T; t0 += TMAX) {
+        const at::BFloat16* xt = xp + t0 * K;
+        at::BFloat16* yt = yp + t0 * N + b * B;
+        switch (std::min<int64_t>(TMAX, T - t0)) {
+          case 6: block<6>(xt, K, Wb, K2, yt, N); break;
+          case 5: block<5>(xt, K, Wb, K2, yt, N); break;
+          case 4: block<4>(xt, K, Wb, K2, yt, N); break;
+          case 3: block<3>(xt, K, Wb, K2, yt, N); break;
+          case 2: block<2>(xt, K, Wb, K2, yt, N); break;
+          default: block<1>(xt, K, Wb, K2, yt, N);
+        }
+      }
+    }
+  });
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One Llama decoder layer for T rows in a single call (the lean forward's per-op Python and ATen
+// overhead is ~45 small ops a layer, a third of a decode step once the matmuls are fast).
+//
+// Every elementwise step rounds to bf16 where the torch ops of speclab's lean forward do (RMSNorm
+// as LlamaRMSNorm: fp32 statistics, rounded, times the weight; RoPE, SiLU, products and residual
+// adds each rounded), and attention is fp32. Attention is computed ROW BY ROW over the keys that
+// row sees, in cache order: a row's arithmetic does not depend on how many rows are in the call,
+// nor on whether its keys are a contiguous prefix (a chain) or its ancestors in a draft tree. With
+// the row-invariant linear above, a verify gives each position bit for bit the hidden states a
+// one-token forward gives it.
+
+using bf16 = at::BFloat16;
+
+static inline float f32(bf16 v) { return static_cast<float>(v); }
+
+// out (T, C) = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))
+static void rms_rows(const bf16* x, const bf16* w, bf16* out, int64_t T, int64_t C, float eps) {
+  for (int64_t t = 0; t < T; ++t) {
+    const bf16* xr = x + t * C;
+    float ss = 0.f;
+    for (int64_t c = 0; c < C; ++c) ss += f32(xr[c]) * f32(xr[c]);
+    const float r = 1.f / std::sqrt(ss / C + eps);
+    for (int64_t c = 0; c < C; ++c) out[t * C + c] = bf16(f32(w[c]) * f32(bf16(f32(xr[c]) * r)));
+  }
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && w.is_contiguous(), "rms_norm: bf16, contiguous");
+  auto out = torch::empty_like(x);
+  rms_rows(x.data_ptr<bf16>(), w.data_ptr<bf16>(), out.data_ptr<bf16>(), x.numel() / x.size(-1), x.size(-1), (float)eps);
+  return out;
+}
+
+// x (D,) rotated: bf16(bf16(x * cos) + bf16(roll(x, D/2) * sin_signed))
+static inline void rope(const bf16* x, const bf16* cs, const bf16* sn, bf16* out, int64_t D) {
+  for (int64_t d = 0; d < D; ++d)
+    out[d] = bf16(f32(bf16(f32(x[d]) * f32(cs[d]))) + f32(bf16(f32(x[(d + D / 2) % D]) * f32(sn[d]))));
+}
+
+static inline float dot(const float* q, const bf16* k, int64_t D) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) {
+    const __m512 kv = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + d))), 16));
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, acc);
+  }
+  float s = _mm512_reduce_add_ps(acc);
+  for (; d < D; ++d) s += q[d] * f32(k[d]);
+  return s;
+}
+
+torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torch::Tensor wo,
+                    torch::Tensor ln2, torch::Tensor w13, torch::Tensor w2, torch::Tensor kc,
+                    torch::Tensor vc, torch::Tensor cos, torch::Tensor sin, torch::Tensor pos,
+                    int64_t past, torch::Tensor vis, int64_t Hq, int64_t Hkv, double eps) {
+  const int64_t T = x.size(0), C = x.size(1), D = kc.size(2), g = Hq / Hkv;
+  const int64_t S = past + T, I = w13.size(0) * B / 2;
+  TORCH_CHECK(kc.stride(2) == 1 && vc.stride(2) == 1 && kc.strides() == vc.strides(), "layer: cache layout");
+  const int64_t hs = kc.stride(0), ss = kc.stride(1);
+  bf16* K = kc.data_ptr<bf16>();
+  bf16* V = vc.data_ptr<bf16>();
+  const int64_t* P = pos.data_ptr<int64_t>();
+  const bool* M = vis.numel() ? vis.data_ptr<bool>() : nullptr;   // (T, S) or causal
+  const bf16* cs = cos.data_ptr<bf16>();
+  const bf16* sn = sin.data_ptr<bf16>();
+
+  auto h = torch::empty_like(x);
+  rms_rows(x.data_ptr<bf16>(), ln1.data_ptr<bf16>(), h.data_ptr<bf16>(), T, C, (float)eps);
+  auto qkv = packed_linear(h, wqkv);                                         // (T, (Hq + 2 Hkv) D)
+  const bf16* qp = qkv.data_ptr<bf16>();
+  const int64_t W = (Hq + 2 * Hkv) * D;
+  auto qf = torch::empty({T, Hq, D}, x.options().dtype(at::kFloat));
+  float* Q = qf.data_ptr<float>();
+  std::vector<bf16> tmp(D);
+  for (int64_t t = 0; t < T; ++t) {
+    const bf16* c = cs + P[t] * D;
+    const bf16* s = sn + P[t] * D;
+    for (int64_t hh = 0; hh < Hq; ++hh) {
+      rope(qp + t * W + hh * D, c, s, tmp.data(), D);
+      for (int64_t d = 0; d < D; ++d) Q[(t * Hq + hh) * D + d] = f32(tmp[d]);
+    }
+    for (int64_t hh = 0; hh < Hkv; ++hh) {
+      rope(qp + t * W + (Hq + hh) * D, c, s, K + hh * hs + (past + t) * ss, D);
+      std::copy(qp + t * W + (Hq + Hkv + hh) * D, qp + t * W + (Hq + Hkv + hh + 1) * D, V + hh * hs + (past + t) * ss);
+    }
+  }
+
+  auto attn = torch::empty({T, Hq * D}, x.options());
+  bf16* A = attn.data_ptr<bf16>();
+  const float scale = 1.f / std::sqrt((float)D);
+  at::parallel_for(0, T * Hq, std::max<int64_t>(1, 65536 / (S * D + 1)), [&](int64_t i0, int64_t i1) {
+    std::vector<float> p(S), o(D);
+    std::vector<int64_t> keys(S);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / Hq, hh = i % Hq, kvh = hh / g;
+      int64_t n = 0;
+      for (int64_t j = 0; j < S; ++j)
+        if (M ? M[t * S + j] : j <= past + t) keys[n++] = j;
+      const float* q = Q + (t * Hq + hh) * D;
+      float m = -INFINITY;
+      for (int64_t a = 0; a < n; ++a) {
+        p[a] = dot(q, K + kvh * hs + keys[a] * ss, D) * scale;
+        m = std::max(m, p[a]);
+      }
+      float sum = 0.f;
+      for (int64_t a = 0; a < n; ++a) { p[a] = std::exp(p[a] - m); sum += p[a]; }
+      std::fill(o.begin(), o.end(), 0.f);
+      for (int64_t a = 0; a < n; ++a) {
+        const float pa = p[a] / sum;
+        const bf16* v = V + kvh * hs + keys[a] * ss;
+        for (int64_t d = 0; d < D; ++d) o[d] += pa * f32(v[d]);
+      }
+      for (int64_t d = 0; d < D; ++d) A[t * Hq * D + hh * D + d] = bf16(o[d]);
+    }
+  });
+
+  auto o = packed_linear(attn, wo);                                          // (T, C)
+  auto x1 = torch::empty_like(x);
+  bf16* X1 = x1.data_ptr<bf16>();
+  const bf16* X = x.data_ptr<bf16>();
+  const bf16* O = o.data_ptr<bf16>();
+  for (int64_t i = 0; i < T * C; ++i) X1[i] = bf16(f32(X[i]) + f32(O[i]));
+  rms_rows(X1, ln2.data_ptr<bf16>(), h.data_ptr<bf16>(), T, C, (float)eps);
+  auto gu = packed_linear(h, w13);                                           // (T, 2I): gate | up
+  auto mid = torch::empty({T, I}, x.options());
+  bf16* Mi = mid.data_ptr<bf16>();
+  const bf16* GU = gu.data_ptr<bf16>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < I; ++c) {
+      const float gv = f32(GU[t * 2 * I + c]);
+      Mi[t * I + c] = bf16(f32(bf16(gv / (1.f + std::exp(-gv)))) * f32(GU[t * 2 * I + I + c]));
+    }
+  auto dn = packed_linear(mid, w2);                                          // (T, C)
+  const bf16* DN = dn.data_ptr<bf16>();
+  for (int64_t i = 0; i < T * C; ++i) X1[i] = bf16(f32(X1[i]) + f32(DN[i]));
+  return x1;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "LlamaRMSNorm of bf16 rows");
+  m.def("layer", &layer, "one Llama decoder layer over T bf16 rows, the KV cache written in place");
+  m.def("pack", &pack, "W (N, K) bf16 -> the kernel's packed layout (N/64, K/2, 64, 2)");
+  m.def("linear", &packed_linear, "x (T, K) bf16 @ W^T with W packed -> (T, N) bf16");
+}

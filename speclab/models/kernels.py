@@ -1,0 +1,86 @@
+"""speclab's one native kernel: a bf16 linear layer for CPUs with AVX512-BF16 (bf16_linear.cpp).
+
+Batch-1 decoding is bound by how fast weights stream from memory. Measured on the 2-core CPU
+(torch 2.13, one thread): oneDNN's bf16 F.linear reads SmolLM2's LM head at 10-16 GB/s and its small
+layer matrices at ~20-30 GB/s, while this kernel streams the head at ~36 GB/s (a plain streaming
+read's rate) and the small matrices 3-4x faster, and costs little more for 5 rows than for 1.
+
+It is built on first use with torch's C++ extension loader (g++ and ninja, ~30 s once, cached in
+torch's extensions directory) and used only on CPUs that report avx512_bf16. Anywhere else, or if
+the build fails, `available()` is False and the lean forward keeps F.linear. SPECLAB_KERNELS=0 turns
+it off.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 64                    # output rows per packed block (bf16_linear.cpp's B)
+_SOURCE = Path(__file__).with_name("bf16_linear.cpp")
+_lock = threading.Lock()
+_module = None                # the built extension, False once a build failed
+
+
+def cpu_has_bf16() -> bool:
+    caps = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else ""
+    if "AVX512" not in str(caps):
+        return False
+    try:
+        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def _build():
+    from torch.utils.cpp_extension import load
+    print("speclab: loading the bf16 CPU kernel (built once, ~30 s the first time)", file=sys.stderr, flush=True)
+    return load("speclab_bf16_linear", [str(_SOURCE)], verbose=False,
+                extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp"])
+
+
+def module():
+    """The built extension, or None where it cannot run here."""
+    global _module
+    if _module is None:
+        with _lock:
+            if _module is None:
+                if os.environ.get("SPECLAB_KERNELS", "1") == "0" or not cpu_has_bf16():
+                    _module = False
+                else:
+                    try:
+                        _module = _build()
+                    except Exception as e:     # no compiler, no ninja, an old toolchain: fall back
+                        warnings.warn(f"speclab's bf16 CPU kernel did not build ({str(e).splitlines()[0][:200]}); "
+                                      "using F.linear (slower). Install g++ and ninja to get it.")
+                        _module = False
+    return _module or None
+
+
+def available(device: torch.device, dtype: torch.dtype) -> bool:
+    return torch.device(device).type == "cpu" and dtype == torch.bfloat16 and module() is not None
+
+
+class Packed:
+    """A weight (N, K) in the kernel's layout; N padded up to a multiple of 64, K to even."""
+
+    def __init__(self, W: torch.Tensor):
+        self.out_features = W.shape[0]
+        pad_n, pad_k = -W.shape[0] % BLOCK, W.shape[1] % 2
+        self.padded = bool(pad_n or pad_k)
+        if self.padded:
+            W = F.pad(W, (0, pad_k, 0, pad_n))
+        self.in_features = W.shape[1]
+        self.data = module().pack(W)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, K) bf16 -> (T, N)."""
+        if x.shape[1] != self.in_features:
+            x = F.pad(x, (0, self.in_features - x.shape[1]))
+        y = module().linear(x.contiguous(), self.data)
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]

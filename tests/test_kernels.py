@@ -1,0 +1,83 @@
+"""speclab's bf16 CPU kernel (speclab/models/bf16_linear.cpp): the packed linear layer and the fused
+Llama layer, on random matrices and on a real transformers Llama built from a config.
+
+What is pinned: results within bf16 rounding of an fp32 reference; every row's result independent
+of how many rows share the call (the property that makes a verify equal one-token forwards); odd
+shapes padded; the fused layer close to the torch-op layer it replaces, and its verify of a chain
+or a tree bitwise equal to one-token forwards.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speclab.models import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available("cpu", torch.bfloat16),
+                                reason="needs a CPU with AVX512-BF16 and a C++ toolchain")
+
+
+def _bf16_close(y, ref):
+    """y (bf16) within one bf16 rounding of ref (fp32) plus fp32 summation error."""
+    tol = ref.abs() * 2 ** -8 + 1e-3 * ref.abs().max()
+    return bool(((y.float() - ref).abs() <= tol).all())
+
+
+@pytest.mark.parametrize("N,K", [(64, 32), (960, 576), (576, 1536), (100, 33)])
+def test_packed_linear_is_accurate_and_row_count_invariant(N, K):
+    g = torch.Generator().manual_seed(N + K)
+    W = torch.randn(N, K, generator=g).to(torch.bfloat16)
+    x = torch.randn(13, K, generator=g).to(torch.bfloat16)
+    lin = kernels.Packed(W)
+    y = lin(x)
+    assert y.shape == (13, N) and y.dtype == torch.bfloat16
+    assert _bf16_close(y, x.float() @ W.float().t())
+    for t in range(13):                                    # one row alone == that row in the batch
+        assert torch.equal(lin(x[t:t + 1]), y[t:t + 1])
+    assert torch.equal(lin(x[2:9]), y[2:9])
+
+
+def test_packed_linear_matches_f_linear_to_rounding():
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(3072, 576, generator=g).to(torch.bfloat16)
+    x = torch.randn(5, 576, generator=g).to(torch.bfloat16)
+    ours, theirs = kernels.Packed(W)(x).float(), F.linear(x, W).float()
+    step = theirs.abs() * 2 ** -7 + 1e-2                   # one bf16 step either way
+    assert ((ours - theirs).abs() <= step).float().mean() > 0.999
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=320, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+
+
+def test_fused_layers_agree_with_the_torch_op_layers(llama):
+    from speclab.models.fast_llama import FastLlama
+    fused, ops = FastLlama(llama), FastLlama(llama)
+    ops.fused = False
+    assert fused.fused and fused.layout == "packed"
+    ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(1))
+    a, b = fused.forward(ids), ops.forward(ids)
+    with torch.inference_mode():
+        ref = llama(ids[None]).logits[0].float()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
+    assert (a - b).abs().mean() < 0.05 and (a - ref).abs().mean() < 0.05
+
+
+def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama):
+    from speclab.models.fast_llama import FastLlama
+    lm = FastLlama(llama)
+    ids = torch.randint(0, 512, (20,), generator=torch.Generator().manual_seed(2))
+    cont = [5, 77, 300, 12, 9, 41]
+    one = [lm.forward(ids)[-1]] + [lm.forward(torch.tensor([t]))[-1] for t in cont]   # ar, token by token
+    lm.keep(len(ids))
+    chain = lm.forward(torch.tensor(cont))
+    assert all(torch.equal(chain[r], one[r + 1]) for r in range(len(cont)))
+    lm.keep(len(ids))
+    # a tree: 0 -> 1 -> 3 is the chain cont[:3]; node 2 is a sibling of node 1
+    tree = lm.forward(torch.tensor([cont[0], cont[1], 400, cont[2]]), parents=[-1, 0, 0, 1])
+    assert torch.equal(tree[0], one[1]) and torch.equal(tree[1], one[2]) and torch.equal(tree[3], one[3])
+    assert not torch.equal(tree[2], one[2])

@@ -128,13 +128,40 @@ static inline void rope(const bf16* x, const bf16* cs, const bf16* sn, bf16* out
     out[d] = bf16(f32(bf16(f32(x[d]) * f32(cs[d]))) + f32(bf16(f32(x[(d + D / 2) % D]) * f32(sn[d]))));
 }
 
+// 16 bf16 -> 16 fp32 (exact: a bf16 is the top half of an fp32)
+static inline __m512 load16(const bf16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// 16 fp32 -> 16 bf16, rounded to nearest even as torch rounds
+static inline void store16(bf16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// exp of 16 floats: exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln 2 / 2, exp(r) by its
+// degree-6 Taylor polynomial (relative error ~2e-7, about 2 ulp); exp(-inf) = 0 exactly.
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
 static inline float dot(const float* q, const bf16* k, int64_t D) {
   __m512 acc = _mm512_setzero_ps();
   int64_t d = 0;
   for (; d + 16 <= D; d += 16) {
-    const __m512 kv = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + d))), 16));
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), kv, acc);
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(k + d), acc);
   }
   float s = _mm512_reduce_add_ps(acc);
   for (; d < D; ++d) s += q[d] * f32(k[d]);
@@ -194,13 +221,24 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torc
         p[a] = dot(q, K + kvh * hs + keys[a] * ss, D) * scale;
         m = std::max(m, p[a]);
       }
-      float sum = 0.f;
-      for (int64_t a = 0; a < n; ++a) { p[a] = std::exp(p[a] - m); sum += p[a]; }
+      // softmax: exp in 16-wide chunks, summed lane-wise then across lanes (a fixed order for n keys)
+      __m512 vs = _mm512_setzero_ps();
+      const __m512 vm = _mm512_set1_ps(m);
+      for (int64_t a = 0; a < n; a += 16) {
+        const __mmask16 k16 = n - a >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - a)) - 1);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k16, p.data() + a), vm));
+        _mm512_mask_storeu_ps(p.data() + a, k16, e);
+        vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
+      }
+      const float sum = _mm512_reduce_add_ps(vs);
       std::fill(o.begin(), o.end(), 0.f);
       for (int64_t a = 0; a < n; ++a) {
-        const float pa = p[a] / sum;
+        const __m512 pa = _mm512_set1_ps(p[a] / sum);
         const bf16* v = V + kvh * hs + keys[a] * ss;
-        for (int64_t d = 0; d < D; ++d) o[d] += pa * f32(v[d]);
+        int64_t d = 0;
+        for (; d + 16 <= D; d += 16)
+          _mm512_storeu_ps(o.data() + d, _mm512_fmadd_ps(pa, load16(v + d), _mm512_loadu_ps(o.data() + d)));
+        for (; d < D; ++d) o[d] += p[a] / sum * f32(v[d]);
       }
       for (int64_t d = 0; d < D; ++d) A[t * Hq * D + hh * D + d] = bf16(o[d]);
     }
@@ -217,10 +255,14 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torc
   auto mid = torch::empty({T, I}, x.options());
   bf16* Mi = mid.data_ptr<bf16>();
   const bf16* GU = gu.data_ptr<bf16>();
+  TORCH_CHECK(I % 16 == 0, "layer: the MLP width must be a multiple of 16");
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < I; ++c) {
-      const float gv = f32(GU[t * 2 * I + c]);
-      Mi[t * I + c] = bf16(f32(bf16(gv / (1.f + std::exp(-gv)))) * f32(GU[t * 2 * I + I + c]));
+    for (int64_t c = 0; c < I; c += 16) {           // bf16(bf16(silu(gate)) * up), as torch rounds it
+      const __m512 gv = load16(GU + t * 2 * I + c);
+      const __m512 sg = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+      bf16 tmp16[16];
+      store16(tmp16, sg);
+      store16(Mi + t * I + c, _mm512_mul_ps(load16(tmp16), load16(GU + t * 2 * I + I + c)));
     }
   auto dn = packed_linear(mid, w2);                                          // (T, C)
   const bf16* DN = dn.data_ptr<bf16>();

@@ -39,6 +39,8 @@ def cpu_has_bf16() -> bool:
 
 def _build():
     from torch.utils.cpp_extension import load
+    # torch finds ninja on PATH: add this interpreter's bin directory, where `pip install ninja` puts it
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     print("speclab: loading the bf16 CPU kernel (built once, ~30 s the first time)", file=sys.stderr, flush=True)
     return load("speclab_bf16_linear", [str(_SOURCE)], verbose=False,
                 extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp"])

@@ -81,3 +81,19 @@ def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama):
     tree = lm.forward(torch.tensor([cont[0], cont[1], 400, cont[2]]), parents=[-1, 0, 0, 1])
     assert torch.equal(tree[0], one[1]) and torch.equal(tree[1], one[2]) and torch.equal(tree[3], one[3])
     assert not torch.equal(tree[2], one[2])
+
+
+def test_speclab_kernels_0_falls_back_to_f_linear():
+    import os
+    import subprocess
+    import sys
+    code = ("import torch; from transformers import LlamaConfig, LlamaForCausalLM; "
+            "from speclab.models import kernels; from speclab.models.fast_llama import FastLlama; "
+            "m = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, "
+            "num_hidden_layers=1, num_attention_heads=2)).to(torch.bfloat16); f = FastLlama(m); "
+            "assert not kernels.available('cpu', torch.bfloat16) and f.layout == 'out_in' and not f.fused; "
+            "print(f.forward(torch.tensor([1, 2, 3])).shape)")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SPECLAB_KERNELS="0"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "torch.Size([3, 64])" in out.stdout and "building" not in out.stderr

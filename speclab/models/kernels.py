@@ -22,27 +22,26 @@ import torch
 import torch.nn.functional as F
 
 BLOCK = 64                    # output rows per packed block (bf16_linear.cpp's B)
+NAME = "speclab_bf16_linear"
 _SOURCE = Path(__file__).with_name("bf16_linear.cpp")
 _lock = threading.Lock()
 _module = None                # the built extension, False once a build failed
 
 
 def cpu_has_bf16() -> bool:
-    caps = torch.backends.cpu.get_cpu_capability() if hasattr(torch.backends, "cpu") else ""
-    if "AVX512" not in str(caps):
-        return False
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    """The CPU has the AVX512-BF16 instructions the kernel is written in (torch's own report)."""
+    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    return bool(caps.get("avx512_bf16"))
 
 
 def _build():
     from torch.utils.cpp_extension import load
     # torch finds ninja on PATH: add this interpreter's bin directory, where `pip install ninja` puts it
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    print("speclab: loading the bf16 CPU kernel (built once, ~30 s the first time)", file=sys.stderr, flush=True)
-    return load("speclab_bf16_linear", [str(_SOURCE)], verbose=False,
+    from torch.utils.cpp_extension import _get_build_directory
+    if not list(Path(_get_build_directory(NAME, False)).glob("*.so")):
+        print("speclab: building the bf16 CPU kernel (once, ~30 s)", file=sys.stderr, flush=True)
+    return load(NAME, [str(_SOURCE)], verbose=False,
                 extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp"])
 
 

@@ -50,23 +50,29 @@ def streaming_bandwidth(device="cpu", mib: int = 512, repeats: int = 5) -> float
 
 
 @torch.inference_mode()
-def gemv_bandwidth(device="cpu", dtype=torch.bfloat16, mib: int = 256, repeats: int = 5) -> float:
-    """Bytes per second the matrix-vector kernel a decode step runs (F.linear, one row) reads its
-    weight at: what the best decode of this dtype can hope for, usually below a plain streaming read."""
+def gemv_bandwidth(device="cpu", dtype=torch.bfloat16, mib: int = 256, repeats: int = 5) -> tuple[float, str]:
+    """(bytes per second, kernel name): the rate at which the matrix-vector kernel a decode step runs
+    (one row) reads its weight: speclab's bf16 kernel where it runs (speclab.models.kernels), else
+    F.linear. What the best decode of this dtype can hope for, usually below a plain streaming read."""
+    from speclab.models import kernels
     cols = 4096
     w = torch.ones(mib * 2 ** 20 // (cols * torch.finfo(dtype).bits // 8), cols, dtype=dtype, device=device)
     x = torch.ones(1, cols, dtype=dtype, device=device)
-    torch.nn.functional.linear(x, w)
+    if kernels.available(w.device, dtype):
+        mm, name = kernels.Packed(w), "speclab bf16 kernel"
+    else:
+        mm, name = (lambda v: torch.nn.functional.linear(v, w)), "F.linear"
+    mm(x)
     best = float("inf")
     for _ in range(repeats):
         if w.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        torch.nn.functional.linear(x, w)
+        mm(x)
         if w.device.type == "cuda":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
-    return w.numel() * w.element_size() / best
+    return w.numel() * w.element_size() / best, name
 
 
 def bandwidth_limit(model) -> dict:
@@ -75,7 +81,7 @@ def bandwidth_limit(model) -> dict:
     p = next(model.parameters())
     nbytes = weight_bytes_per_token(model)
     bw = streaming_bandwidth(p.device)
-    gemv = gemv_bandwidth(p.device, p.dtype)
+    gemv, kernel = gemv_bandwidth(p.device, p.dtype)
     return dict(weight_mb_per_token=round(nbytes / 1e6, 1), bandwidth_gb_s=round(bw / 1e9, 2),
-                limit_tokens_per_s=round(bw / nbytes, 1), gemv_gb_s=round(gemv / 1e9, 2),
+                limit_tokens_per_s=round(bw / nbytes, 1), gemv_gb_s=round(gemv / 1e9, 2), gemv_kernel=kernel,
                 gemv_limit_tokens_per_s=round(gemv / nbytes, 1))

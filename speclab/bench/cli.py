@@ -99,7 +99,7 @@ def cmd_bench(a):
         b = res["bandwidth"]
         print(f"ar against the bandwidth limit ({res['dtype']}): {b['weight_mb_per_token']} MB of weights per token; "
               f"streaming read {b['bandwidth_gb_s']} GB/s -> limit {b['limit_tokens_per_s']} tok/s, ar at "
-              f"{b['ar_share_of_limit']:.2f} of it; the {res['dtype']} GEMV kernel reads {b['gemv_gb_s']} GB/s -> "
+              f"{b['ar_share_of_limit']:.2f} of it; the {res['dtype']} GEMV ({b.get('gemv_kernel', 'F.linear')}) reads {b['gemv_gb_s']} GB/s -> "
               f"{b['gemv_limit_tokens_per_s']} tok/s, ar at {b['ar_share_of_gemv_limit']:.2f}")
     for k_, c in res.get("forward_costs", {}).items():
         print(f"bare forward ms (k={k_}): target(1) {c['c_target1']}, verify(k+1) {c['c_verify']}, draft {c.get('c_draft')}")

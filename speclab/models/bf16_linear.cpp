@@ -157,14 +157,12 @@ static inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-static inline float dot(const float* q, const bf16* k, int64_t D) {
+static inline float dot(const float* q, const float* k, int64_t D) {
   __m512 acc = _mm512_setzero_ps();
   int64_t d = 0;
-  for (; d + 16 <= D; d += 16) {
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(k + d), acc);
-  }
+  for (; d + 16 <= D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
   float s = _mm512_reduce_add_ps(acc);
-  for (; d < D; ++d) s += q[d] * f32(k[d]);
+  for (; d < D; ++d) s += q[d] * k[d];
   return s;
 }
 
@@ -207,40 +205,53 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torc
   auto attn = torch::empty({T, Hq * D}, x.options());
   bf16* A = attn.data_ptr<bf16>();
   const float scale = 1.f / std::sqrt((float)D);
-  at::parallel_for(0, T * Hq, std::max<int64_t>(1, 65536 / (S * D + 1)), [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(S), o(D);
+  // one work item per (row, key/value head): its g query heads share each key's and value's
+  // bf16 -> fp32 conversion and the scan for the keys the row sees
+  at::parallel_for(0, T * Hkv, std::max<int64_t>(1, 65536 / (g * S * D + 1)), [&](int64_t i0, int64_t i1) {
+    std::vector<float> p(g * S), o(g * D), kf(D);
     std::vector<int64_t> keys(S);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / Hq, hh = i % Hq, kvh = hh / g;
+      const int64_t t = i / Hkv, kvh = i % Hkv;
       int64_t n = 0;
       for (int64_t j = 0; j < S; ++j)
         if (M ? M[t * S + j] : j <= past + t) keys[n++] = j;
-      const float* q = Q + (t * Hq + hh) * D;
-      float m = -INFINITY;
-      for (int64_t a = 0; a < n; ++a) {
-        p[a] = dot(q, K + kvh * hs + keys[a] * ss, D) * scale;
-        m = std::max(m, p[a]);
+      for (int64_t a = 0; a < n; ++a) {                       // scores (g, n)
+        const bf16* k = K + kvh * hs + keys[a] * ss;
+        for (int64_t d = 0; d < D; ++d) kf[d] = f32(k[d]);
+        for (int64_t h = 0; h < g; ++h) p[h * S + a] = dot(Q + (t * Hq + kvh * g + h) * D, kf.data(), D) * scale;
       }
-      // softmax: exp in 16-wide chunks, summed lane-wise then across lanes (a fixed order for n keys)
-      __m512 vs = _mm512_setzero_ps();
-      const __m512 vm = _mm512_set1_ps(m);
-      for (int64_t a = 0; a < n; a += 16) {
-        const __mmask16 k16 = n - a >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - a)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k16, p.data() + a), vm));
-        _mm512_mask_storeu_ps(p.data() + a, k16, e);
-        vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
+      float total[16];                                        // each head's softmax denominator
+      TORCH_CHECK(g <= 16, "layer: at most 16 query heads per key/value head");
+      for (int64_t h = 0; h < g; ++h) {
+        // softmax: exp in 16-wide chunks, summed lane-wise then across lanes (a fixed order for n keys)
+        float* ph = p.data() + h * S;
+        float m = -INFINITY;
+        for (int64_t a = 0; a < n; ++a) m = std::max(m, ph[a]);
+        __m512 vs = _mm512_setzero_ps();
+        const __m512 vm = _mm512_set1_ps(m);
+        for (int64_t a = 0; a < n; a += 16) {
+          const __mmask16 k16 = n - a >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - a)) - 1);
+          const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k16, ph + a), vm));
+          _mm512_mask_storeu_ps(ph + a, k16, e);
+          vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
+        }
+        total[h] = _mm512_reduce_add_ps(vs);
       }
-      const float sum = _mm512_reduce_add_ps(vs);
       std::fill(o.begin(), o.end(), 0.f);
-      for (int64_t a = 0; a < n; ++a) {
-        const __m512 pa = _mm512_set1_ps(p[a] / sum);
+      for (int64_t a = 0; a < n; ++a) {                       // o (g, D) = softmax(p) @ V
         const bf16* v = V + kvh * hs + keys[a] * ss;
-        int64_t d = 0;
-        for (; d + 16 <= D; d += 16)
-          _mm512_storeu_ps(o.data() + d, _mm512_fmadd_ps(pa, load16(v + d), _mm512_loadu_ps(o.data() + d)));
-        for (; d < D; ++d) o[d] += p[a] / sum * f32(v[d]);
+        for (int64_t d = 0; d < D; ++d) kf[d] = f32(v[d]);
+        for (int64_t h = 0; h < g; ++h) {
+          const float pa = p[h * S + a] / total[h];
+          float* oh = o.data() + h * D;
+          int64_t d = 0;
+          for (; d + 16 <= D; d += 16)
+            _mm512_storeu_ps(oh + d, _mm512_fmadd_ps(_mm512_set1_ps(pa), _mm512_loadu_ps(kf.data() + d), _mm512_loadu_ps(oh + d)));
+          for (; d < D; ++d) oh[d] += pa * kf[d];
+        }
       }
-      for (int64_t d = 0; d < D; ++d) A[t * Hq * D + hh * D + d] = bf16(o[d]);
+      for (int64_t h = 0; h < g; ++h)
+        for (int64_t d = 0; d < D; ++d) A[t * Hq * D + (kvh * g + h) * D + d] = bf16(o[h * D + d]);
     }
   });
 

@@ -5,10 +5,15 @@ arithmetic. This runs the same math as `LlamaForCausalLM.forward` with a handful
 ops per layer, and a PREALLOCATED KV cache that is simply overwritten: keeping a prefix after a
 rejected draft is `self.n = n`, with nothing copied (gpt-fast's trick, no rollback needed).
 
-Same interface as `CausalLM` (forward / keep / keep_positions / exit_lm / capture). Logits equal
-the transformers forward to fp32 rounding (tests/test_fast_llama.py pins it). Used for plain Llama
-configs (no attention / MLP bias, default or linear-style static RoPE); anything else falls back to
-the transformers path.
+Same interface as `CausalLM` (forward / keep / keep_positions / exit_lm / capture), plus
+`forward_rows` (rows at any positions with any visibility: a batch of sequences in one slot space,
+a block-diffusion canvas). Logits equal the transformers forward to rounding (tests/test_causal.py,
+tests/test_real_model.py). Used for plain Llama configs (no attention / MLP bias, default or
+linear-style static RoPE); anything else falls back to the transformers path.
+
+In bf16 on a CPU with AVX512-BF16 each layer is one call into speclab's native kernel
+(speclab.models.kernels): every row is then computed exactly as a one-token forward computes it,
+which makes the `exact` flag unnecessary there. Elsewhere the layers are torch ops.
 """
 from __future__ import annotations
 

@@ -211,7 +211,7 @@ def _run_dag(target, prompt, strategy, record="light", seed=0, device=None, temp
              top_p=None, draft=None, max_new_tokens=None, dtype="auto", chat=False, progress=None, **params) -> Result:
     """max_new_tokens, progress: a DAG decodes its whole output in one forward (its length is the graph's)."""
     from dataclasses import fields
-    from speclab.decoding.dag import DecodeConfig, decode_text, run_dag
+    from speclab.decoding.dag import DecodeConfig, decode_config, decode_text, run_dag
     if chat:
         raise ValueError(f"dag-{strategy}: a DA-Transformer has no chat template; give the input itself as the prompt")
     model = as_model(target, device, dtype)[0]
@@ -224,5 +224,5 @@ def _run_dag(target, prompt, strategy, record="light", seed=0, device=None, temp
     for name, v in (("temperature", temperature or None), ("top_k", top_k), ("top_p", top_p)):
         if v is not None:
             params[name] = v
-    trace = run_dag(model, str(prompt), strategy, record=record, seed=seed, cfg=DecodeConfig(**params))
+    trace = run_dag(model, str(prompt), strategy, record=record, seed=seed, cfg=decode_config(model, **params))
     return Result(text=decode_text(model, trace.output_ids), ids=list(trace.output_ids), trace=trace)

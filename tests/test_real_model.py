@@ -141,6 +141,9 @@ def test_diagnose_calls_a_real_difference_a_mismatch(bf16):
     d = diagnose(model, ids, ref, wrong)
     assert d.position == 3 and d.verdict == "mismatch" and d.margin_one > 5 * d.delta
     assert diagnose(model, ids, ref, list(ref)) is None
+    # against a second implementation's arithmetic (how a peer engine's divergence is judged)
+    d = diagnose(model, ids, ref, wrong, other="hf")
+    assert d.verdict == "mismatch" and 0 < d.delta < 1 and abs(d.margin_one - d.margin_batch) <= 2 * d.delta
 
 
 def test_equality_helpers():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from speclab.decoding.dag import DECODERS, STRATEGIES, DecodeConfig, encode, forward_graph, output_of
+from speclab.decoding.dag import DECODERS, STRATEGIES, DecodeConfig, decode_config, encode, forward_graph, output_of
 from speclab.models.dag import BOS, EOS, PAD, load_dag
 from speclab.train.dag import TASKS, dag_logprob, gather_match, heldout
 
@@ -45,8 +45,10 @@ def variant_probs(model, E, A, valid: list[list[str]]) -> list[float]:
     return logp.exp().tolist()
 
 
-def evaluate(task_name: str, model_dir: Path, n: int, samples: int, cfg: DecodeConfig) -> str:
+def evaluate(task_name: str, model_dir: Path, n: int, samples: int, cfg: DecodeConfig | None = None) -> str:
+    """The held-out table of one model; cfg None: the model's own decoder settings (decode_config)."""
     model = load_dag(model_dir)
+    cfg = cfg or decode_config(model)
     task = TASKS[task_name]
     xs = heldout(task_name)[:n]
     correct = collections.Counter()
@@ -82,7 +84,7 @@ def evaluate(task_name: str, model_dir: Path, n: int, samples: int, cfg: DecodeC
     labels = sorted({k for c in [model_p, *kinds.values()] for k in c}, key=lambda k: (k == "invalid", k))
     out = [f"### {task_name} ({model_dir.name}, {model.num_params():,} params)", "",
            f"{n} held-out inputs, {choice_inputs} of them with more than one valid output; "
-           f"model forward {1000 * t_fwd / n:.1f} ms per input.", "",
+           f"model forward {1000 * t_fwd / n:.1f} ms per input; decoder settings {cfg}.", "",
            "| decoder | held-out accuracy | decode ms | " + " | ".join(labels) + " |",
            "|---|---|---|" + "---|" * len(labels)]
     for name in STRATEGIES:
@@ -109,10 +111,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    cfg = DecodeConfig()
-    print(f"Decoder settings: {cfg}\n")
     for t in a.tasks:
-        print(evaluate(t, ZOO / f"{t}-dat", a.n, a.samples, cfg), flush=True)
+        print(evaluate(t, ZOO / f"{t}-dat", a.n, a.samples), flush=True)
 
 
 if __name__ == "__main__":

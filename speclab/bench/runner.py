@@ -172,7 +172,8 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         for s, row in zip(specs, rows):
             row["identical_to"] = ref[s.label]
             explain_divergences(row, model, prompt_ids, [r["ids"] for r in runs[ref[s.label]][0]],
-                                [r["ids"] for r in runs[s.label][0]], s.params.get("backend", "auto"))
+                                [r["ids"] for r in runs[s.label][0]], s.params.get("backend", "auto"),
+                                other="hf" if s.method in PEERS or s.method.startswith("vllm-") else None)
     out = {"rows": rows, "baseline": base, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
            "repeats": repeats, "batch_size": batch_size}
     if keep_traces:
@@ -187,13 +188,14 @@ def reference_label(spec: MethodSpec, specs: list[MethodSpec], base: str) -> str
     return same[0] if backend and same else base
 
 
-def explain_divergences(row: dict, model, prompt_ids, ar_ids, ids, backend: str = "auto"):
+def explain_divergences(row: dict, model, prompt_ids, ar_ids, ids, backend: str = "auto", other: str | None = None):
     """For each prompt whose output differs from ar: the equality diagnostic's verdict (numerical
-    near-tie or mismatch), so an identical_rate below 1 says why."""
+    near-tie or mismatch), so an identical_rate below 1 says why. A peer engine (other="hf") has
+    arithmetic of its own: its divergences are judged against a second implementation's forwards."""
     from speclab.decoding.equality import diagnose
     verdicts = []
     for p, a, b in zip(prompt_ids, ar_ids, ids):
-        d = diagnose(model, p, a, b, backend) if a != b else None
+        d = diagnose(model, p, a, b, backend, other) if a != b else None
         if d is not None:
             verdicts.append(dict(position=d.position, verdict=d.verdict, margin=round(d.margin_one, 4),
                                  delta=round(d.delta, 4)))

@@ -41,6 +41,12 @@ class DecodeConfig:
     beam_alpha: float = 1.1      # beam length normalisation exponent
 
 
+def decode_config(model, **settings) -> DecodeConfig:
+    """The decoder settings for `model`: the defaults above, then those its config.json tunes for
+    it ("decode", e.g. dates-dat's viterbi_beta), then the caller's `settings`."""
+    return DecodeConfig(**{**getattr(model, "decode_defaults", {}), **settings})
+
+
 def collapse(tokens: list[int], dedup: bool = True) -> list[int]:
     """Drop special tokens and consecutive duplicates: the DAG output rule (vanilla: no dedup)."""
     out = []
@@ -240,7 +246,7 @@ def run_dag(model: DATransformer, source_text: str, strategy: str = "viterbi",
         raise ValueError(f"unknown DAG strategy {strategy!r}; choose one of {', '.join(STRATEGIES)} or all")
     if record not in (None, "light", "full"):
         raise ValueError(f"record must be None, 'light' or 'full', got {record!r}")
-    cfg = cfg or DecodeConfig()
+    cfg = cfg or decode_config(model)
     src_ids = encode(model, source_text)
     t0 = time.perf_counter()
     E, A = forward_graph(model, src_ids)

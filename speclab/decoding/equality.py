@@ -28,7 +28,8 @@ class Divergence:
     ref_token: int                  # what `ar` emitted there
     token: int                      # what the method emitted there
     margin_one: float               # logit[ref] - logit[token], target run one token at a time
-    margin_batch: float             # the same, with the prefix in one forward (a verify's arithmetic)
+    margin_batch: float             # the same, with the prefix in one forward (a verify's arithmetic; with
+                                    # `other`, the other implementation one token at a time)
     top2_one: float                 # top-1 minus top-2 logit there, one token at a time
     delta: float                    # max |one - batch| over the logits: the rounding seen here
     rounding: float                 # one step of the dtype at the top logit's magnitude
@@ -62,8 +63,12 @@ def rounding_step(x: float, dtype: torch.dtype) -> float:
 
 @torch.inference_mode()
 def diagnose(model, prompt_ids: list[int], ref_ids: list[int], ids: list[int],
-             backend: str = "auto") -> Divergence | None:
-    """Why `ids` (a method's new tokens) differ from `ref_ids` (ar's), or None if they do not."""
+             backend: str = "auto", other: str | None = None) -> Divergence | None:
+    """Why `ids` (a method's new tokens) differ from `ref_ids` (ar's), or None if they do not.
+
+    The second computation is a verify-style forward (prefix and the method's next tokens at once)
+    on the same backend; `other` (a backend, e.g. "hf" for a peer engine that has arithmetic of its
+    own) makes it ar's one-token-at-a-time forwards on that backend instead."""
     j = first_difference(ref_ids, ids)
     if j is None:
         return None
@@ -78,8 +83,14 @@ def diagnose(model, prompt_ids: list[int], ref_ids: list[int], ids: list[int],
     one = run(prompt_ids)[-1]
     for t in ref_ids[:j]:                               # as ar: one token per forward
         one = run([t])[-1]
-    lm.reset()                                          # as a verify: the prefix and the method's next
-    batch = run(prefix + list(ids[j:j + 4]))[len(prefix) - 1]   # tokens in one forward (causal: same row)
+    lm.reset()
+    if other is None:                                   # as a verify: the prefix and the method's next
+        batch = run(prefix + list(ids[j:j + 4]))[len(prefix) - 1]   # tokens in one forward (causal: same row)
+    else:                                               # ar's forwards in the other implementation
+        lm = make_lm(model, "other", other)
+        batch = run(prompt_ids)[-1]
+        for t in ref_ids[:j]:
+            batch = run([t])[-1]
     lm.reset()
     one, batch = one.float(), batch.float()
     a, b = ref_ids[j], ids[j]

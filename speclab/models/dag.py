@@ -190,7 +190,7 @@ def save(model: DATransformer, out_dir: str | Path, extra: dict | None = None) -
 
 def load_dag(model_dir: str | Path, device=None) -> DATransformer:
     """Load a saved DA-Transformer (fp16 on disk, fp32 in memory) in eval mode; `model.vocab` is
-    its vocabulary and `model.name` the directory name."""
+    its vocabulary, `model.name` the directory name, `model.decode_defaults` its decoder settings."""
     from safetensors.torch import load_file
     d = Path(model_dir)
     if not (d / "config.json").exists() or not (d / "model.safetensors").exists():
@@ -205,6 +205,9 @@ def load_dag(model_dir: str | Path, device=None) -> DATransformer:
     vocab = Vocab(json.loads((d / "vocab.json").read_text(encoding="utf-8")))
     model = DATransformer(cfg, vocab)
     model.name = d.name
+    # decoder settings tuned for this model (config.json "decode", like a generation config); a
+    # caller's own settings win (speclab.decoding.dag.decode_config)
+    model.decode_defaults = dict(raw.get("decode", {}))
     state = {k: v.float() for k, v in load_file(str(d / "model.safetensors")).items()}
     model.load_state_dict(state)
     return model.to(device or "cpu").eval()

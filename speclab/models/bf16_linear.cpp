@@ -71,10 +71,13 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor Wp) {
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const at::BFloat16* Wb = wp + b * K2 * 2 * B;
-      for (int64_t t0 = 0; t0 < T; t0 += TMAX) {
+      // rows in passes of at most TMAX, balanced (8 rows: 4 + 4, not 6 + 2: a pass of few rows
+      // leaves the dot-product units waiting on too few accumulators)
+      const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
+      for (int64_t t0 = 0; t0 < T; t0 += per) {
         const at::BFloat16* xt = xp + t0 * K;
         at::BFloat16* yt = yp + t0 * N + b * B;
-        switch (std::min<int64_t>(TMAX, T - t0)) {
+        switch (std::min<int64_t>(per, T - t0)) {
           case 6: block<6>(xt, K, Wb, K2, yt, N); break;
           case 5: block<5>(xt, K, Wb, K2, yt, N); break;
           case 4: block<4>(xt, K, Wb, K2, yt, N); break;

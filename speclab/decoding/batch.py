@@ -23,7 +23,7 @@ import torch
 
 from speclab.decoding.acceptance import Sampler, walk_tree
 from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, commit_round, record_round, trace_of
-from speclab.models.causal import BatchCausalLM, make_batch_lm
+from speclab.models.causal import BatchSlots, make_batch_lm
 from speclab.trace import Round, Totals, Trace
 
 # methods whose drafters see only their own lane's text, logits and draft model
@@ -34,7 +34,7 @@ BATCH_METHODS = ("ar", "prompt-lookup", "suffix", "recycling", "lookahead", "dra
 class LaneTarget:
     """What a lane's drafter sees of the batch target: its config and device, never its cache."""
 
-    def __init__(self, lm: BatchCausalLM):
+    def __init__(self, lm: BatchSlots):
         self.config, self.device = lm.config, lm.device
 
 
@@ -47,7 +47,7 @@ class Lane:
     rounds: list[Round] = field(default_factory=list)
 
 
-def batch_round(lm: BatchCausalLM, lanes: list[Lane]) -> list[tuple[Round, list[int]]]:
+def batch_round(lm: BatchSlots, lanes: list[Lane]) -> list[tuple[Round, list[int]]]:
     """One draft/verify round for every active lane (lanes[b] is cache row b). Returns, per lane,
     its record and the committed tokens (path + emitted)."""
     trees, draft_s = [], []
@@ -94,7 +94,7 @@ def accept(s: RunState, tree, rows: torch.Tensor, P: int, top: list[int] | None)
 
 def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], max_new_tokens: int,
                  sampler: Sampler, seeds: list[int], record: str | None = "light", eos_id: int | None = None,
-                 progress=None, backend: str = "auto") -> tuple[list[tuple[list[int], list[Round], Totals]], BatchCausalLM]:
+                 progress=None, backend: str = "auto") -> tuple[list[tuple[list[int], list[Round], Totals]], BatchSlots]:
     """Run rounds until every lane reached max_new_tokens or EOS. Returns, per prompt in order,
     (new ids, rounds, totals), and the batch LM (its `forwards` = batch forwards run)."""
     lm = make_batch_lm(model, len(prompts_ids), backend)

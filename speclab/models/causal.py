@@ -221,7 +221,48 @@ def make_batch_lm(model, rows: int, backend: str = "auto"):
     return FastBatchLM(model, rows, exact=backend == "exact")
 
 
-class BatchCausalLM:
+def row_layout(parents: list[int] | None, n_prefix: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's n new rows: their positions after its committed tokens (n,), and which of
+    them each row sees (n, n) bool. A chain (or parents None) is causal; a tree's prefix rows are a
+    chain and each draft node sees its ancestors, at position prefix end + depth."""
+    if parents is None or is_chain(parents):
+        return torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()
+    depth, see = tree_depths_and_visibility(parents, n_prefix, 0)
+    return torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth]), see
+
+
+class BatchSlots:
+    """What a batch cache keeps per sequence: its committed cache slots, in order (every other slot
+    stays in the cache, hidden by the attention mask), and the first slot its inputs took in the
+    last forward. Subclasses hold the cache and run the forward."""
+
+    def __init__(self, model, rows: int, name: str):
+        self.model, self.name = model.eval(), name
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.slots: list[list[int]] = [[] for _ in range(rows)]
+        self.first: list[int] = [0] * rows
+        self.forwards = 0
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def length(self, row: int) -> int:
+        return len(self.slots[row])
+
+    def keep(self, row: int, n_prefix: int, path: list[int]):
+        """Commit, for `row`, the first n_prefix inputs of the last forward and the tree slots `path`."""
+        f = self.first[row]
+        self.slots[row] += [f + i for i in range(n_prefix)] + [f + n_prefix + i for i in path]
+
+    def retain(self, rows: list[int]):
+        """Keep only these sequences (finished ones leave the batch)."""
+        self.slots = [self.slots[r] for r in rows]
+        self.first = [self.first[r] for r in rows]
+
+
+class BatchCausalLM(BatchSlots):
     """B sequences in one KV cache of a Hugging Face causal LM: one forward verifies every row.
 
     Every forward appends the same T slots to every row (T = the longest row's input; shorter rows
@@ -234,28 +275,16 @@ class BatchCausalLM:
     def __init__(self, model, rows: int, name: str = "target"):
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
-        self.model, self.name = model.eval(), name
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        super().__init__(model, rows, name)
         self.cache = DynamicCache(config=model.config)
         if any(type(layer) is not DynamicLayer for layer in self.cache.layers):
             raise ValueError(f"batch decoding needs full attention in every layer; {type(model).__name__} has "
                              "sliding-window or other cache layers: decode its prompts one at a time")
-        self.slots: list[list[int]] = [[] for _ in range(rows)]
-        self.first = 0                      # first slot written by the last forward
-        self.forwards = 0
-
-    @property
-    def config(self):
-        return self.model.config
 
     @property
     def width(self) -> int:
         """Slots per row in the cache, kept or hidden."""
         return self.cache.get_seq_length()
-
-    def length(self, row: int) -> int:
-        return len(self.slots[row])
 
     def crowded(self) -> bool:
         """Hidden slots (padding, rejected drafts) outgrow the longest row's committed ones."""
@@ -274,26 +303,18 @@ class BatchCausalLM:
             n, past = len(ids), len(self.slots[b])
             inp[b, :n] = torch.tensor(ids, dtype=torch.long)
             vis[b, :n, self.slots[b]] = True                    # the row's committed keys only
-            if parents is None or is_chain(parents):
-                pos[b, :n] = past + torch.arange(n)
-                vis[b, :n, S:S + n] = torch.ones(n, n, dtype=torch.bool).tril()
-            else:
-                depth, see = tree_depths_and_visibility(parents, n_prefix, 0)       # see (n, n)
-                pos[b, :n] = past + torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth])
-                vis[b, :n, S:S + n] = see
+            offset, see = row_layout(parents, n_prefix, n)
+            pos[b, :n] = past + offset
+            vis[b, :n, S:S + n] = see
             pad = torch.arange(n, T)
             pos[b, n:] = past
             vis[b, pad, S + pad] = True     # a padding row sees only itself: no empty softmax, no NaN
         mask = torch.zeros(B, 1, T, S + T, dtype=self.dtype).masked_fill(~vis[:, None], torch.finfo(self.dtype).min)
         out = self.model(input_ids=inp.to(self.device), position_ids=pos.to(self.device),
                          attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True)
-        self.first = S
+        self.first = [S] * B
         self.forwards += 1
         return out.logits.float()
-
-    def keep(self, row: int, n_prefix: int, path: list[int]):
-        """Commit, for `row`, the first n_prefix inputs of the last forward and the tree slots `path`."""
-        self.slots[row] += [self.first + i for i in range(n_prefix)] + [self.first + n_prefix + i for i in path]
 
     def compact(self):
         """Gather each row's committed slots to the front; the rest of the cache is dropped."""
@@ -311,4 +332,4 @@ class BatchCausalLM:
         sel = torch.tensor(rows, dtype=torch.long, device=self.device)
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys.index_select(0, sel), layer.values.index_select(0, sel)
-        self.slots = [self.slots[r] for r in rows]
+        super().retain(rows)

@@ -125,9 +125,11 @@ class BlockDenoiser(Denoiser):
         """A new decode: empty cache, generation starting at `prompt_len`, blocks of `block_length`."""
         from transformers import DynamicCache
         self.P, self.B = prompt_len, block_length
-        self.cache, self.n, self.first, self.rows = DynamicCache(config=self.model.config), 0, None, None
+        self.n, self.first, self.rows = 0, None, None
         if self.lean is not None:
             self.lean.reset()
+        else:
+            self.cache = DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
     def logits(self, x: torch.Tensor) -> torch.Tensor:

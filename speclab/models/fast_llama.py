@@ -108,9 +108,7 @@ class FastLlama:
             pos = past + torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth]).to(self.device)
             mask = vis.to(self.device)                                        # (T, past+T) bool
         else:
-            pos = slice(past, past + T)
-            if T > 1:
-                mask = torch.ones(T, past + T, dtype=torch.bool, device=self.device).tril(past)
+            pos = slice(past, past + T)                       # a chain: causal (the mask built where needed)
         return self._run(ids, embeds, pos, past, n_prefix, mask, vis, last_only, n_layers)
 
     @torch.inference_mode()
@@ -158,6 +156,8 @@ class FastLlama:
     def _layers(self, x, use, pos, past: int, n_prefix: int, mask, vis) -> torch.Tensor:
         """The layers as torch ops (any device and dtype)."""
         T = x.shape[0]
+        if mask is None and T > 1:                             # a chain of T rows after `past`
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=self.device).tril(past)
         rows = self._exact_rows(T, past, n_prefix, vis) if self.exact and T > 1 else None
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # (T, 1, D)
         Hq, Hkv, D = self.Hq, self.Hkv, self.D

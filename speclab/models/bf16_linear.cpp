@@ -107,6 +107,29 @@ using bf16 = at::BFloat16;
 
 static inline float f32(bf16 v) { return static_cast<float>(v); }
 
+// 16 bf16 -> 16 fp32 (exact: a bf16 is the top half of an fp32)
+static inline __m512 load16(const bf16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// 16 fp32 -> 16 bf16, rounded to nearest even as torch rounds
+static inline void store16(bf16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+// fp32 -> bf16 -> fp32: the rounding torch applies between two bf16 ops
+static inline __m512 round16(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+// out[i] = bf16(a[i] + b[i]) for n values (a residual add)
+static void add_rows(const bf16* a, const bf16* b, bf16* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) store16(out + i, _mm512_add_ps(load16(a + i), load16(b + i)));
+  for (; i < n; ++i) out[i] = bf16(f32(a[i]) + f32(b[i]));
+}
+
 // out (T, C) = bf16(w * bf16(x * rsqrt(mean(x^2) + eps)))
 static void rms_rows(const bf16* x, const bf16* w, bf16* out, int64_t T, int64_t C, float eps) {
   for (int64_t t = 0; t < T; ++t) {
@@ -114,7 +137,11 @@ static void rms_rows(const bf16* x, const bf16* w, bf16* out, int64_t T, int64_t
     float ss = 0.f;
     for (int64_t c = 0; c < C; ++c) ss += f32(xr[c]) * f32(xr[c]);
     const float r = 1.f / std::sqrt(ss / C + eps);
-    for (int64_t c = 0; c < C; ++c) out[t * C + c] = bf16(f32(w[c]) * f32(bf16(f32(xr[c]) * r)));
+    const __m512 vr = _mm512_set1_ps(r);
+    int64_t c = 0;
+    for (; c + 16 <= C; c += 16)
+      store16(out + t * C + c, _mm512_mul_ps(load16(w + c), round16(_mm512_mul_ps(load16(xr + c), vr))));
+    for (; c < C; ++c) out[t * C + c] = bf16(f32(w[c]) * f32(bf16(f32(xr[c]) * r)));
   }
 }
 
@@ -127,19 +154,14 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 
 // x (D,) rotated: bf16(bf16(x * cos) + bf16(roll(x, D/2) * sin_signed))
 static inline void rope(const bf16* x, const bf16* cs, const bf16* sn, bf16* out, int64_t D) {
+  if (D % 32 == 0) {                        // 16 lanes at a time, the same roundings
+    for (int64_t d = 0; d < D; d += 16)
+      store16(out + d, _mm512_add_ps(round16(_mm512_mul_ps(load16(x + d), load16(cs + d))),
+                                     round16(_mm512_mul_ps(load16(x + (d + D / 2) % D), load16(sn + d)))));
+    return;
+  }
   for (int64_t d = 0; d < D; ++d)
     out[d] = bf16(f32(bf16(f32(x[d]) * f32(cs[d]))) + f32(bf16(f32(x[(d + D / 2) % D]) * f32(sn[d]))));
-}
-
-// 16 bf16 -> 16 fp32 (exact: a bf16 is the top half of an fp32)
-static inline __m512 load16(const bf16* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-
-// 16 fp32 -> 16 bf16, rounded to nearest even as torch rounds
-static inline void store16(bf16* p, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
 }
 
 // exp of 16 floats: exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln 2 / 2, exp(r) by its
@@ -167,6 +189,78 @@ static inline float dot(const float* q, const float* k, int64_t D) {
   float s = _mm512_reduce_add_ps(acc);
   for (; d < D; ++d) s += q[d] * k[d];
   return s;
+}
+
+// One row's attention for GG query heads q (GG, D) fp32 sharing one key/value head: the n keys it
+// sees (slots keys[0..n), in cache order) of Kc / Vc (slot stride ss, bf16). p: scratch (GG, S).
+// Scores are one fp32 dot per key (16-lane partial sums over D, then summed across lanes), softmax
+// per head, output summed over the keys in order: the arithmetic of a row depends only on its own
+// query and the keys it sees, never on the other rows of the call. Each key and value is converted
+// to fp32 once for the GG heads. NCH = D / 16.
+template <int NCH, int GG>
+static void attend(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, const int64_t* keys, int64_t n,
+                   int64_t S, float scale, float* p, bf16* a) {
+  constexpr int D = 16 * NCH;
+  __m512 qh[GG][NCH];
+  for (int h = 0; h < GG; ++h)
+    for (int c = 0; c < NCH; ++c) qh[h][c] = _mm512_loadu_ps(q + h * D + 16 * c);
+  for (int64_t j = 0; j < n; ++j) {                          // scores (GG, n)
+    const bf16* k = Kc + keys[j] * ss;
+    __m512 kf[NCH];
+    for (int c = 0; c < NCH; ++c) kf[c] = load16(k + 16 * c);
+    for (int h = 0; h < GG; ++h) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int c = 0; c < NCH; ++c) acc = _mm512_fmadd_ps(qh[h][c], kf[c], acc);
+      p[h * S + j] = _mm512_reduce_add_ps(acc) * scale;
+    }
+  }
+  for (int h = 0; h < GG; ++h) {
+    // softmax: exp in 16-wide chunks, summed lane-wise then across lanes (a fixed order for n keys),
+    // then each weight divided by the sum
+    float* ph = p + h * S;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, ph[j]);
+    __m512 vs = _mm512_setzero_ps();
+    const __m512 vm = _mm512_set1_ps(m);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k16, ph + j), vm));
+      _mm512_mask_storeu_ps(ph + j, k16, e);
+      vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
+    }
+    const float total = _mm512_reduce_add_ps(vs);
+    for (int64_t j = 0; j < n; ++j) ph[j] = ph[j] / total;
+  }
+  __m512 o[GG][NCH];                                         // o (GG, D) = softmax(p) @ V
+  for (int h = 0; h < GG; ++h)
+    for (int c = 0; c < NCH; ++c) o[h][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const bf16* v = Vc + keys[j] * ss;
+    __m512 vf[NCH];
+    for (int c = 0; c < NCH; ++c) vf[c] = load16(v + 16 * c);
+    for (int h = 0; h < GG; ++h) {
+      const __m512 pj = _mm512_set1_ps(p[h * S + j]);
+      for (int c = 0; c < NCH; ++c) o[h][c] = _mm512_fmadd_ps(pj, vf[c], o[h][c]);
+    }
+  }
+  for (int h = 0; h < GG; ++h)
+    for (int c = 0; c < NCH; ++c) store16(a + h * D + 16 * c, o[h][c]);
+}
+
+// the query heads of one key/value head in groups of at most 4 (their vectors stay in registers)
+template <int NCH>
+static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, const int64_t* keys,
+                         int64_t n, int64_t g, int64_t S, float scale, float* p, bf16* a) {
+  for (int64_t h0 = 0; h0 < g; h0 += 4) {
+    const float* qq = q + h0 * 16 * NCH;
+    bf16* aa = a + h0 * 16 * NCH;
+    switch (std::min<int64_t>(4, g - h0)) {
+      case 4: attend<NCH, 4>(qq, Kc, Vc, ss, keys, n, S, scale, p, aa); break;
+      case 3: attend<NCH, 3>(qq, Kc, Vc, ss, keys, n, S, scale, p, aa); break;
+      case 2: attend<NCH, 2>(qq, Kc, Vc, ss, keys, n, S, scale, p, aa); break;
+      default: attend<NCH, 1>(qq, Kc, Vc, ss, keys, n, S, scale, p, aa);
+    }
+  }
 }
 
 torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torch::Tensor wo,
@@ -211,50 +305,21 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torc
   // one work item per (row, key/value head): its g query heads share each key's and value's
   // bf16 -> fp32 conversion and the scan for the keys the row sees
   at::parallel_for(0, T * Hkv, std::max<int64_t>(1, 65536 / (g * S * D + 1)), [&](int64_t i0, int64_t i1) {
-    std::vector<float> p(g * S), o(g * D), kf(D);
+    std::vector<float> p(4 * S);
     std::vector<int64_t> keys(S);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / Hkv, kvh = i % Hkv;
       int64_t n = 0;
       for (int64_t j = 0; j < S; ++j)
         if (M ? M[t * S + j] : j <= past + t) keys[n++] = j;
-      for (int64_t a = 0; a < n; ++a) {                       // scores (g, n)
-        const bf16* k = K + kvh * hs + keys[a] * ss;
-        for (int64_t d = 0; d < D; ++d) kf[d] = f32(k[d]);
-        for (int64_t h = 0; h < g; ++h) p[h * S + a] = dot(Q + (t * Hq + kvh * g + h) * D, kf.data(), D) * scale;
+      const float* q = Q + (t * Hq + kvh * g) * D;
+      bf16* a = A + t * Hq * D + kvh * g * D;
+      switch (D / 16) {
+        case 2: attend_heads<2>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
+        case 4: attend_heads<4>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
+        case 8: attend_heads<8>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
+        default: TORCH_CHECK(false, "layer: head_dim must be 32, 64 or 128");
       }
-      float total[16];                                        // each head's softmax denominator
-      TORCH_CHECK(g <= 16, "layer: at most 16 query heads per key/value head");
-      for (int64_t h = 0; h < g; ++h) {
-        // softmax: exp in 16-wide chunks, summed lane-wise then across lanes (a fixed order for n keys)
-        float* ph = p.data() + h * S;
-        float m = -INFINITY;
-        for (int64_t a = 0; a < n; ++a) m = std::max(m, ph[a]);
-        __m512 vs = _mm512_setzero_ps();
-        const __m512 vm = _mm512_set1_ps(m);
-        for (int64_t a = 0; a < n; a += 16) {
-          const __mmask16 k16 = n - a >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - a)) - 1);
-          const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k16, ph + a), vm));
-          _mm512_mask_storeu_ps(ph + a, k16, e);
-          vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
-        }
-        total[h] = _mm512_reduce_add_ps(vs);
-      }
-      std::fill(o.begin(), o.end(), 0.f);
-      for (int64_t a = 0; a < n; ++a) {                       // o (g, D) = softmax(p) @ V
-        const bf16* v = V + kvh * hs + keys[a] * ss;
-        for (int64_t d = 0; d < D; ++d) kf[d] = f32(v[d]);
-        for (int64_t h = 0; h < g; ++h) {
-          const float pa = p[h * S + a] / total[h];
-          float* oh = o.data() + h * D;
-          int64_t d = 0;
-          for (; d + 16 <= D; d += 16)
-            _mm512_storeu_ps(oh + d, _mm512_fmadd_ps(_mm512_set1_ps(pa), _mm512_loadu_ps(kf.data() + d), _mm512_loadu_ps(oh + d)));
-          for (; d < D; ++d) oh[d] += pa * kf[d];
-        }
-      }
-      for (int64_t h = 0; h < g; ++h)
-        for (int64_t d = 0; d < D; ++d) A[t * Hq * D + (kvh * g + h) * D + d] = bf16(o[h * D + d]);
     }
   });
 
@@ -263,7 +328,7 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torc
   bf16* X1 = x1.data_ptr<bf16>();
   const bf16* X = x.data_ptr<bf16>();
   const bf16* O = o.data_ptr<bf16>();
-  for (int64_t i = 0; i < T * C; ++i) X1[i] = bf16(f32(X[i]) + f32(O[i]));
+  add_rows(X, O, X1, T * C);
   rms_rows(X1, ln2.data_ptr<bf16>(), h.data_ptr<bf16>(), T, C, (float)eps);
   auto gu = packed_linear(h, w13);                                           // (T, 2I): gate | up
   auto mid = torch::empty({T, I}, x.options());
@@ -280,7 +345,7 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torc
     }
   auto dn = packed_linear(mid, w2);                                          // (T, C)
   const bf16* DN = dn.data_ptr<bf16>();
-  for (int64_t i = 0; i < T * C; ++i) X1[i] = bf16(f32(X1[i]) + f32(DN[i]));
+  add_rows(X1, DN, X1, T * C);
   return x1;
 }
 

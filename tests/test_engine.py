@@ -148,3 +148,11 @@ def test_a_drafter_must_leave_the_target_cache_as_it_found_it(target):
 
     with pytest.raises(AssertionError, match="changed the target cache"):
         speclab.generate(target, "def f(x):", Sloppy(), max_new_tokens=4)
+
+
+def test_a_bare_model_is_a_one_line_error_that_says_to_pass_the_pair(target):
+    """speclab.load returns (model, tokenizer); passing the model alone says so (it used to crash
+    reading a file named after the model's repr)."""
+    with pytest.raises(TypeError, match=r"\(model, tokenizer\)"):
+        speclab.generate(target[0], "def f(x):", "ar", max_new_tokens=2)
+    assert speclab.generate(target, "def f(x):", "ar", max_new_tokens=2).ids

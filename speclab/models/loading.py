@@ -11,6 +11,7 @@ the API to load its model.
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 from speclab.models.causal import param_count
@@ -24,6 +25,9 @@ def as_model(m, device=None, dtype="auto"):
         return None
     if isinstance(m, (tuple, list)):
         return m[0], m[1]
+    if not isinstance(m, (str, os.PathLike)):
+        raise TypeError(f"a model is given as a name, a directory or a (model, tokenizer) pair, not a bare "
+                        f"{type(m).__name__}: pass (model, tokenizer) as speclab.load returns it")
     return load_shared(str(m), device, dtype)
 
 
@@ -83,10 +87,10 @@ def model_kind(m) -> str | None:
     from speclab.models.zoo import REAL, ZOO_DIR
     if m is None:
         return None
-    if isinstance(m, (tuple, list)):
+    if not isinstance(m, (str, Path)):            # (model, tokenizer), or a loaded model
         from speclab.models.dag import DATransformer
         from speclab.models.dllm import is_dllm
-        model = m[0]
+        model = m[0] if isinstance(m, (tuple, list)) else m
         return "dag" if isinstance(model, DATransformer) else "diffusion" if is_dllm(model) else "causal"
     s = str(m)
     if s in REAL:

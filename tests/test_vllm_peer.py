@@ -33,8 +33,29 @@ def test_speculative_configs():
                                                                         num_speculative_tokens=4)
     with pytest.raises(ValueError, match="needs a draft"):
         vp.speculative_config("vllm-draft")
-    with pytest.raises(ValueError, match="unknown vLLM peer"):
+    assert vp.speculative_config("vllm-eagle", draft_dir="/e") == dict(method="eagle", model="/e",
+                                                                        num_speculative_tokens=4)
+    with pytest.raises(ValueError, match="vLLM's layout"):
         vp.speculative_config("vllm-eagle")
+    with pytest.raises(ValueError, match="unknown vLLM peer"):
+        vp.speculative_config("vllm-medusa")
+
+
+def test_speclabs_eagle_head_is_refused_with_the_reason():
+    """vLLM's EAGLE layouts cannot hold speclab's head (an RMSNorm inside): one line that says so,
+    and what to pass instead; a plain directory passes through."""
+    with pytest.raises(ValueError, match="cannot load speclab's EAGLE head.*vllm-eagle\\[model=DIR\\]"):
+        vp.vllm_eagle_dir("smollm2-eagle")
+    from speclab.models.zoo import ZOO_DIR
+    assert vp.vllm_eagle_dir(str(ZOO_DIR / "code-draft")) == str(ZOO_DIR / "code-draft")
+
+
+def test_bench_refuses_speclabs_head_for_vllm_eagle_before_loading(capsys, monkeypatch, tmp_path):
+    from speclab.cli import main
+    py = tmp_path / "python"
+    py.write_text("")
+    code = main(["bench", "--target", "smollm2-135m", "--methods", "ar,vllm-eagle", "--vllm-python", str(py)])
+    assert code == 2 and "cannot load speclab's EAGLE head" in capsys.readouterr().err
 
 
 def test_build_request():

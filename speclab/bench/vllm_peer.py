@@ -9,6 +9,8 @@ per peer and prompt set (vLLM's start-up, with its torch.compile warm-up, took 3
   vllm-ngram    vLLM's prompt lookup ("ngram": k = 8, n-grams of 4 down to 2 tokens)
   vllm-suffix   vLLM's suffix decoding (its suffix tree is arctic-inference's; `make vllm` builds it)
   vllm-draft    a draft model (speclab's adapter drafts are exported to a plain Llama first)
+  vllm-eagle    vLLM's EAGLE with a head in vLLM's own layout: `vllm-eagle[model=DIR]`. speclab's
+                smollm2-eagle is not in it (see EAGLE_LAYOUT), so it cannot be run this way
 
 Greedy (temperature 0), stopping at the tokenizer's EOS as speclab does; every prompt is timed
 alone (batch 1) after a warm-up, with vLLM's prefix cache off so each prompt is prefilled in full.
@@ -22,7 +24,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-VLLM_PEERS = ("vllm-greedy", "vllm-ngram", "vllm-suffix", "vllm-draft")
+VLLM_PEERS = ("vllm-greedy", "vllm-ngram", "vllm-suffix", "vllm-draft", "vllm-eagle")
 WORKER = Path(__file__).resolve().with_name("vllm_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 VENV = ".venv-vllm"
@@ -30,11 +32,25 @@ VLLM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "f
                "fp16": "float16", "float16": "float16"}
 # k per peer when the caller gives none: ngram at k = 8 (the setting measured at ~110 tok/s in
 # issue 19), the draft at speclab's own default, suffix at vLLM's own (its tree depth, 24)
-DEFAULT_K = {"vllm-ngram": 8, "vllm-draft": 4, "vllm-suffix": None}
+DEFAULT_K = {"vllm-ngram": 8, "vllm-draft": 4, "vllm-suffix": None, "vllm-eagle": 4}
 # n-grams of 4 down to 2: a quick look on smollm2-135m (2 chat + 2 code-edit prompts x 64, bf16) gave
 # 72 tok/s over the four against 37 with 4..1, whose one-token matches draft 8 tokens nearly every
 # step on chat and almost never hit (alpha 0.02); the code-edit prompts were about even
 NGRAM_MAX, NGRAM_MIN = 4, 2
+
+
+# Why speclab's EAGLE head does not load in vLLM (read in vLLM 0.32's llama_eagle.py / llama_eagle3.py).
+# speclab's head: fc([norm(x_t); e(x_{t+1})]) with a bias, then a full Llama decoder layer (input
+# RMSNorm included), then the target's final norm and a trimmed-vocabulary head; its own normed
+# output is fed back. vLLM's EAGLE-1 Llama: fc([e; h]) without bias, a layer whose input norm is
+# replaced by the identity, no final norm, the full vocabulary. vLLM's EAGLE-3: the layer's attention
+# reads [norm(e); norm(h)] (2C wide) and h fuses three target layers. An RMSNorm cannot be folded into
+# the linear maps around it, so no weight mapping gives vLLM the same head: it would need a head
+# trained in vLLM's layout.
+EAGLE_LAYOUT = ("vLLM cannot load speclab's EAGLE head: vLLM's EAGLE-1 layer has no input norm, no fc bias "
+                "and no final norm and scores the full vocabulary, and its EAGLE-3 reads three target layers, "
+                "while speclab's head normalises inside (RMSNorm, which no weight mapping removes); pass a head "
+                "in vLLM's layout as vllm-eagle[model=DIR]")
 
 
 class VllmPeerError(RuntimeError):
@@ -72,6 +88,10 @@ def speculative_config(name: str, k: int | None = None, draft_dir: str | None = 
                     prompt_lookup_min=NGRAM_MIN)
     if name == "vllm-suffix":
         return dict(method="suffix", **({"num_speculative_tokens": k} if k else {}))
+    if name == "vllm-eagle":
+        if draft_dir is None:
+            raise ValueError("vllm-eagle needs an EAGLE head in vLLM's layout: vllm-eagle[model=DIR]")
+        return dict(method="eagle", model=str(draft_dir), num_speculative_tokens=k)
     if draft_dir is None:
         raise ValueError("vllm-draft needs a draft model (--draft)")
     return dict(method="draft_model", model=str(draft_dir), num_speculative_tokens=k)
@@ -217,6 +237,8 @@ def run_vllm_peer_passes(name: str, model_name_or_dir: str, prompt_ids: list[lis
         if draft_dir is None:
             raise ValueError("vllm-draft needs a draft model (--draft)")
         draft_dir = plain_draft_dir(draft_dir)
+    if name == "vllm-eagle":
+        draft_dir = vllm_eagle_dir(draft_dir)
     req = build_request(name, model_dir, prompt_ids, max_new_tokens, dtype, k, draft_dir, eos_id,
                         cfg.get("max_position_embeddings"), repeats=repeats)
     resp = run_worker(req, vllm_python, timeout, log)
@@ -240,6 +262,18 @@ def plain_draft_dir(draft: str) -> str:
     if adapter_info(where) is None:
         return where
     return export_plain_draft(where)
+
+
+def vllm_eagle_dir(head: str | None) -> str:
+    """The directory of an EAGLE head vLLM can load: not a speclab head (EAGLE_LAYOUT says why)."""
+    from speclab.models.adapter import adapter_info
+    from speclab.models.zoo import resolve
+    if head is None:
+        raise ValueError("vllm-eagle needs an EAGLE head in vLLM's layout: vllm-eagle[model=DIR]")
+    where = resolve(head)
+    if adapter_info(where) is not None:
+        raise ValueError(EAGLE_LAYOUT)
+    return where
 
 
 def export_plain_draft(adapter_dir: str, out: str | None = None) -> str:

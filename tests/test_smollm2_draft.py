@@ -160,3 +160,28 @@ def test_save_draft_round_trip(base, tmp_path):
     assert torch.isinf(b[..., 5]).all()
     fin = torch.isfinite(a)
     assert torch.allclose(a[fin], b[fin], atol=0.1)   # stored in bf16
+
+
+@pytest.mark.skipif(not __import__("speclab.models.kernels", fromlist=["x"]).available("cpu", torch.bfloat16),
+                    reason="the lean generation path needs speclab's bf16 kernel")
+def test_lean_generation_path_matches_decoding_each_prompt_alone():
+    """generate_batch with a tokenizer runs speclab's batched ar: each row is what `ar` writes for
+    that prompt alone (cut after the first eos), no top-k comes back, and sampling is seeded."""
+    import speclab
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from speclab.models.zoo import ZOO_DIR
+    from speclab.train.smollm2_data import generate_batch
+    tok = AutoTokenizer.from_pretrained(ZOO_DIR / "tokenizer")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    prompts = [tok("def f(x):")["input_ids"], tok("import os\nprint(")["input_ids"], [5, 6, 7, 8, 9]]
+    rows = generate_batch(model, prompts, tok.eos_token_id, 7, sample=False, tok=tok)
+    for p, (ids, lp, tid, ended) in zip(prompts, rows):
+        alone = speclab.generate((model, tok), p, "ar", max_new_tokens=7, record=None).ids
+        assert ids == alone and lp is None and tid is None
+        assert ended == (tok.eos_token_id in ids)
+    a = generate_batch(model, prompts, tok.eos_token_id, 7, sample=True, tok=tok, seed=3)
+    b = generate_batch(model, prompts, tok.eos_token_id, 7, sample=True, tok=tok, seed=3)
+    assert [r[0] for r in a] == [r[0] for r in b]

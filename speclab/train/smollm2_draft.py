@@ -326,7 +326,7 @@ def main(argv=None):
     if not data_path.exists():
         t0 = time.time()
         chat = gen_chat(base, tok, args.gen_minutes * args.chat_share, args.gen_batch, args.max_question,
-                        args.max_answer, args.temperature)
+                        args.max_answer, args.temperature, seed=args.seed)
         code = gen_code(base, tok, args.gen_minutes * (1 - args.chat_share), args.gen_batch, args.max_code,
                         args.seed)
         rows = chat + code

@@ -51,9 +51,8 @@ def cmd_bench(a):
     if any(s.method in VLLM_PEERS for s in specs):
         find_vllm_python(a.vllm_python)              # one line saying `make vllm` before any model loads
     for s in specs:
-        if s.method == "vllm-eagle":                 # speclab's head is not in vLLM's layout: say so now
-            vllm_eagle_dir(s.params.get("model", "smollm2-eagle"))
-    for s in specs:
+        if s.method == "vllm-eagle":                 # a head vLLM cannot load fails before any model loads
+            vllm_eagle_dir(s.params.get("model"))
         if s.method not in PEERS:
             get_method(s.method)                     # unknown names fail before any model loads
         if s.method not in PEERS and "k" not in s.params and s.method in ("draft-model", "layer-skip", "prompt-lookup"):

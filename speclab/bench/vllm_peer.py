@@ -268,8 +268,8 @@ def vllm_eagle_dir(head: str | None) -> str:
     """The directory of an EAGLE head vLLM can load: not a speclab head (EAGLE_LAYOUT says why)."""
     from speclab.models.adapter import adapter_info
     from speclab.models.zoo import resolve
-    if head is None:
-        raise ValueError("vllm-eagle needs an EAGLE head in vLLM's layout: vllm-eagle[model=DIR]")
+    if head is None:                    # the zoo's only EAGLE head is speclab's: say why it will not do
+        raise ValueError(EAGLE_LAYOUT)
     where = resolve(head)
     if adapter_info(where) is not None:
         raise ValueError(EAGLE_LAYOUT)

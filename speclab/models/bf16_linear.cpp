@@ -23,10 +23,10 @@
 #include <vector>
 
 constexpr int64_t B = 64;      // output rows per packed block: 4 vectors of 16 fp32 lanes
-constexpr int TMAX = 6;
+constexpr int TMAX = 6;        // input rows per pass: 4 x TMAX accumulators stay in registers
 #ifndef PREFETCH
-#define PREFETCH 4096     // bytes ahead of the weight stream
-#endif        // input rows per pass: 4 x TMAX accumulators stay in registers
+#define PREFETCH 4096          // bytes ahead of the weight stream
+#endif
 
 torch::Tensor pack(torch::Tensor W) {
   TORCH_CHECK(W.dim() == 2 && W.scalar_type() == at::kBFloat16, "pack: W must be a 2-D bf16 tensor");
@@ -117,10 +117,13 @@ using bf16 = at::BFloat16;
 
 static inline float f32(bf16 v) { return static_cast<float>(v); }
 
-// 16 bf16 -> 16 fp32 (exact: a bf16 is the top half of an fp32)
+// 16 bf16 bit patterns -> 16 fp32 (exact: a bf16 is the top half of an fp32)
+static inline __m512 widen16(__m256i v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
 static inline __m512 load16(const bf16* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // 16 fp32 -> 16 bf16, rounded to nearest even as torch rounds
@@ -129,9 +132,7 @@ static inline void store16(bf16* p, __m512 v) {
 }
 
 // fp32 -> bf16 -> fp32: the rounding torch applies between two bf16 ops
-static inline __m512 round16(__m512 v) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-}
+static inline __m512 round16(__m512 v) { return widen16((__m256i)_mm512_cvtneps_pbh(v)); }
 
 // out[i] = bf16(a[i] + b[i]) for n values (a residual add)
 static void add_rows(const bf16* a, const bf16* b, bf16* out, int64_t n) {
@@ -190,15 +191,6 @@ static inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
   return _mm512_scalef_ps(p, n);
-}
-
-static inline float dot(const float* q, const float* k, int64_t D) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t d = 0;
-  for (; d + 16 <= D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
-  float s = _mm512_reduce_add_ps(acc);
-  for (; d < D; ++d) s += q[d] * k[d];
-  return s;
 }
 
 // One row's attention for GG query heads q (GG, D) fp32 sharing one key/value head: the n keys it
@@ -349,9 +341,7 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torc
     for (int64_t c = 0; c < I; c += 16) {           // bf16(bf16(silu(gate)) * up), as torch rounds it
       const __m512 gv = load16(GU + t * 2 * I + c);
       const __m512 sg = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-      bf16 tmp16[16];
-      store16(tmp16, sg);
-      store16(Mi + t * I + c, _mm512_mul_ps(load16(tmp16), load16(GU + t * 2 * I + I + c)));
+      store16(Mi + t * I + c, _mm512_mul_ps(round16(sg), load16(GU + t * 2 * I + I + c)));
     }
   auto dn = packed_linear(mid, w2);                                          // (T, C)
   const bf16* DN = dn.data_ptr<bf16>();

@@ -86,8 +86,7 @@ class CausalLM:
         if parents is not None and not is_chain(parents):
             depth, mask = tree_attention(parents, n_prefix, past, self.device)
             kw["attention_mask"] = mask
-            pos = past + torch.cat([torch.arange(n_prefix, device=self.device),
-                                    n_prefix - 1 + depth.to(self.device)])
+            pos = past + tree_positions(depth, n_prefix).to(self.device)
         else:
             pos = torch.arange(past, past + T, device=self.device)
         self.captured, self._capturing = {}, True
@@ -174,6 +173,12 @@ def tree_depths_and_visibility(parents: list[int], n_prefix: int, past: int):
     return depth, visible
 
 
+def tree_positions(depth: torch.Tensor, n_prefix: int) -> torch.Tensor:
+    """Position offsets of a verify's rows after the committed tokens: the prefix rows in order, each
+    tree node at the prefix's end + its depth (the length of its path)."""
+    return torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth])
+
+
 def early_exit_view(model, n_layers: int):
     """A causal LM that runs only the first n_layers of `model`, then its final norm and head.
 
@@ -228,7 +233,7 @@ def row_layout(parents: list[int] | None, n_prefix: int, n: int) -> tuple[torch.
     if parents is None or is_chain(parents):
         return torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()
     depth, see = tree_depths_and_visibility(parents, n_prefix, 0)
-    return torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth]), see
+    return tree_positions(depth, n_prefix), see
 
 
 class BatchSlots:

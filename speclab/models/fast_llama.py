@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from speclab.models import kernels
 from speclab.models.adapter import scatter_subset
-from speclab.models.causal import is_chain, tree_depths_and_visibility
+from speclab.models.causal import is_chain, tree_depths_and_visibility, tree_positions
 
 
 def supports(model) -> bool:
@@ -105,7 +105,7 @@ class FastLlama:
         mask, vis = None, None
         if parents is not None and not is_chain(parents):
             depth, vis = tree_depths_and_visibility(parents, n_prefix, past)
-            pos = past + torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth]).to(self.device)
+            pos = past + tree_positions(depth, n_prefix).to(self.device)
             mask = vis.to(self.device)                                        # (T, past+T) bool
         else:
             pos = slice(past, past + T)                       # a chain: causal (the mask built where needed)

@@ -87,7 +87,7 @@ def model_kind(m) -> str | None:
     from speclab.models.zoo import REAL, ZOO_DIR
     if m is None:
         return None
-    if not isinstance(m, (str, Path)):            # (model, tokenizer), or a loaded model
+    if not isinstance(m, (str, os.PathLike)):     # (model, tokenizer), or a loaded model
         from speclab.models.dag import DATransformer
         from speclab.models.dllm import is_dllm
         model = m[0] if isinstance(m, (tuple, list)) else m

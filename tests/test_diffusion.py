@@ -233,3 +233,17 @@ def test_the_mask_token_is_never_proposed(dig):
             assert mask_id not in r.ids and r.trace.totals.target_forwards <= 8
     finally:
         h.remove()
+
+
+def test_frontier_table_reads_the_active_blocks_masked_slots_in_order(code):
+    from speclab.bench.dllm_eval import frontier_table
+    traces = [speclab.run(code, CODE_PROMPT, "dllm-lowconf", gen_length=16, block_length=8,
+                          eos_stop=False).trace]
+    steps = traces[0].denoise
+    rows = [r.split("|")[1:-1] for r in frontier_table(traces, depth=3).splitlines() if r.startswith("| ")][1:]
+    # every step has a frontier slot; the d-th slot exists on the steps with >= d masked in the block
+    want = [sum(len([p for p in s.masked if s.block[0] <= p < s.block[1]]) >= d for s in steps) for d in (1, 2, 3)]
+    assert [int(r[1]) for r in rows] == want and want[0] == len(steps) == 16
+    frontier = [next(c for p, c in zip(s.masked, s.conf) if p >= s.block[0]) for s in steps]
+    assert float(rows[0][2]) == pytest.approx(sum(frontier) / len(frontier), abs=1e-3)
+    assert all(0 <= float(r[3]) <= float(r[4]) <= 1 for r in rows)        # p >= 0.9 is within p >= 0.7

@@ -5,7 +5,9 @@ s), greedy, every policy on the same prompts; forwards per answer = model forwar
 code-dllm: prompts from the code-complete set, forwards per generated token and agreement with
 the one-token-per-step output (share of positions equal, and share of outputs identical).
 
-smollm2-dllm: the bench's chat questions in the chat template, the same columns plus tokens / s.
+smollm2-dllm: the bench's chat questions in the chat template, the same columns plus tokens / s,
+and why a threshold commits what it does: the one-per-step runs' confidence at the d-th still-masked
+slot of the active block (d = 1 is the frontier, plain next-token prediction through the shift).
 
   python -m speclab.bench.dllm_eval --n 500 --code-prompts 20 > dllm-eval.md
   python -m speclab.bench.dllm_eval --only-chat --chat-prompts 20 > smollm2-dllm-eval.md
@@ -89,12 +91,33 @@ def code_table(n: int, gen_length: int = 64, block_length: int = 32, target: str
                         block_length, CODE_POLICIES)
 
 
-def chat_table(n: int, gen_length: int = 64, block_length: int = 32, target: str = "smollm2-dllm") -> str:
+def chat_table(n: int, gen_length: int = 64, block_length: int = 32, target: str = "smollm2-dllm",
+               base: str = "smollm2-135m") -> str:
     """smollm2-dllm on the bench's chat questions (none of them is in its training text)."""
     from speclab.bench.prompts import load_prompts
     questions = [p["chat"] for p in load_prompts("chat", n)]
-    return canvas_table(target, questions, "held-out chat questions (chat template)", True,
-                        gen_length, block_length, CHAT_POLICIES)
+    table = canvas_table(target, questions, "held-out chat questions (chat template)", True,
+                         gen_length, block_length, CHAT_POLICIES)
+    return table + "\n\n" + ar_confidence(base, questions, gen_length)
+
+
+@torch.inference_mode()
+def ar_confidence(base: str, questions: list[str], gen_length: int) -> str:
+    """The base model's own top-1 probability along its greedy answers. Threshold 0.9 commits a
+    slot beside the step's forced one only at p >= 0.9, and no slot is surer than the AR model is
+    with the whole left context, so about the share below 0.9 of the positions each costs a
+    forward of their own: a floor on threshold 0.9's forwards per token for this base."""
+    model, tok = speclab.load(base)
+    ps = []
+    for q in questions:
+        r = speclab.run((model, tok), q, "ar", chat=True, max_new_tokens=gen_length, record=None)
+        ids = r.trace.prompt_ids + r.ids
+        logits = model(torch.tensor([ids])).logits[0, len(r.trace.prompt_ids) - 1:-1].float()
+        ps.append(logits.softmax(-1).amax(-1))
+    p = torch.cat(ps)
+    return (f"{base} `ar` on the same questions, {len(p)} positions: mean top-1 p {p.mean():.3f}, "
+            f"p >= 0.9 {(p >= 0.9).float().mean():.3f}, p >= 0.7 {(p >= 0.7).float().mean():.3f}: "
+            f"threshold 0.9 needs about {(p < 0.9).float().mean():.2f} forwards per token or more on this base")
 
 
 def canvas_table(target: str, prompts: list[str], what: str, chat: bool, gen_length: int, block_length: int,
@@ -102,7 +125,9 @@ def canvas_table(target: str, prompts: list[str], what: str, chat: bool, gen_len
     """Forwards per token, tokens per forward, wall tokens/s and agreement with one-per-step decoding."""
     model, tok = speclab.load(target)
     kw0 = dict(gen_length=gen_length, block_length=block_length, record=None, **({"chat": True} if chat else {}))
-    ref = [speclab.run((model, tok), p, ONE_PER_STEP[0], **kw0).ids for p in tqdm(prompts, desc="reference")]
+    ref_traces = [speclab.run((model, tok), p, ONE_PER_STEP[0], **{**kw0, "record": "light"}).trace
+                  for p in tqdm(prompts, desc="reference")]
+    ref = [t.output_ids for t in ref_traces]
     rows = []
     for label, method, kw in tqdm(policies, desc=f"{target} policies"):
         fwd = toks = same_pos = n_pos = identical = 0
@@ -121,7 +146,29 @@ def canvas_table(target: str, prompts: list[str], what: str, chat: bool, gen_len
             "| identical outputs |\n|---|---|---|---|---|---|---|")
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return (f"{target} ({dtype}), {len(prompts)} {what}, gen_length {gen_length}, block_length {block_length}, "
-            f"greedy\n\n{head}\n" + "\n".join(rows))
+            f"greedy\n\n{head}\n" + "\n".join(rows) + "\n\n" + frontier_table(ref_traces))
+
+
+def frontier_table(traces, depth: int = 6) -> str:
+    """Per distance d from the frontier (the d-th still-masked slot of the active block), over every
+    step of the given runs: mean top-1 probability, the share of steps a 0.9 / 0.7 threshold would
+    commit it, and the share whose top-1 is the token the run finally wrote there."""
+    conf = [[] for _ in range(depth)]
+    right = [[] for _ in range(depth)]
+    for t in traces:
+        final = t.output_ids
+        for st in t.denoise:
+            lo, hi = st.block
+            inside = [(p, c, y) for p, c, y in zip(st.masked, st.conf, st.top1) if lo <= p < hi]
+            for d, (p, c, y) in enumerate(inside[:depth]):
+                conf[d].append(c)
+                right[d].append(p < len(final) and final[p] == y)
+    rows = [f"| {d + 1} | {len(c)} | {sum(c) / len(c):.3f} | {sum(x >= 0.9 for x in c) / len(c):.3f} | "
+            f"{sum(x >= 0.7 for x in c) / len(c):.3f} | {sum(r) / len(r):.3f} |"
+            for d, (c, r) in enumerate(zip(conf, right)) if c]
+    return ("confidence by distance from the frontier (one-per-step runs, every step)\n\n"
+            "| d-th masked slot | steps | mean top-1 p | p >= 0.9 | p >= 0.7 | top-1 = final token |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(rows))
 
 
 def _kw(kw: dict) -> str:
@@ -134,6 +181,7 @@ def main(argv=None):
     ap.add_argument("--code-prompts", type=int, default=20)
     ap.add_argument("--chat-prompts", type=int, default=0, help="smollm2-dllm on held-out chat questions")
     ap.add_argument("--only-chat", action="store_true", help="skip the digits and code tables")
+    ap.add_argument("--chat-target", default="smollm2-dllm", help="the block-diffusion model of the chat table")
     ap.add_argument("--threads", type=int)
     a = ap.parse_args(argv)
     if a.threads:
@@ -145,7 +193,7 @@ def main(argv=None):
             print(code_table(a.code_prompts))
     if a.chat_prompts:
         print()
-        print(chat_table(a.chat_prompts))
+        print(chat_table(a.chat_prompts, target=a.chat_target))
 
 
 if __name__ == "__main__":

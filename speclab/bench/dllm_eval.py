@@ -104,9 +104,10 @@ def chat_table(n: int, gen_length: int = 64, block_length: int = 32, target: str
 @torch.inference_mode()
 def ar_confidence(base: str, questions: list[str], gen_length: int) -> str:
     """The base model's own top-1 probability along its greedy answers. Threshold 0.9 commits a
-    slot beside the step's forced one only at p >= 0.9, and no slot is surer than the AR model is
-    with the whole left context, so about the share below 0.9 of the positions each costs a
-    forward of their own: a floor on threshold 0.9's forwards per token for this base."""
+    slot beside the step's forced one only at p >= 0.9, and a slot that sees less of the answer than
+    the AR model does (the whole left context) is rarely surer than it, so about the share below
+    0.9 of the positions each costs a forward of its own: roughly a floor on threshold 0.9's
+    forwards per token for this base (not a strict bound)."""
     model, tok = speclab.load(base)
     ps = []
     for q in questions:

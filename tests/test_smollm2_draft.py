@@ -146,6 +146,29 @@ def test_checkpoint_round_trip(base, tmp_path):
         assert float(opt2.state[p2]["step"]) == 1.0
 
 
+def test_resume_without_a_checkpoint_starts_from_the_shipped_weights(base, tmp_path):
+    """A fresh clone has the shipped draft but no checkpoint in the user cache: --resume continues
+    from the shipped weights (fresh optimizer), never from scratch over them; with neither, it stops."""
+    from speclab.models.adapter import save_draft
+    head = torch.arange(0, 40)
+    shipped = sd.init_draft(base, head, [0, 2]).train()
+    with torch.no_grad():
+        for p in sd.trainable(shipped).values():
+            p.add_(0.25)                               # "trained": differs from a fresh init
+    save_draft(shipped, tmp_path / "out", "tiny")
+    fresh = sd.init_draft(base, head, [0, 2]).train()
+    opt = torch.optim.AdamW(list(sd.trainable(fresh).values()), lr=1e-3)
+    state = sd.resume_state(tmp_path / "no-ckpt", tmp_path / "out", fresh, opt, {"step": 0})
+    assert state == {"step": 0} and not opt.state
+    for (k, p), p2 in zip(sd.trainable(shipped).items(), sd.trainable(fresh).values()):
+        assert torch.equal(p.to(torch.bfloat16).float(), p2), k      # shipped in bf16
+    with pytest.raises(SystemExit, match="drop --resume"):
+        sd.resume_state(tmp_path / "no-ckpt", tmp_path / "nothing", fresh, opt, {"step": 0})
+    other = sd.init_draft(base, head, [0, 2, 3]).train()                 # a third layer the file lacks
+    with pytest.raises(SystemExit, match="other settings"):
+        sd.resume_state(tmp_path / "no-ckpt", tmp_path / "out", other, opt, {"step": 0})
+
+
 def test_save_draft_round_trip(base, tmp_path):
     """The shipped adapter (speclab.models.adapter) loads back to the same draft logits."""
     from speclab.models.adapter import load_draft, save_draft

@@ -281,7 +281,7 @@ def main(argv=None):
     from tqdm.auto import tqdm
     from speclab.models import zoo
     from speclab.models.adapter import save_draft
-    from speclab.train.smollm2_draft import load_checkpoint, save_checkpoint, select_head_ids, trainable
+    from speclab.train.smollm2_draft import resume_state, save_checkpoint, select_head_ids, trainable
 
     args = get_args(argv)
     torch.set_num_threads(args.threads)
@@ -320,9 +320,8 @@ def main(argv=None):
     from speclab.models.gguf import cache_root
     ckpt = cache_root() / "ckpt" / out.name          # optimizer state stays out of the package
     state = {"step": 0, "elapsed": 0.0, "epoch": 0, "log": []}
-    if args.resume and (ckpt / "state.json").exists():
-        state = load_checkpoint(ckpt, head, opt)
-        print(f"resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min)")
+    if args.resume:
+        state = resume_state(ckpt, out, head, opt, state)
     spans = windows(data, train_rows, args.seq_len)
     held = windows(data, held_rows, args.seq_len)
     U = args.unroll

@@ -180,7 +180,7 @@ def main(argv=None):
     from speclab.models.gguf import cache_root
     from speclab.models.lora import add_lora
     from speclab.train.heads import load_data
-    from speclab.train.smollm2_draft import load_checkpoint, save_checkpoint
+    from speclab.train.smollm2_draft import resume_state, save_checkpoint
 
     args = get_args(argv)
     torch.set_num_threads(args.threads)
@@ -199,9 +199,8 @@ def main(argv=None):
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = cache_root() / "ckpt" / args.out.name
     state = {"step": 0, "elapsed": 0.0, "log": []}
-    if args.resume and (ckpt / "state.json").exists():
-        state = load_checkpoint(ckpt, model, opt)
-        print(f"resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min)")
+    if args.resume:
+        state = resume_state(ckpt, args.out, model, opt, state, rename={"mask_vec": "mask_embedding"})
     rows = [i for i in range(len(data["is_code"])) if int(data["is_code"][i]) in (0, 1)]
     sub = {"is_code": data["is_code"][rows]}
     train_idx, held_idx = split_rows(sub, args.held_frac, args.seed)

@@ -209,6 +209,33 @@ def load_checkpoint(ckpt: Path, model, opt) -> dict:
     return json.loads((ckpt / "state.json").read_text())
 
 
+def resume_state(ckpt: Path, out: Path, model, opt, state: dict, rename: dict | None = None) -> dict:
+    """--resume: the checkpoint in the user cache if there is one; else (a fresh machine, a new
+    clone) the weights already shipped in `out`, with fresh optimizer state, so that resuming never
+    starts over from scratch and then overwrites what it was asked to continue. `rename` maps a
+    trainable parameter's name to its key in out/model.safetensors where the two differ."""
+    from safetensors.torch import load_file
+    if (ckpt / "state.json").exists():
+        got = load_checkpoint(ckpt, model, opt)
+        print(f"resumed {ckpt} at step {got['step']} ({got['elapsed'] / 60:.1f} min trained)")
+        return got
+    f = Path(out) / "model.safetensors"
+    if not f.exists():
+        raise SystemExit(f"nothing to resume: no checkpoint in {ckpt} and no weights in {out}; drop --resume "
+                         "to train from the start")
+    shipped, params = load_file(str(f)), trainable(model)
+    rename = rename or {}
+    missing = [k for k in params if rename.get(k, k) not in shipped]
+    if missing:
+        raise SystemExit(f"{f} does not hold {missing[0]} (and {len(missing) - 1} more): it was trained with other "
+                         "settings; drop --resume to train from the start")
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(shipped[rename.get(k, k)].to(p.dtype))
+    print(f"no checkpoint in {ckpt}: resuming from the weights in {out} (fresh optimizer state)")
+    return state
+
+
 # ----------------------------------------------------------------------------------------------
 # 5. evaluation
 
@@ -385,9 +412,8 @@ def main(argv=None):
     opt = torch.optim.AdamW(list(params.values()), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = Path(args.ckpt or data_dir / f"ckpt-{args.layers.replace(',', '-')}")
     state = {"step": 0, "elapsed": 0.0, "epoch": 0, "pos": 0, "log": []}
-    if args.resume and (ckpt / "state.json").exists():
-        state = load_checkpoint(ckpt, model, opt)
-        print(f"resumed {ckpt} at step {state['step']} ({state['elapsed'] / 60:.1f} min trained)")
+    if args.resume:
+        state = resume_state(ckpt, Path(args.out), model, opt, state)
         if state.get("head_size") != len(head_ids):   # the layers do not depend on the head: keep them,
             state.pop("best", None)                   # but held-out scores change with it
         if args.extra_data:                           # new rows: a new held-out split, and a fresh

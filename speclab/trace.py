@@ -129,6 +129,7 @@ class DenoiseStep:
     conf: list[float] = field(default_factory=list)     # top-1 probability
     margin: list[float] = field(default_factory=list)   # top-1 minus top-2 probability
     committed: list[int] = field(default_factory=list)  # positions unmasked by this step
+    committed_tokens: list[int] = field(default_factory=list)  # their tokens where not all top1 (FreeDave's tree)
     remasked: list[int] = field(default_factory=list)
     threshold: float | None = None                      # the policy's threshold or score
     threshold_scale: str | None = None                  # what `threshold` measures (THRESHOLD_SCALES)
@@ -289,10 +290,11 @@ def replay(trace: Trace) -> list[int]:
 
 
 def _replay_denoise(trace: Trace) -> list[int]:
-    """Fill the canvas with every committed position's proposed token, step by step."""
+    """Fill the canvas with every committed position's token (its proposal, unless the step lists
+    the committed tokens), step by step."""
     canvas: list[int | None] = [None] * int(trace.params.get("gen_length", 0))
     for s in trace.denoise:
-        proposed = dict(zip(s.masked, s.top1))
+        proposed = dict(zip(s.committed, s.committed_tokens)) if s.committed_tokens else dict(zip(s.masked, s.top1))
         for pos in s.committed:
             if canvas[pos] is not None:
                 raise TraceError(f"position {pos} committed twice (a diffusion trace never re-commits)")

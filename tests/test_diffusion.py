@@ -185,6 +185,49 @@ def test_freedave_refuses_sampling_and_bad_draft_steps(dig):
         speclab.run(dig, "SUM 12=", "dllm-freedave", gen_length=8, temperature=1.0)
     with pytest.raises(ValueError, match="draft_steps must be"):
         speclab.run(dig, "SUM 12=", "dllm-freedave", gen_length=8, draft_steps=0)
+    with pytest.raises(ValueError, match="branch_tokens must be"):
+        speclab.run(dig, "SUM 12=", "dllm-freedave", gen_length=8, branch_tokens=0)
+
+
+def test_draft_tree_keeps_the_likeliest_paths_and_one_by_one_is_the_chain():
+    from speclab.decoding.freedave import draft_tree
+    # 3 eligible slots in confidence order 5, 2, 7; vocabulary of 4
+    p = torch.tensor([[0.9, 0.1, 0.0, 0.0],        # slot 5: token 0 (sure)
+                      [0.0, 0.6, 0.4, 0.0],        # slot 2: token 1, then 2
+                      [0.0, 0.2, 0.3, 0.5]])       # slot 7: token 3, then 2
+    rows, order, first = p.clamp_min(1e-9).log(), torch.tensor([5, 2, 7]), torch.tensor([0, 1, 3])
+    chain = draft_tree(rows, first, order, 4, 1, 1)
+    assert chain == [(-1, 5, 0), (0, 2, 1), (1, 7, 3)]          # the top-(k+1) fills, as the paper's chain
+    tree = draft_tree(rows, first, order, 4, 2, 2)
+    # node 0 is sure; children of 0: slot 2 tok 1 (0.6), slot 2 tok 2 (0.4), slot 7 tok 3 (0.5 x 0.5),
+    # slot 7 tok 2 (0.1 x 0.5); the 3 likeliest paths below the root: (2,1) 0.6, (2,2) 0.4, then
+    # (2,1)->(7,3) 0.6 x 0.5 = 0.30 beats (7,3) 0.25
+    assert tree == [(-1, 5, 0), (0, 2, 1), (0, 2, 2), (1, 7, 3)]
+    assert draft_tree(rows, first, order, 1, 2, 2) == [(-1, 5, 0)]
+
+
+def test_freedave_tree_and_chain_are_lossless_and_record_their_trees(code):
+    """Both shapes give the one-per-step output; every step's commits are the recorded tree's path
+    to the accepted node, in order, and the committed tokens are what the canvas holds after it."""
+    from speclab.bench.prompts import load_prompts
+    for p in load_prompts("code-mixed", 3):
+        p = p[-300:]
+        ref = speclab.run(code, p, "dllm-lowconf", gen_length=32, block_length=8, record=None)
+        for kw in ({"branch_slots": 1, "branch_tokens": 1}, {"draft_steps": 6}):
+            fd = speclab.run(code, p, "dllm-freedave", gen_length=32, block_length=8, **kw)
+            assert fd.ids == ref.ids and replay(fd.trace) == fd.ids
+            for st in fd.trace.denoise:
+                tree, k, path = st.info["tree"], st.info["accepted_node"], []
+                while k >= 0:
+                    path.append(tree[k][1])
+                    k = tree[k][0]
+                assert path[::-1] == st.info["order"] and sorted(path) == st.committed
+                assert st.committed_tokens == [st.tokens[q] for q in st.committed]
+                if kw.get("branch_slots") == 1:
+                    assert all(node[0] == i - 1 for i, node in enumerate(tree))     # a chain
+            from speclab.figures.detail import denoise_html
+            shown = denoise_html(fd.trace, 0)
+            assert f"draft tree ({len(fd.trace.denoise[0].info['tree'])} canvases" in shown and "&#10003;" in shown
 
 
 def test_steps_must_fit_the_blocks(dig):

@@ -36,7 +36,8 @@ DIGIT_POLICIES = [
     ("Prophet (7.5/5/2.5)", "dllm-prophet", {}),
     ("SchED cosine 7.5->2.5", "dllm-sched", {}),
     ("LocalLeap 0.9/0.75 r=4", "dllm-localleap", {}),
-    ("FreeDave, 4 drafts (lossless)", "dllm-freedave", {}),
+    ("FreeDave, chain of 4 (lossless)", "dllm-freedave", {"branch_slots": 1, "branch_tokens": 1}),
+    ("FreeDave, tree of 4 (lossless)", "dllm-freedave", {}),
 ]
 
 CODE_POLICIES = [
@@ -49,8 +50,9 @@ CODE_POLICIES = [
     ("Prophet", "dllm-prophet", {}),
     ("SchED", "dllm-sched", {}),
     ("LocalLeap", "dllm-localleap", {}),
-    ("FreeDave, 4 drafts (lossless)", "dllm-freedave", {}),
-    ("FreeDave, 8 drafts (lossless)", "dllm-freedave", {"draft_steps": 8}),
+    ("FreeDave, chain of 4 (lossless)", "dllm-freedave", {"branch_slots": 1, "branch_tokens": 1}),
+    ("FreeDave, tree of 4 (lossless)", "dllm-freedave", {}),
+    ("FreeDave, tree of 8 (lossless)", "dllm-freedave", {"draft_steps": 8}),
 ]
 
 
@@ -62,7 +64,9 @@ CHAT_POLICIES = [
     ("LocalLeap", "dllm-localleap", {}),
     ("Prophet", "dllm-prophet", {}),
     ("SchED", "dllm-sched", {}),
-    ("FreeDave, 4 drafts (lossless)", "dllm-freedave", {}),
+    ("FreeDave, chain of 4 (lossless)", "dllm-freedave", {"branch_slots": 1, "branch_tokens": 1}),
+    ("FreeDave, tree of 4 (lossless)", "dllm-freedave", {}),
+    ("FreeDave, tree of 8 (lossless)", "dllm-freedave", {"draft_steps": 8}),
 ]
 
 

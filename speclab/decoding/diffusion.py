@@ -139,8 +139,11 @@ def _output(tokens: list[int], mask_id: int, eos_id: int | None) -> list[int]:
     return tokens
 
 
-def record_step(level, block, masked, x0, conf, margin, entropy, commit, ch: Choice, gen_x) -> DenoiseStep:
-    """One DenoiseStep; per-position lists follow the order of `masked` (positions masked before)."""
+def record_step(level, block, masked, x0, conf, margin, entropy, commit, ch: Choice, gen_x,
+                own_tokens: bool = False) -> DenoiseStep:
+    """One DenoiseStep; per-position lists follow the order of `masked` (positions masked before).
+    own_tokens: the committed tokens are not all the step's top-1 proposals (FreeDave's draft tree
+    verifies others), so they are recorded from the canvas after the step."""
     pos = masked.nonzero().flatten()
     info = dict(ch.info)
     if ch.finish:
@@ -149,5 +152,6 @@ def record_step(level, block, masked, x0, conf, margin, entropy, commit, ch: Cho
         info["entropy"] = [round(float(e), 4) for e in entropy[pos]]
     return DenoiseStep(block=block, masked=pos.tolist(), top1=x0[pos].tolist(),
                        conf=[round(float(c), 5) for c in conf[pos]], margin=[round(float(m), 5) for m in margin[pos]],
-                       committed=commit.nonzero().flatten().tolist(), threshold=ch.threshold,
+                       committed=commit.nonzero().flatten().tolist(),
+                       committed_tokens=gen_x[commit].tolist() if own_tokens else [], threshold=ch.threshold,
                        threshold_scale=ch.scale, tokens=gen_x.tolist(), info=info)

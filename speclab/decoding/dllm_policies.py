@@ -221,12 +221,20 @@ class LocalLeap:
 @dataclass
 class FreeDave:
     """Draft-and-verify, lossless against one-token-per-step greedy decoding: `draft_steps`
-    drafts checked in one batched forward (the loop lives in speclab.decoding.freedave)."""
+    drafts (canvases) checked in one batched forward (the loop lives in speclab.decoding.freedave).
+    The drafts form a tree of guesses at the next commits: each node branches to the `branch_slots`
+    next slots in confidence order with their `branch_tokens` most likely tokens, and the
+    `draft_steps` likeliest paths are kept. branch_slots = branch_tokens = 1 is the paper's chain
+    (draft k = the k+1 most confident slots filled with their top-1 tokens)."""
     draft_steps: int = 4
+    branch_slots: int = 2
+    branch_tokens: int = 2
 
     def plan(self, gen_length: int, n_blocks: int) -> int:
-        if not isinstance(self.draft_steps, int) or self.draft_steps < 1:
-            raise ValueError(f"draft_steps must be an integer >= 1, got {self.draft_steps!r}")
+        for name in ("draft_steps", "branch_slots", "branch_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         return gen_length
 
 

@@ -50,6 +50,21 @@ def strategy_html(trace: Trace, step: int) -> str:
 DENOISE_COLS = ("position", "proposal", "p", "margin", "entropy", "")
 
 
+def draft_tree_html(trace: Trace, tree: list, accepted: int) -> str:
+    """FreeDave's drafts as guesses at the next commits: node k = its parent's canvas + (position,
+    token); the accepted path in bold."""
+    path, k = set(), accepted
+    while k >= 0:
+        path.add(k)
+        k = tree[k][0]
+    items = []
+    for k, (parent, pos, t) in enumerate(tree):
+        text = (f"{k}{'' if parent < 0 else f' (after {parent})'}: position {pos} "
+                f"<code>{html.escape(tok(trace, t))}</code>")
+        items.append(f"<b>{text} &#10003;</b>" if k in path else text)
+    return f"draft tree ({len(tree)} canvases, one forward): " + "; ".join(items)
+
+
 def denoise_html(trace: Trace, step: int) -> str:
     """One denoising step: what the policy did, then every masked position of the active block
     (and any committed outside it, as an early exit does) with the model's proposal."""
@@ -60,9 +75,11 @@ def denoise_html(trace: Trace, step: int) -> str:
     head = (f"<b>{step_title(trace, step)}</b>: block [{lo}, {hi}), {len(s.masked)} masked before, "
             f"committed {len(s.committed)} at {s.committed}" + (f"; {html.escape(note)}" if note else "")
             + f"<br>canvas after: <code>{html.escape(canvas)}</code>")
-    rest = {k: v for k, v in s.info.items() if k not in ("forced", "finish", "gap", "g", "entropy")}
+    rest = {k: v for k, v in s.info.items() if k not in ("forced", "finish", "gap", "g", "entropy", "tree")}
     if rest:
         head += "<br>policy: " + html.escape(", ".join(f"{k}={v}" for k, v in rest.items()))
+    if s.info.get("tree"):
+        head += "<br>" + draft_tree_html(trace, s.info["tree"], s.info.get("accepted_node", 0))
     entropy, now = s.info.get("entropy"), set(s.committed)
     cell = "<td style='padding:0 .6em'>{}</td>"
     rows = ["<tr>" + "".join(f"<th style='padding:0 .6em'>{c}</th>" for c in DENOISE_COLS) + "</tr>"]

@@ -143,6 +143,12 @@ class BlockDenoiser(Denoiser):
         return self._forward(x[None])[0]
 
     @torch.inference_mode()
+    def block_rows(self, xs: torch.Tensor) -> torch.Tensor:
+        """xs: (K, P+G) canvases that differ only inside the active block -> (K, B, V) float32, the
+        rows of its slots only, ONE network call (FreeDave's batched verify reads nothing else)."""
+        return self._forward(xs)
+
+    @torch.inference_mode()
     def logits_batch(self, xs: torch.Tensor) -> torch.Tensor:
         """xs: (K, P+G) canvases that differ only inside the active block (the first block of
         xs[0] that still holds a mask) -> (K, P+G, V) float32, ONE network call."""

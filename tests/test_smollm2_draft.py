@@ -208,3 +208,29 @@ def test_lean_generation_path_matches_decoding_each_prompt_alone():
     a = generate_batch(model, prompts, tok.eos_token_id, 7, sample=True, tok=tok, seed=3)
     b = generate_batch(model, prompts, tok.eos_token_id, 7, sample=True, tok=tok, seed=3)
     assert [r[0] for r in a] == [r[0] for r in b]
+
+
+@pytest.mark.skipif(not __import__("speclab.models.kernels", fromlist=["x"]).available("cpu", torch.bfloat16),
+                    reason="the lean generation path needs speclab's bf16 kernel")
+def test_openers_start_the_questions_and_are_never_trained_on():
+    """With openers, each Magpie question begins with its lane's forced words; those tokens are
+    TEMPLATE (the target did not choose them), the sampled rest QUESTION, the answer ANSWER."""
+    import speclab
+    from speclab.train.smollm2_data import ANSWER, QUESTION, TEMPLATE, chat_prefix, gen_chat
+    model, tok = speclab.load("smollm2-135m", dtype="bf16")
+    openers = ("Explain", "Write a Python function")
+    rows = []
+    for seed in range(4):                     # a sampled question may not end within max_q: try seeds
+        rows = gen_chat(model, tok, 0.001, 2, 48, 6, 0.95, log=lambda *a, **k: None, seed=seed, openers=openers)
+        if rows:
+            break
+    assert rows, "no sampled question ended within 48 tokens for 4 seeds"
+    n_prefix = len(chat_prefix(tok))
+    for r in rows:
+        kinds = list(r.kinds)
+        q = [t for t, k in zip(r.tokens, kinds) if k == QUESTION]
+        forced = kinds[n_prefix:kinds.index(QUESTION)]
+        opened = tok.decode(r.tokens[n_prefix:n_prefix + len(forced)])
+        assert forced and set(forced) == {TEMPLATE} and opened in openers
+        assert q and tok.decode(r.tokens[n_prefix:]).startswith(opened)
+        assert kinds[-1] == ANSWER and not any(r.has_top[n_prefix:n_prefix + len(forced)])

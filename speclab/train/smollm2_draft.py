@@ -32,7 +32,7 @@ import torch
 
 # the text (speclab/train/smollm2_data.py); every row kind is re-exported for readers of this file
 from speclab.train.smollm2_data import (ANSWER, BASE, CODE_GEN, CODE_PREFIX, CORPUS, QUESTION,  # noqa: F401
-                                        TEMPLATE, TOPK, TRAINED_KINDS, gen_chat, gen_code, gen_corpus_kd,
+                                        OPENERS, TEMPLATE, TOPK, TRAINED_KINDS, gen_chat, gen_code, gen_corpus_kd,
                                         load_rows, merge, save_rows, split_rows)
 
 # ----------------------------------------------------------------------------------------------
@@ -310,6 +310,9 @@ def get_args(argv):
     ap.add_argument("--max-answer", type=int, default=256)
     ap.add_argument("--max-code", type=int, default=192)
     ap.add_argument("--temperature", type=float, default=0.95)
+    ap.add_argument("--openers", action="store_true",
+                    help="start each chat question with an instruction opener (smollm2_data.OPENERS): "
+                         "questions closer to what people type than plain Magpie's")
     ap.add_argument("--corpus-minutes", type=float, default=6.0,
                     help="budget for the target's top-k on stdlib windows (one forward each)")
     ap.add_argument("--corpus-seq", type=int, default=256)
@@ -353,7 +356,8 @@ def main(argv=None):
     if not data_path.exists():
         t0 = time.time()
         chat = gen_chat(base, tok, args.gen_minutes * args.chat_share, args.gen_batch, args.max_question,
-                        args.max_answer, args.temperature, seed=args.seed)
+                        args.max_answer, args.temperature, seed=args.seed,
+                        openers=OPENERS if args.openers else ())
         code = gen_code(base, tok, args.gen_minutes * (1 - args.chat_share), args.gen_batch, args.max_code,
                         args.seed)
         rows = chat + code

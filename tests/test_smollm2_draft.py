@@ -234,3 +234,26 @@ def test_openers_start_the_questions_and_are_never_trained_on():
         assert forced and set(forced) == {TEMPLATE} and opened in openers
         assert q and tok.decode(r.tokens[n_prefix:]).startswith(opened)
         assert kinds[-1] == ANSWER and not any(r.has_top[n_prefix:n_prefix + len(forced)])
+
+
+def test_agreement_counts_greedy_text_without_a_recorded_top_k(base, tmp_path):
+    """Rows from the lean generation path record no top-k: their answers are still the target's
+    greedy tokens and count; their sampled questions do not."""
+    from speclab.train.smollm2_data import ANSWER, QUESTION, TEMPLATE, TOPK, Row, load_rows, save_rows
+    head = torch.arange(0, 40)
+    model = sd.init_draft(base, head, [0, 2]).eval()
+    sub = sd.subset_index(head, V)
+    T = 12
+    toks = torch.randint(0, 40, (T,)).tolist()
+    kinds = [TEMPLATE] * 2 + [QUESTION] * 4 + [ANSWER] * 6
+    row = Row(toks, kinds, torch.zeros(T, TOPK, dtype=torch.float16), torch.zeros(T, TOPK, dtype=torch.int32),
+              [0] * T, "chat")
+    save_rows([row], tmp_path / "rows.safetensors", {})
+    data = load_rows(tmp_path / "rows.safetensors")
+    res = sd.agreement(model, None, data, [0], sub, pad=0, seq_len=16)
+    assert res["chat"]["positions"] == 6                      # the answer's tokens, not the question's
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):     # as agreement() computes it
+        pred = head[model.model(input_ids=torch.tensor([toks[:-1]])).last_hidden_state[0].matmul(
+            model.lm_head.weight.t()).argmax(-1)]
+    want = sum(int(pred[t - 1] == toks[t]) for t in range(6, T))
+    assert res["chat"]["agree"] == pytest.approx(want / 6)

@@ -242,8 +242,11 @@ def resume_state(ckpt: Path, out: Path, model, opt, state: dict, rename: dict | 
 @torch.inference_mode()
 def agreement(model, target, data: dict, rows: list[int], sub_idx: torch.Tensor, pad: int,
               seq_len: int = 512, batch: int = 8) -> dict:
-    """Teacher-forced top-1 agreement of the draft with the target's greedy token (the stored
-    label, which the target chose greedily) on the trained positions, per split, plus held-out loss."""
+    """Teacher-forced top-1 agreement of the draft with the target's greedy token on the trained
+    positions, per split, plus held-out loss. The target's greedy token is the recorded top-1 where a
+    top-k was recorded, else the text itself where the target wrote it greedily (answers, code
+    continuations; rows from the lean generation path record no top-k)."""
+    greedy_kinds = torch.tensor([ANSWER, CODE_GEN], dtype=torch.uint8)
     res = {}
     for name, code in (("chat", 0), ("code", 1)):
         rs = [r for r in rows if int(data["is_code"][r]) == code]
@@ -252,11 +255,14 @@ def agreement(model, target, data: dict, rows: list[int], sub_idx: torch.Tensor,
         ce = kl = 0.0
         for i in range(0, len(spans), batch):
             x, y, m, lp, ids = make_batch(data, spans[i:i + batch], pad)
+            greedy = torch.zeros_like(m, dtype=torch.bool)               # no top-k, greedy text
+            for j, (s, e) in enumerate(spans[i:i + batch]):
+                greedy[j, :e - s - 1] = ~data["has_top"][s + 1:e].bool() & torch.isin(data["kinds"][s + 1:e], greedy_kinds)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 _, st = draft_loss(model, x, y, lp, ids, sub_idx, m)
                 h = model.model(input_ids=x).last_hidden_state
                 pred = model.lm_head.head_ids[(h @ model.lm_head.weight.t()).argmax(-1)]
-            keep = m.bool() & (ids[..., 0] == y) & (lp[..., 0] > float("-inf"))  # y was the target's argmax
+            keep = m.bool() & (((ids[..., 0] == y) & (lp[..., 0] > float("-inf"))) | greedy)  # y: the target's argmax
             hit += int(((pred == y) & keep).sum())
             tot += int(keep.sum())
             ce += st["ce"] * st["ntok"]

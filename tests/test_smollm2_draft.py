@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from speclab.train import checkpoint as ck
 from speclab.train import smollm2_draft as sd
 
 V = 64
@@ -133,12 +134,12 @@ def test_checkpoint_round_trip(base, tmp_path):
     loss, _ = sd.draft_loss(model, x, y, None, None, sub, torch.ones_like(y), kl_weight=0)
     loss.backward()
     opt.step()
-    sd.save_checkpoint(tmp_path / "ckpt", model, opt, {"step": 1, "elapsed": 2.0})
+    ck.save_checkpoint(tmp_path / "ckpt", model, opt, {"step": 1, "elapsed": 2.0})
     assert not list((tmp_path / "ckpt").glob("*.pt"))
 
     model2 = sd.init_draft(base, head, [0, 2]).train()
     opt2 = torch.optim.AdamW(list(sd.trainable(model2).values()), lr=1e-3)
-    state = sd.load_checkpoint(tmp_path / "ckpt", model2, opt2)
+    state = ck.load_checkpoint(tmp_path / "ckpt", model2, opt2)
     assert state["step"] == 1
     for (k, p), p2 in zip(sd.trainable(model).items(), sd.trainable(model2).values()):
         assert torch.equal(p, p2), k
@@ -158,15 +159,15 @@ def test_resume_without_a_checkpoint_starts_from_the_shipped_weights(base, tmp_p
     save_draft(shipped, tmp_path / "out", "tiny")
     fresh = sd.init_draft(base, head, [0, 2]).train()
     opt = torch.optim.AdamW(list(sd.trainable(fresh).values()), lr=1e-3)
-    state = sd.resume_state(tmp_path / "no-ckpt", tmp_path / "out", fresh, opt, {"step": 0})
+    state = ck.resume_state(tmp_path / "no-ckpt", tmp_path / "out", fresh, opt, {"step": 0})
     assert state == {"step": 0} and not opt.state
     for (k, p), p2 in zip(sd.trainable(shipped).items(), sd.trainable(fresh).values()):
         assert torch.equal(p.to(torch.bfloat16).float(), p2), k      # shipped in bf16
     with pytest.raises(SystemExit, match="drop --resume"):
-        sd.resume_state(tmp_path / "no-ckpt", tmp_path / "nothing", fresh, opt, {"step": 0})
+        ck.resume_state(tmp_path / "no-ckpt", tmp_path / "nothing", fresh, opt, {"step": 0})
     other = sd.init_draft(base, head, [0, 2, 3]).train()                 # a third layer the file lacks
     with pytest.raises(SystemExit, match="other settings"):
-        sd.resume_state(tmp_path / "no-ckpt", tmp_path / "out", other, opt, {"step": 0})
+        ck.resume_state(tmp_path / "no-ckpt", tmp_path / "out", other, opt, {"step": 0})
 
 
 def test_save_draft_round_trip(base, tmp_path):

@@ -281,7 +281,8 @@ def main(argv=None):
     from tqdm.auto import tqdm
     from speclab.models import zoo
     from speclab.models.adapter import save_draft
-    from speclab.train.smollm2_draft import resume_state, save_checkpoint, select_head_ids, trainable
+    from speclab.train.checkpoint import resume_state, save_checkpoint, trainable
+    from speclab.train.smollm2_draft import select_head_ids
 
     args = get_args(argv)
     torch.set_num_threads(args.threads)

@@ -180,7 +180,7 @@ def main(argv=None):
     from speclab.models.gguf import cache_root
     from speclab.models.lora import add_lora
     from speclab.train.heads import load_data
-    from speclab.train.smollm2_draft import resume_state, save_checkpoint
+    from speclab.train.checkpoint import resume_state, save_checkpoint
 
     args = get_args(argv)
     torch.set_num_threads(args.threads)

@@ -190,3 +190,54 @@ def test_per_position_of_a_tree_without_node_records(target, heads, heldout_prom
             for rec in (None, "light")]
     assert runs[0].ids == runs[1].ids
     assert metrics.per_position(runs[0].trace.rounds) == metrics.per_position(runs[1].trace.rounds)
+
+
+def test_calibrated_tree_keeps_the_likeliest_paths():
+    """Medusa-1's calibrated tree: the `budget` paths of highest product of rank accuracies,
+    found best-first, equal to a brute force over every path; always a tree."""
+    import itertools
+    import math
+    from speclab.decoding.drafters.trees import calibrated_paths, check_paths
+    rng = torch.Generator().manual_seed(1)
+    acc = [sorted(torch.rand(4, generator=rng).tolist(), reverse=True) for _ in range(3)]
+    every = [p for d in (1, 2, 3) for p in itertools.product(range(4), repeat=d)]
+    chance = lambda p: math.prod(acc[d][r] for d, r in enumerate(p))
+    for budget in (1, 4, 9, 20):
+        got = calibrated_paths(acc, budget)
+        assert sorted(got) == sorted(sorted(every, key=lambda p: -chance(p))[:budget])
+        assert check_paths(got) == got                       # parents present, depth-then-rank order
+    assert calibrated_paths([[0.4, 0.5], [0.1]], 2) == [(0,), (1,)]   # measured noise made monotone
+    with pytest.raises(ValueError, match="budget"):
+        calibrated_paths(acc, 0)
+
+
+def test_medusa_builds_its_calibrated_tree(target, heads, heldout_prompts):
+    from speclab.decoding.drafters.heads import MedusaDrafter
+    from speclab.decoding.drafters.trees import calibrated_paths
+    head = heads[1][0]
+    assert len(MedusaDrafter(target[0], head, budget=5).paths) == 5     # uncalibrated: the default, cut
+    acc = [[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.05]]
+    head.config.medusa_rank_acc = acc
+    try:
+        d = MedusaDrafter(target[0], head, budget=6)
+        assert d.paths == calibrated_paths(acc, 6) == [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)]
+        with pytest.raises(ValueError, match="not both"):
+            MedusaDrafter(target[0], head, paths=[[0]], budget=3)
+        ref = speclab.generate(target, heldout_prompts[1], "ar", max_new_tokens=NEW, record=None).ids
+        r = speclab.generate(target, heldout_prompts[1], "medusa", draft=heads[1], max_new_tokens=NEW, budget=4)
+        assert r.ids == ref and max(x.drafted for x in r.trace.rounds) <= 4
+    finally:
+        del head.config.medusa_rank_acc
+
+
+def test_rank_hits_count_where_the_target_went(target):
+    """Heads with zero residuals predict the target's own next token at t; on a constant input that
+    is also its token at t+k, so every head's rank-0 guess is right everywhere and no other rank is."""
+    base, _ = target
+    head = build_medusa(base, head_config(base.config, "medusa", 2), torch.arange(300)).float()
+    x = torch.randn(1, 1, base.config.hidden_size).expand(2, 12, -1).contiguous()
+    with torch.no_grad():
+        lp = (base.model.norm(x) @ head.lm_head.weight.t()).log_softmax(-1)
+        hits, n = th.medusa_rank_hits(head, x, lp, torch.ones(2, 12, dtype=torch.bool), 3)
+    assert n.tolist() == [22, 20]
+    assert hits[:, 0].tolist() == [22, 20] and hits[:, 1:].sum() == 0

@@ -90,9 +90,9 @@ def _eagle_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed"):
     return EagleChainDrafter(target, draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
 
 
-def _medusa(target, draft, paths=None):
+def _medusa(target, draft, paths=None, budget=None):
     from speclab.decoding.drafters.heads import MedusaDrafter
-    return MedusaDrafter(target, draft, paths=paths)
+    return MedusaDrafter(target, draft, paths=paths, budget=budget)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in [

@@ -95,10 +95,11 @@ class FastLlama:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor | None, parents: list[int] | None = None, n_prefix: int = 0,
                 last_only: bool = False, n_layers: int | None = None,
-                embeds: torch.Tensor | None = None) -> torch.Tensor:
+                embeds: torch.Tensor | None = None, subset: bool = False) -> torch.Tensor:
         """Logits (T, V) for ids (T,) after the first `self.n` cached tokens (see CausalLM.forward).
         n_layers < all: an early exit through the shared final norm and head. embeds (T, C): the
-        input vectors instead of ids' embeddings (an EAGLE head's fused feature + token input)."""
+        input vectors instead of ids' embeddings (an EAGLE head's fused feature + token input).
+        subset: a trimmed-vocabulary head's logits (T, N) over its own `head_ids`, not spread to V."""
         T, past = (ids if embeds is None else embeds).shape[0], self.n
         if past + T > self.max_len:
             raise ValueError(f"sequence of {past + T} tokens exceeds the context window of {self.max_len}")
@@ -109,7 +110,7 @@ class FastLlama:
             mask = vis.to(self.device)                                        # (T, past+T) bool
         else:
             pos = slice(past, past + T)                       # a chain: causal (the mask built where needed)
-        return self._run(ids, embeds, pos, past, n_prefix, mask, vis, last_only, n_layers)
+        return self._run(ids, embeds, pos, past, n_prefix, mask, vis, last_only, n_layers, subset)
 
     @torch.inference_mode()
     def forward_rows(self, ids: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
@@ -122,7 +123,8 @@ class FastLlama:
         vis = vis.to(self.device)
         return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, False, None)
 
-    def _run(self, ids, embeds, pos, past: int, n_prefix: int, mask, vis, last_only: bool, n_layers) -> torch.Tensor:
+    def _run(self, ids, embeds, pos, past: int, n_prefix: int, mask, vis, last_only: bool, n_layers,
+             subset: bool = False) -> torch.Tensor:
         T = (ids if embeds is None else embeds).shape[0]
         x = F.embedding(ids, self.embed) if embeds is None else embeds.to(self.dtype)  # (T, C)
         use = self.layers[: n_layers or len(self.layers)]
@@ -135,7 +137,7 @@ class FastLlama:
             x = x[-1:]
         self.n = past + T
         self.forwards += 1
-        return self.final_norm_head(x).float()
+        return self.final_norm_head(x, subset).float()
 
     def _fused_layers(self, x, use, pos, past: int, vis) -> torch.Tensor:
         """The layers as one native call each (speclab.models.kernels): bf16 on a CPU with
@@ -260,9 +262,9 @@ class FastLlama:
     def exit_lm(self, n_layers: int):
         return _ExitLM(self, n_layers)
 
-    def final_norm_head(self, h: torch.Tensor) -> torch.Tensor:
+    def final_norm_head(self, h: torch.Tensor, subset: bool = False) -> torch.Tensor:
         logits = _mm(self._rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)
-        if self.head_ids is None:
+        if self.head_ids is None or subset:
             return logits
         return scatter_subset(logits, self.head_ids, self.vocab_size)
 

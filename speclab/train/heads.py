@@ -220,6 +220,20 @@ def medusa_loss(heads, x, lp, m):
     return total / K, stats
 
 
+def medusa_rank_hits(heads, x, lp, m, ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """hits (K, ranks): how often head k's rank-r guess at t was the target's greedy token t+1+k,
+    and n (K,) the positions counted: what Medusa-1's calibrated tree is built from."""
+    K, T = heads.n_heads, x.shape[1]
+    logits = heads.hidden(x) @ heads.lm_head.weight.t()              # (K, B, T, N)
+    hits, n = torch.zeros(K, ranks), torch.zeros(K)
+    for k in range(1, K + 1):
+        valid = m[:, :T - k] & m[:, k:]
+        top = logits[k - 1, :, :T - k].topk(ranks, -1).indices         # (B, T-k, ranks)
+        hit = (top == lp[:, k:].argmax(-1, keepdim=True)) & valid[..., None]
+        hits[k - 1], n[k - 1] = hit.sum((0, 1)).float(), valid.sum()
+    return hits, n
+
+
 # ----------------------------------------------------------------------------------------------
 # main
 
@@ -242,6 +256,9 @@ def get_args(argv):
     ap.add_argument("--held-frac", type=float, default=0.05)
     ap.add_argument("--eval-every", type=float, default=5.0, help="minutes between held-out evals + saves")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="medusa: only measure the heads in --out on held-out text and store their rank "
+                         "accuracies (the calibrated tree's input); no training")
     ap.add_argument("--limit-rows", type=int, default=0, help="use only the first N rows (a smoke run)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
@@ -275,6 +292,23 @@ def evaluate(kind, head, data, X, spans, norm, W_sub, args, U) -> dict:
             agg["n" + k[3:]] = agg.get("n" + k[3:], 0) + n
     head.train()
     return {k: round(v / max(agg["n" + k[3:]], 1), 4) for k, v in agg.items() if k.startswith("acc")}
+
+
+@torch.no_grad()
+def calibrate_medusa(head, data, X, spans, norm, W_sub, args, ranks: int = 8) -> list[list[float]]:
+    """Each head's rank accuracies on the held-out spans (see medusa_rank_hits), kept in the heads'
+    config as `medusa_rank_acc`, so the drafter builds the paper's calibrated tree from them."""
+    head.eval()
+    hits, n = 0, 0
+    for i in range(0, len(spans), args.batch):
+        _, x, _, lp, m = batch(data, X, spans[i:i + args.batch], norm, W_sub)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h, c = medusa_rank_hits(head, x, lp, m, ranks)
+        hits, n = hits + h, n + c
+    head.train()
+    acc = [[round(float(v), 4) for v in row] for row in hits / n.clamp(min=1)[:, None]]
+    head.config.medusa_rank_acc = acc
+    return acc
 
 
 def main(argv=None):
@@ -325,6 +359,16 @@ def main(argv=None):
         state = resume_state(ckpt, out, head, opt, state)
     spans = windows(data, train_rows, args.seq_len)
     held = windows(data, held_rows, args.seq_len)
+    if args.calibrate:
+        if args.kind != "medusa":
+            raise SystemExit("--calibrate is for medusa heads (eagle grows its tree from its own probabilities)")
+        from speclab.models.adapter import load_draft
+        head = load_draft(out, base, torch.float32)
+        W_sub = head.lm_head.weight.detach().float()             # its own trimmed vocabulary
+        print("rank accuracies per head:", calibrate_medusa(head, data, X, held, norm, W_sub, args))
+        save_draft(head, out, args.target, kind=args.kind)
+        print(f"saved {out}")
+        return 0
     U = args.unroll
     rng = random.Random(args.seed + state["epoch"])
     order = list(range(len(spans)))
@@ -340,6 +384,8 @@ def main(argv=None):
         print(f"\nheld-out agreement step {state['step']}: {ev}")
         if score >= state.get("best", -1.0):
             state["best"] = score
+            if args.kind == "medusa":
+                print("rank accuracies per head:", calibrate_medusa(head, data, X, held, norm, W_sub, args))
             save_draft(head, out, args.target, kind=args.kind)
             print(f"saved {out}")
         save_checkpoint(ckpt, head, opt, state)

@@ -9,6 +9,8 @@ eagle-chain  k tokens, one EAGLE head step each (fixed, threshold or heuristic l
 eagle        EAGLE-2: a dynamic tree grown by cumulative draft probability under a node budget; each
              depth is one head forward over the tree so far (tree attention in the head's cache).
 medusa       Medusa-1: a static tree of top-k products, all K heads from one position, one call.
+             Heads that carry their held-out rank accuracies (`medusa_rank_acc` in their config,
+             written by `speclab train medusa`) get the paper's calibrated tree of `budget` nodes.
 
 Provenance, in each node's `source`: "h{t}" = fed by the target's hidden state at position t;
 "h{t}+{j}" = j steps of the head's own predicted features past it (eagle); "medusa{k}@h{t}" = head
@@ -18,15 +20,18 @@ drafted: the round records it as `coverage_miss` in its info.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from speclab.decoding.drafters.model import ChainDrafter, OwnDraftLM
-from speclab.decoding.drafters.trees import check_budget, check_paths, grow_dynamic, grow_static
+from speclab.decoding.drafters.trees import calibrated_paths, check_budget, check_paths, grow_dynamic
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
+from speclab.models import kernels
 from speclab.models.heads import MedusaHeads, check_base, eagle_fuse
 
 MEDUSA_PATHS = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
                 [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1]]
+MEDUSA_BUDGET = 5               # nodes of the calibrated tree (set from the verify cost; BENCHMARKS.md)
 
 
 def _name(m) -> str:
@@ -80,13 +85,15 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         self.attach_lm(head, "fast")                     # its own one-layer cache, fed by embeds
         self.lm.capture_layers = (1,)
 
-    def feed(self, ctx: Context):
+    def feed(self, ctx: Context, subset: bool = False):
         """Give the head every committed (feature, next token) pair it has not seen: entries
-        fed..n-2 (the last token is pending). Returns logits (V,) and the output (1, C) at n-2."""
+        fed..n-2 (the last token is pending). Returns logits (V,) (subset: (N,) over the head's
+        own ids) and the output (1, C) at n-2."""
         n = len(ctx.ids)
         assert self.lm.length == self.fed and self.fed + len(self.feats) == n - 1
         nxt = torch.tensor(ctx.ids[self.fed + 1:n], device=ctx.device)
-        logits = self.lm.forward(None, embeds=eagle_fuse(self.head, self.head.model.norm(self.feats), nxt))
+        logits = self.lm.forward(None, embeds=eagle_fuse(self.head, self.head.model.norm(self.feats), nxt),
+                                 subset=subset)
         self.fed, self.feats = n - 1, None
         return logits[-1], self.lm.captured[1][0, -1:]
 
@@ -117,7 +124,9 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
 
 
 class EagleDrafter(EagleChainDrafter):
-    """EAGLE-2: the dynamic tree of tree-dynamic, each depth one head forward over the tree so far."""
+    """EAGLE-2: the dynamic tree of tree-dynamic, each depth one head forward over the tree so far.
+    Its children are the head's top choices, so only the head's own N ids are scored and ranked
+    (softmax and top-k over N, not over the V-wide spread with -inf elsewhere)."""
     name = "eagle"
 
     def __init__(self, target_model, head, budget: int = 16, width: int = 4, depth: int = 6):
@@ -135,19 +144,19 @@ class EagleDrafter(EagleChainDrafter):
 
         def q_at(tree: DraftTree) -> torch.Tensor:
             if not root_q:                      # first call: the committed entries, then the root
-                logits, out_of[-1] = self.feed(ctx)
+                logits, out_of[-1] = self.feed(ctx, subset=True)
                 root_q.append(logits.softmax(-1)[None])
             if not len(tree):
                 return root_q[0]
             feats = torch.cat([out_of[p] for p in tree.parents])               # (N, C)
             x = eagle_fuse(self.head, self.head.model.norm(feats), torch.tensor(tree.tokens, device=ctx.device))
-            logits = self.lm.forward(None, parents=tree.parents, embeds=x)     # (N, V)
+            logits = self.lm.forward(None, parents=tree.parents, embeds=x, subset=True)   # (nodes, N)
             out = self.lm.captured[1][0]
             self.lm.keep(self.fed)              # tree entries are never kept in the head's cache
             out_of.update((i, out[i:i + 1]) for i in range(len(tree)))
             return torch.cat([root_q[0], logits.softmax(-1)])
         return grow_dynamic(self.budget, self.width, self.depth, q_at,
-                            label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}")
+                            label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}", ids=self.head.lm_head.head_ids)
 
 
 class MedusaDrafter(FeatureReader, Drafter):
@@ -155,27 +164,40 @@ class MedusaDrafter(FeatureReader, Drafter):
     ranks of head d's distribution at depth d (top-k products), verified in one forward."""
     name = "medusa"
 
-    def __init__(self, target_model, heads, paths=None):
+    def __init__(self, target_model, heads, paths=None, budget: int | None = None):
         super().__init__()
         self.read_target(target_model, heads, "medusa", self.name)
         self.heads = heads
-        if paths is None:                       # the default pattern, cut to the heads there are
-            paths = [p for p in MEDUSA_PATHS if len(p) <= heads.n_heads]
+        rank_acc = getattr(heads.config, "medusa_rank_acc", None)
+        if paths is not None and budget is not None:
+            raise ValueError("medusa takes paths or budget, not both: budget sizes the calibrated tree")
+        if paths is None and rank_acc:          # the tree calibrated on the heads' held-out text
+            paths = calibrated_paths(rank_acc, MEDUSA_BUDGET if budget is None else budget)
+        elif paths is None:                     # the default pattern, cut to the heads there are
+            paths = [p for p in MEDUSA_PATHS if len(p) <= heads.n_heads][:budget]
         self.paths = check_paths(paths)
         deepest = max(len(p) for p in self.paths)
         if deepest > heads.n_heads:
             raise ValueError(f"medusa paths go {deepest} deep but the model has {heads.n_heads} heads: "
                              f"use paths of at most {heads.n_heads} ranks")
+        self.ranks = max(max(p) for p in self.paths) + 1
+        W = heads.lm_head.weight                                    # (N, C): the target's kept rows
+        # the trimmed head in speclab's bf16 kernel where it runs (F.linear reads it ~3x slower)
+        self.score = kernels.Packed(W) if kernels.available(W.device, W.dtype) else (lambda h: F.linear(h, W))
 
     @torch.inference_mode()
     def propose(self, ctx: Context) -> DraftTree:
         if self.feats is None:
             return DraftTree()
         t = len(ctx.ids) - 2
-        q = self.heads(self.feats[-1:])[:, 0].float().softmax(-1)           # (K, V): head k -> token t+1+k
+        p = self.score(self.heads.hidden(self.feats[-1:])[:, 0]).float().softmax(-1)   # (K, N): head k -> token t+1+k
         self.forwards += 1
         self.feats = None
-        tree = grow_static(self.paths, lambda tree: torch.cat([q[:1], q[torch.tensor(tree.depths(), dtype=torch.long)]])
-                           if len(tree) else q[:1])
-        tree.source = [f"medusa{d}@h{t}" for d in tree.depths()]
+        top = p.topk(self.ranks, -1)                                         # over the kept ids only
+        ids = self.heads.lm_head.head_ids[top.indices].tolist()
+        probs = top.values.tolist()
+        tree, node_of = DraftTree(info={"shape": "static", "nodes": len(self.paths)}), {(): -1}
+        for path in self.paths:                 # depth then rank: every parent before its children
+            d, r = len(path) - 1, path[-1]      # a node at depth d+1 is head d+1's rank-r guess
+            node_of[path] = tree.add(ids[d][r], node_of[path[:-1]], probs[d][r], f"medusa{d + 1}@h{t}")
         return tree

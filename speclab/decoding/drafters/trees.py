@@ -14,6 +14,8 @@ draft cache is cut back to the committed prefix.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from speclab.decoding.drafters.model import OwnDraftLM, check_k
@@ -73,6 +75,31 @@ def check_paths(paths) -> list[tuple[int, ...]]:
     return sorted(pset, key=lambda p: (len(p), p))
 
 
+def calibrated_paths(rank_acc: list[list[float]], budget: int) -> list[tuple[int, ...]]:
+    """Medusa-1's calibrated tree: the `budget` paths most likely to be accepted, a path's chance
+    estimated as the product of rank_acc[d][r] over its ranks (rank_acc[d][r]: how often head d+1's
+    rank-r guess was the target's token on held-out text; the heads taken as independent, as the
+    paper does). A path outscores its next sibling and its children, so the best `budget` paths
+    form a tree, found best-first from [0]."""
+    import heapq
+    from itertools import accumulate
+    if not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"node budget must be an integer >= 1, got {budget!r}")
+    acc = [list(accumulate(a, min)) for a in rank_acc]     # measured rates, made non-increasing in rank
+
+    def chance(p):
+        return math.prod(acc[d][r] for d, r in enumerate(p))
+    heap, out = [(-chance((0,)), (0,))], []
+    while heap and len(out) < budget:
+        _, p = heapq.heappop(heap)
+        out.append(p)
+        nxt = [p[:-1] + (p[-1] + 1,)] if p[-1] + 1 < len(acc[len(p) - 1]) else []     # next sibling
+        nxt += [p + (0,)] if len(p) < len(acc) else []                                 # first child
+        for c in nxt:
+            heapq.heappush(heap, (-chance(c), c))
+    return sorted(out, key=lambda p: (len(p), p))
+
+
 def grow_static(paths: list[tuple[int, ...]], q_at, info: dict | None = None) -> DraftTree:
     """The tree of a static pattern. q_at(tree) -> (1 + N, V): the draft's distribution after the
     committed prefix, then after each node of `tree` (called once per depth)."""
@@ -87,9 +114,11 @@ def grow_static(paths: list[tuple[int, ...]], q_at, info: dict | None = None) ->
     return tree
 
 
-def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"depth{d}") -> DraftTree:
+def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"depth{d}",
+                 ids: torch.Tensor | None = None) -> DraftTree:
     """EAGLE-2's tree: expand the `width` best nodes per depth by cumulative draft probability,
-    then keep the `budget` best overall (ancestor-closed). q_at as in grow_static."""
+    then keep the `budget` best overall (ancestor-closed). q_at as in grow_static; with `ids` (N,)
+    its distributions are over those token ids only (a trimmed-vocabulary head)."""
     grown = DraftTree()
     score: list[float] = []                                        # cumulative draft probability
     frontier = [-1]
@@ -99,7 +128,8 @@ def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"de
         for parent in frontier:
             base = 1.0 if parent < 0 else score[parent]
             top = q[parent + 1].topk(width)
-            for tok, prob in zip(top.indices.tolist(), top.values.tolist()):
+            toks = (top.indices if ids is None else ids[top.indices]).tolist()
+            for tok, prob in zip(toks, top.values.tolist()):
                 cands.append((base * prob, parent, tok, prob))
         cands.sort(key=lambda c: -c[0])
         frontier = []

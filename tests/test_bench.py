@@ -13,12 +13,12 @@ BASE = ["bench", "--target", "code-target", "--limit", "2", "--max-new-tokens", 
 
 def test_bench_rows_peers_and_whatif(capsys, tmp_path):
     out = tmp_path / "b.json"
-    code = main(BASE + ["--draft", "code-draft", "--methods", "ar,draft-model[k=3],hf-greedy,hf-assisted,prompt-lookup",
+    code = main(BASE + ["--draft", "code-draft", "--methods", "ar,draft-model[k=3],hf-greedy,hf-assisted,prompt-lookup,tree-dynamic[budget=4]",
                         "--prompts", "code-complete", "--whatif", "--json", str(out), "--html", str(tmp_path / "b.html")])
     assert code == 0 and "| draft-model[k=3] |" in capsys.readouterr().out
     res = json.loads(out.read_text())
     rows = {r["method"]: r for r in res["rows"]}
-    assert set(rows) == {"ar", "draft-model[k=3]", "hf-greedy", "hf-assisted", "prompt-lookup"}
+    assert set(rows) == {"ar", "draft-model[k=3]", "hf-greedy", "hf-assisted", "prompt-lookup", "tree-dynamic[budget=4]"}
     for r in rows.values():
         assert {"method", "prompt_set", "wall_s", "tokens_per_s", "speedup_vs_ar", "tau", "alpha",
                 "identical_rate"} <= set(r)
@@ -29,6 +29,9 @@ def test_bench_rows_peers_and_whatif(capsys, tmp_path):
     assert len(dm["accept_unconditional"]) >= 3 and dm["efficiency"] > 0
     assert [w["k"] for w in res["whatif"] if w["threshold"] is None][:3] == [1, 2, 3]
     assert (tmp_path / "b.html").read_text().count("plotly") > 0
+    # a tree method ran: the verify forward's cost by row count, in one-token forwards
+    assert list(res["verify_cost"]) == ["1", "2", "4", "6", "7", "8", "12", "16", "17", "24"]
+    assert all(c > 0 for c in res["verify_cost"].values())
 
 
 def test_whatif_at_the_recorded_k_reproduces_the_run():

@@ -241,3 +241,16 @@ def test_rank_hits_count_where_the_target_went(target):
         hits, n = th.medusa_rank_hits(head, x, lp, torch.ones(2, 12, dtype=torch.bool), 3)
     assert n.tolist() == [22, 20]
     assert hits[:, 0].tolist() == [22, 20] and hits[:, 1:].sum() == 0
+
+
+def test_a_tree_over_kept_ids_is_the_tree_over_the_full_vocabulary():
+    """EAGLE's tree ranks only its head's N ids; spread to V with zeros elsewhere it is the same tree."""
+    from speclab.decoding.drafters.trees import grow_dynamic
+    gen = torch.Generator().manual_seed(3)
+    V, ids = 500, torch.randperm(500, generator=gen)[:60]
+    table = torch.rand(40, 60, generator=gen).softmax(-1)               # row i: after node i - 1
+    sub = lambda tree: table[: 1 + len(tree)]
+    full = lambda tree: torch.zeros(1 + len(tree), V).index_copy_(1, ids, sub(tree))
+    a = grow_dynamic(8, 3, 4, sub, ids=ids)
+    b = grow_dynamic(8, 3, 4, full)
+    assert (a.tokens, a.parents, a.q_tok) == (b.tokens, b.parents, b.q_tok) and set(a.tokens) <= set(ids.tolist())

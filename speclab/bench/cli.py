@@ -87,6 +87,9 @@ def cmd_bench(a):
     if a.batch_size == 1:           # both measure against batch-1 forwards
         add_efficiency(res, target[0], draft[0] if draft else None, a.k)
         add_bandwidth(res, target[0])
+        if any(s.method in TREE_METHODS for s in specs):
+            from speclab.bench.whatif import verify_costs
+            res["verify_cost"] = verify_costs(target[0])
     if a.whatif:
         # one fixed-k, recorded draft-model run: mixing length policies would blur "tau at k"
         fixed = [s for s in specs if s.method == "draft-model" and set(s.params) <= {"k"}]
@@ -105,6 +108,9 @@ def cmd_bench(a):
               f"{b['gemv_limit_tokens_per_s']} tok/s, ar at {b['ar_share_of_gemv_limit']:.2f}")
     for k_, c in res.get("forward_costs", {}).items():
         print(f"bare forward ms (k={k_}): target(1) {c['c_target1']}, verify(k+1) {c['c_verify']}, draft {c.get('c_draft')}")
+    if "verify_cost" in res:
+        print("verify forward of T rows / one-token forward: " +
+              ", ".join(f"T={T} {c:.2f}" for T, c in res["verify_cost"].items()))
     for w in res.get("whatif", []):
         print(f"what-if k={w['k']} threshold={w['threshold']}: tau {w['tau']}")
     if a.json_out:
@@ -113,6 +119,9 @@ def cmd_bench(a):
     if a.html:
         html(res, a.html)
     return 0
+
+
+TREE_METHODS = ("eagle", "medusa", "tree-static", "tree-dynamic")     # their budget is a verify's row count
 
 
 def add_bandwidth(res: dict, target_model):

@@ -73,31 +73,40 @@ def whatif_table(traces: list[Trace], ks=range(1, 9), thresholds=(0.2, 0.4, 0.6,
     return rows
 
 
-def forward_costs(target_model, draft_model, k: int, ctx_len: int = 256, reps: int = 30,
-                  backend: str = "auto") -> dict:
-    """Median seconds of one bare forward, measured alone at a `ctx_len`-token context:
-    c_target(1) (one token), c_verify (k + 1 tokens), c_draft (one draft token)."""
+def bare_forward_s(model, T: int, ctx_len: int = 256, reps: int = 30, backend: str = "auto") -> float:
+    """Median seconds of one bare forward of T new tokens after a `ctx_len`-token context."""
     import statistics
     import time
 
     import torch
 
     from speclab.models.causal import make_lm
+    lm = make_lm(model, "cost", backend)
+    lm.reset()
+    lm.forward(torch.arange(ctx_len, device=lm.device) % 100 + 10)
+    ids = torch.arange(T, device=lm.device) + 7
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        lm.forward(ids)
+        out.append(time.perf_counter() - t0)
+        lm.keep(ctx_len)
+    return statistics.median(out[reps // 5:])   # the first calls warm caches up
 
-    def timed(model, T):
-        lm = make_lm(model, "cost", backend)
-        lm.reset()
-        lm.forward(torch.arange(ctx_len, device=lm.device) % 100 + 10)
-        ids = torch.arange(T, device=lm.device) + 7
-        out = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            lm.forward(ids)
-            out.append(time.perf_counter() - t0)
-            lm.keep(ctx_len)
-        return statistics.median(out[reps // 5:])   # the first calls warm caches up
 
+def forward_costs(target_model, draft_model, k: int, ctx_len: int = 256, reps: int = 30,
+                  backend: str = "auto") -> dict:
+    """Median seconds of one bare forward, measured alone at a `ctx_len`-token context:
+    c_target(1) (one token), c_verify (k + 1 tokens), c_draft (one draft token)."""
+    timed = lambda model, T: bare_forward_s(model, T, ctx_len, reps, backend)
     costs = {"c_target1": timed(target_model, 1), "c_verify": timed(target_model, k + 1), "k": k}
     if draft_model is not None:
         costs["c_draft"] = timed(draft_model, 1)
     return costs
+
+
+def verify_costs(target_model, rows=(1, 2, 4, 6, 7, 8, 12, 16, 17, 24), reps: int = 20) -> dict[int, float]:
+    """A verify forward of T rows in units of a one-token forward, for each T in `rows`: where a
+    draft tree's nodes stop being nearly free on this hardware (the budget of a tree method)."""
+    one = bare_forward_s(target_model, 1, reps=reps)
+    return {T: round(bare_forward_s(target_model, T, reps=reps) / one, 2) for T in rows}

@@ -59,10 +59,11 @@ def build_eagle(base, cfg, head_ids: torch.Tensor):
     return model
 
 
-def eagle_fuse(model, feats: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """(T, C) post-norm features and (T,) next tokens -> (T, C) inputs of the EAGLE layer."""
+def eagle_fuse(model, feats: torch.Tensor, tokens: torch.Tensor, fc=None) -> torch.Tensor:
+    """(T, C) post-norm features and (T,) next tokens -> (T, C) inputs of the EAGLE layer.
+    fc: another implementation of model.eagle_fc (a drafter's packed copy)."""
     e = model.model.embed_tokens.weight[tokens]
-    return model.eagle_fc(torch.cat([feats.to(e.dtype), e], -1))
+    return (fc or model.eagle_fc)(torch.cat([feats.to(e.dtype), e], -1))
 
 
 class MedusaHeads(nn.Module):

@@ -84,6 +84,16 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         self.head = head
         self.attach_lm(head, "fast")                     # its own one-layer cache, fed by embeds
         self.lm.capture_layers = (1,)
+        fc = head.eagle_fc                               # the fusion in speclab's kernel where it runs
+        if kernels.available(fc.weight.device, fc.weight.dtype):
+            packed = kernels.Packed(fc.weight)
+            self.fc = lambda x: packed(x) + fc.bias
+        else:
+            self.fc = fc
+
+    def fuse(self, feats: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """(T, C) pre-norm features, (T,) next tokens -> the head's (T, C) inputs."""
+        return eagle_fuse(self.head, self.head.model.norm(feats), tokens, self.fc)
 
     def feed(self, ctx: Context, subset: bool = False):
         """Give the head every committed (feature, next token) pair it has not seen: entries
@@ -92,8 +102,7 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         n = len(ctx.ids)
         assert self.lm.length == self.fed and self.fed + len(self.feats) == n - 1
         nxt = torch.tensor(ctx.ids[self.fed + 1:n], device=ctx.device)
-        logits = self.lm.forward(None, embeds=eagle_fuse(self.head, self.head.model.norm(self.feats), nxt),
-                                 subset=subset)
+        logits = self.lm.forward(None, embeds=self.fuse(self.feats, nxt), subset=subset)
         self.fed, self.feats = n - 1, None
         return logits[-1], self.lm.captured[1][0, -1:]
 
@@ -108,7 +117,7 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
             if inp is None:
                 logits, state["h"] = self.feed(ctx)
                 return logits
-            x = eagle_fuse(self.head, self.head.model.norm(state["h"]), inp)
+            x = self.fuse(state["h"], inp)
             logits = self.lm.forward(None, embeds=x)
             state["h"] = self.lm.captured[1][0, -1:]
             return logits[-1]
@@ -149,7 +158,7 @@ class EagleDrafter(EagleChainDrafter):
             if not len(tree):
                 return root_q[0]
             feats = torch.cat([out_of[p] for p in tree.parents])               # (N, C)
-            x = eagle_fuse(self.head, self.head.model.norm(feats), torch.tensor(tree.tokens, device=ctx.device))
+            x = self.fuse(feats, torch.tensor(tree.tokens, device=ctx.device))
             logits = self.lm.forward(None, parents=tree.parents, embeds=x, subset=True)   # (nodes, N)
             out = self.lm.captured[1][0]
             self.lm.keep(self.fed)              # tree entries are never kept in the head's cache

@@ -80,7 +80,7 @@ def _tree_dynamic(target, draft, budget=10, width=3, depth=5, backend="auto"):
     return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth, backend=backend)
 
 
-def _eagle(target, draft, budget=16, width=4, depth=6):
+def _eagle(target, draft, budget=5, width=2, depth=3):   # sized for a CPU verify (BENCHMARKS.md)
     from speclab.decoding.drafters.heads import EagleDrafter
     return EagleDrafter(target, draft, budget=budget, width=width, depth=depth)
 

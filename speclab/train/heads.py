@@ -279,36 +279,31 @@ def build(kind: str, base, head_ids, args):
 
 
 @torch.no_grad()
-def evaluate(kind, head, data, X, spans, norm, W_sub, args, U) -> dict:
+def evaluate(kind, head, data, X, spans, norm, W_sub, args, U, ranks: int = 8) -> dict:
+    """Held-out top-1 agreement per step (eagle) or head (medusa). For medusa the same pass counts
+    each head's rank accuracies (medusa_rank_hits) into the heads' config as `medusa_rank_acc`,
+    so a save carries what the drafter builds the paper's calibrated tree from."""
     head.eval()
     agg: dict[str, float] = {}
+    hits, n = 0, 0
     for i in range(0, len(spans), args.batch):
         tok, x, f, lp, m = batch(data, X, spans[i:i + args.batch], norm, W_sub)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            _, st = eagle_loss(head, tok, f, lp, m, U, 0.0) if kind == "eagle" else medusa_loss(head, x, lp, m)
+            if kind == "eagle":
+                _, st = eagle_loss(head, tok, f, lp, m, U, 0.0)
+            else:
+                h, c = medusa_rank_hits(head, x, lp, m, ranks)
+                hits, n = hits + h, n + c
+                continue
         for k in [k for k in st if k.startswith("acc")]:
-            n = st["n" + k[3:]]
-            agg[k] = agg.get(k, 0.0) + st[k] * n
-            agg["n" + k[3:]] = agg.get("n" + k[3:], 0) + n
+            agg[k] = agg.get(k, 0.0) + st[k] * st["n" + k[3:]]
+            agg["n" + k[3:]] = agg.get("n" + k[3:], 0) + st["n" + k[3:]]
     head.train()
+    if kind == "medusa":
+        acc = [[round(float(v), 4) for v in row] for row in hits / n.clamp(min=1)[:, None]]
+        head.config.medusa_rank_acc = acc
+        return {f"acc{k + 1}": row[0] for k, row in enumerate(acc)}
     return {k: round(v / max(agg["n" + k[3:]], 1), 4) for k, v in agg.items() if k.startswith("acc")}
-
-
-@torch.no_grad()
-def calibrate_medusa(head, data, X, spans, norm, W_sub, args, ranks: int = 8) -> list[list[float]]:
-    """Each head's rank accuracies on the held-out spans (see medusa_rank_hits), kept in the heads'
-    config as `medusa_rank_acc`, so the drafter builds the paper's calibrated tree from them."""
-    head.eval()
-    hits, n = 0, 0
-    for i in range(0, len(spans), args.batch):
-        _, x, _, lp, m = batch(data, X, spans[i:i + args.batch], norm, W_sub)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            h, c = medusa_rank_hits(head, x, lp, m, ranks)
-        hits, n = hits + h, n + c
-    head.train()
-    acc = [[round(float(v), 4) for v in row] for row in hits / n.clamp(min=1)[:, None]]
-    head.config.medusa_rank_acc = acc
-    return acc
 
 
 def main(argv=None):
@@ -365,7 +360,8 @@ def main(argv=None):
         from speclab.models.adapter import load_draft
         head = load_draft(out, base, torch.float32)
         W_sub = head.lm_head.weight.detach().float()             # its own trimmed vocabulary
-        print("rank accuracies per head:", calibrate_medusa(head, data, X, held, norm, W_sub, args))
+        print("held-out agreement:", evaluate("medusa", head, data, X, held, norm, W_sub, args, 0))
+        print("rank accuracies per head:", head.config.medusa_rank_acc)
         save_draft(head, out, args.target, kind=args.kind)
         print(f"saved {out}")
         return 0
@@ -385,7 +381,7 @@ def main(argv=None):
         if score >= state.get("best", -1.0):
             state["best"] = score
             if args.kind == "medusa":
-                print("rank accuracies per head:", calibrate_medusa(head, data, X, held, norm, W_sub, args))
+                print("rank accuracies per head:", head.config.medusa_rank_acc)
             save_draft(head, out, args.target, kind=args.kind)
             print(f"saved {out}")
         save_checkpoint(ckpt, head, opt, state)

@@ -120,6 +120,92 @@ def test_training_forward_equals_drafting_forward(target, heads):
         assert torch.allclose(lm.captured[1][0, -1], o[1, 0, t], atol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def eagle3(target, heads):
+    """The EAGLE head above given EAGLE-3's layer fusion over the target's layers 1 and L, fc3 at
+    its initialisation (the last layer alone) and then with random weights on layer 1."""
+    base, tok = target
+    L = base.config.num_hidden_layers
+    head = build_eagle(base, head_config(base.config, "eagle", layers=[1, L]), heads[0][0].lm_head.head_ids)
+    head.load_state_dict(heads[0][0].state_dict(), strict=False)
+    return head.eval(), tok
+
+
+def test_eagle3_head_starts_as_the_top_only_head_and_stays_lossless(target, heads, eagle3, heldout_prompts):
+    """fc3 starts as the last layer alone, so the fused head drafts exactly what the top-only head
+    with the same weights drafts; with weight on layer 1 it drafts otherwise, and stays lossless."""
+    import copy
+    prompt = heldout_prompts[1]
+    runs = [speclab.generate(target, prompt, "eagle", draft=h, max_new_tokens=NEW, record="light")
+            for h in (heads[0], eagle3)]
+    assert runs[0].ids == runs[1].ids
+    assert [[n.token for n in r.nodes] for r in runs[0].trace.rounds] == \
+        [[n.token for n in r.nodes] for r in runs[1].trace.rounds]
+    mixed = copy.deepcopy(eagle3[0])
+    C = target[0].config.hidden_size
+    with torch.no_grad():
+        torch.manual_seed(1)
+        mixed.eagle_fc3.weight[:, :C] = torch.randn(C, C) * 0.5
+    ref = speclab.generate(target, prompt, "ar", max_new_tokens=NEW, record=None).ids
+    other = None
+    for method in ("eagle", "eagle-chain"):
+        r = speclab.generate(target, prompt, method, draft=(mixed, eagle3[1]), max_new_tokens=NEW, record="light")
+        assert r.ids == ref and r.trace.totals.drafted > 0
+        if method == "eagle":
+            other = [[n.token for n in rnd.nodes] for rnd in r.trace.rounds]
+    assert other != [[n.token for n in r.nodes] for r in runs[0].trace.rounds]
+
+
+def test_eagle3_training_input_equals_drafting_input(target, eagle3):
+    """train/heads.eagle_step1 over the states after layers 1 and L is what the drafter's prepare
+    + norm give the head at run time."""
+    from speclab.decoding.drafters.heads import EagleChainDrafter
+    base, _ = target
+    head = eagle3[0]
+    tok = torch.randint(0, 500, (1, 10))
+    L = base.config.num_hidden_layers
+    got = {}
+    hooks = [base.model.layers[l - 1].register_forward_hook(
+        lambda _m, _i, o, l=l: got.__setitem__(l, o[0] if isinstance(o, tuple) else o)) for l in (1, L)]
+    with torch.no_grad():
+        base(input_ids=tok)
+        for h in hooks:
+            h.remove()
+        pre = [got[1], got[L]]                                        # pre-norm states (1, T, C)
+        train_in = th.eagle_step1(head, pre)[0]
+        d = EagleChainDrafter(base, head)
+        run_in = head.model.norm(d.prepare([p[0] for p in pre]))
+    assert d.layers == (1, L)
+    assert torch.allclose(train_in, run_in, atol=1e-5)
+
+
+def test_eagle3_layers_checked(target, eagle3):
+    base, tok = target
+    L = base.config.num_hidden_layers
+    bad = build_eagle(base, head_config(base.config, "eagle", layers=[1, L + 3]), torch.arange(10))
+    with pytest.raises(ValueError, match="target layers"):
+        speclab.generate(target, "def f(x):", "eagle", draft=(bad, tok))
+    for spec in ("a,b", "0,4", "1,2"):
+        with pytest.raises(SystemExit, match="--layers"):
+            th.parse_layers(spec, 4)
+    assert th.parse_layers("4,1", 4) == [1, 4] and th.parse_layers(None, 4) is None
+
+
+def test_training_reaches_the_fusion_from_step_one(target, eagle3):
+    """The loss of step 1 alone (the target's own features) trains the fusion and EAGLE-3's layer
+    fusion: the committed entries a run-time head attends to are step-1 entries."""
+    import copy
+    base, _ = target
+    head = copy.deepcopy(eagle3[0]).float().train()
+    tok = torch.randint(0, 500, (1, 10))
+    xs = [torch.randn(1, 10, base.config.hidden_size) for _ in range(2)]
+    o = th.eagle_forward(head, th.eagle_step1(head, xs), tok, U=2)
+    o[0].sum().backward()
+    C = base.config.hidden_size
+    assert head.eagle_fc.weight.grad.abs().sum() > 0
+    assert head.eagle_fc3.weight.grad[:, :C].abs().sum() > 0       # layer 1's block, zero at the start
+
+
 def test_ttt_mask_rows():
     vis = th.ttt_mask(5, 3)
     T = 5
@@ -144,8 +230,8 @@ def test_a_few_steps_lower_the_loss(kind, target):
         f = base.model.norm(x)
         lp = (f @ head.lm_head.weight.t()).log_softmax(-1)
     m = torch.ones(2, 16, dtype=torch.bool)
-    loss_fn = (lambda: th.eagle_loss(head, tok, f, lp, m, 2, 0.5)[0]) if kind == "eagle" else \
-        (lambda: th.medusa_loss(head, x, lp, m)[0])
+    loss_fn = (lambda: th.eagle_loss(head, tok, [x], f, lp, m, 2, 0.5)[0]) if kind == "eagle" else \
+        (lambda: th.medusa_loss(head, [x], lp, m)[0])
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=3e-3)
     first = float(loss_fn())

@@ -8,6 +8,10 @@ eagle   EAGLE (Li et al. 2024): one decoder layer over fc([norm(x_t); e(x_{t+1})
         causal sequence with its own small KV cache. Its output at entry t is a predicted feature
         for position t+1, scored through the target's norm + head: a draft for token t+2. Drafting
         goes on autoregressively by feeding its own (normed) prediction back as the next feature.
+        With `eagle_layers` in its config (EAGLE-3's low / mid / high fusion), x_t is instead
+        fc3([rms(x_t^(l1)); ...; rms(x_t^(L))]) (kC -> C) over the target's states after those
+        layers: a 135M target's last layer is specialised for token t+1, its middle layers still
+        carry the context the head needs for t+2.
 medusa  Medusa (Cai et al. 2024): K residual blocks on x_t; block k predicts token t+1+k, all from
         the same position, with no cache and no dependence on earlier draft tokens.
 
@@ -25,8 +29,9 @@ import torch.nn.functional as F
 from speclab.models.adapter import SubsetHead, build_draft
 
 
-def head_config(base_cfg, kind: str, n_heads: int = 4):
-    """A one-layer Llama config with the base's dimensions (eagle), or the same + medusa_heads."""
+def head_config(base_cfg, kind: str, n_heads: int = 4, layers=None):
+    """A one-layer Llama config with the base's dimensions (eagle, + eagle_layers if it reads
+    several target layers), or the same + medusa_heads."""
     from transformers import LlamaConfig
     cfg = LlamaConfig(**{k: v for k, v in base_cfg.to_dict().items()
                          if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version")})
@@ -34,7 +39,19 @@ def head_config(base_cfg, kind: str, n_heads: int = 4):
     cfg.tie_word_embeddings = False
     if kind == "medusa":
         cfg.medusa_heads = n_heads
+    if layers:
+        cfg.eagle_layers = list(layers)
     return cfg
+
+
+def eagle_layers(head_cfg, n_layers: int) -> tuple[int, ...]:
+    """The target layers (1-based: the state after that many layers) whose hidden states feed the
+    head, checked against a target of n_layers."""
+    layers = tuple(getattr(head_cfg, "eagle_layers", None) or (n_layers,))
+    if any(not 1 <= l <= n_layers for l in layers) or list(layers) != sorted(set(layers)):
+        raise ValueError(f"the head reads target layers {list(layers)} but the target has {n_layers}: "
+                         "train a head for this target (speclab train eagle --target ...)")
+    return layers
 
 
 def check_base(head_cfg, target_cfg, head_name: str, target_name: str):
@@ -56,7 +73,26 @@ def build_eagle(base, cfg, head_ids: torch.Tensor):
     model.model.norm.weight.requires_grad_(False)
     model.eagle_fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=True,
                                dtype=base.dtype, device=base.device)
+    k = len(getattr(cfg, "eagle_layers", None) or ())
+    if k:
+        C = cfg.hidden_size
+        model.eagle_fc3 = nn.Linear(k * C, C, bias=False, dtype=base.dtype, device=base.device)
+        with torch.no_grad():           # starts as the last layer alone: a top-only head's input exactly
+            model.eagle_fc3.weight.zero_()
+            model.eagle_fc3.weight[:, (k - 1) * C:] = torch.eye(C)
     return model
+
+
+def eagle_input(model, xs: list[torch.Tensor], fc3=None) -> torch.Tensor:
+    """The target's pre-norm hidden states at the head's eagle_layers (each (T, C), the last layer's
+    last) -> the (T, C) pre-norm feature its norm and fusion read: the last state itself, or
+    fc3 over all of them, each RMS-normalised (their scales differ by orders of magnitude).
+    fc3: another implementation of model.eagle_fc3 (a drafter's packed copy)."""
+    if getattr(model, "eagle_fc3", None) is None:
+        return xs[-1]
+    fc3 = fc3 or model.eagle_fc3
+    eps = model.config.rms_norm_eps
+    return fc3(torch.cat([F.rms_norm(x, x.shape[-1:], eps=eps) for x in xs], -1))
 
 
 def eagle_fuse(model, feats: torch.Tensor, tokens: torch.Tensor, fc=None) -> torch.Tensor:

@@ -53,25 +53,41 @@ def load_data(dirs: list[str]) -> dict:
     return data
 
 
+class _Enough(Exception):
+    """Raised by the hook on the deepest layer wanted: the rest of the forward is not needed."""
+
+
 @torch.inference_mode()
-def target_features(base, data: dict, cache: Path, batch_tokens: int = 4096, log=print) -> torch.Tensor:
-    """(sum T, C) bf16: the target's last-layer hidden state (pre-norm) at every token of every row,
-    one forward per batch of rows (right-padded; causal, so padding never reaches a real token)."""
+def target_features(base, data: dict, caches: dict[int, Path], batch_tokens: int = 4096,
+                    log=print) -> dict[int, torch.Tensor]:
+    """layer -> (sum T, C) bf16: the target's hidden state (pre-norm) after that many layers at
+    every token of every row, cached in caches[layer]. The layers not cached yet come from one
+    forward per batch of rows (right-padded; causal, so padding never reaches a real token),
+    stopped after the deepest of them."""
     from safetensors.torch import load_file, save_file
     off = data["offsets"]
     key = f"{len(data['tokens'])}:{int(data['tokens'].long().sum())}"
-    if cache.exists():
-        got = load_file(str(cache))
-        if json.loads(cache.with_suffix(".json").read_text()).get("key") == key:
-            return got["x"]
+    out = {}
+    for l, cache in caches.items():
+        if cache.exists() and json.loads(cache.with_suffix(".json").read_text()).get("key") == key:
+            out[l] = load_file(str(cache))["x"]
+    todo = sorted(l for l in caches if l not in out)
+    if not todo:
+        return out
     from tqdm.auto import tqdm
     n, C = len(data["tokens"]), base.config.hidden_size
-    X = torch.empty(n, C, dtype=torch.bfloat16)
-    last = base.model.layers[-1]
+    X = {l: torch.empty(n, C, dtype=torch.bfloat16) for l in todo}
     got = {}
-    hook = last.register_forward_hook(lambda _m, _i, out: got.__setitem__("x", out[0] if isinstance(out, tuple) else out))
+
+    def keeper(l):
+        def keep(_m, _i, o):
+            got[l] = o[0] if isinstance(o, tuple) else o
+            if l == todo[-1]:
+                raise _Enough
+        return keep
+    hooks = [base.model.layers[l - 1].register_forward_hook(keeper(l)) for l in todo]
     rows = sorted(range(len(off) - 1), key=lambda r: int(off[r + 1] - off[r]))
-    t0, bar = time.time(), tqdm(total=n, desc="target features", unit="tok", mininterval=5)
+    t0, bar = time.time(), tqdm(total=n, desc=f"target features (layers {todo})", unit="tok", mininterval=5)
     try:
         i = 0
         while i < len(rows):
@@ -87,19 +103,33 @@ def target_features(base, data: dict, cache: Path, batch_tokens: int = 4096, log
             ids = torch.zeros(len(group), L, dtype=torch.long)
             for j, r in enumerate(group):
                 ids[j, :int(off[r + 1] - off[r])] = data["tokens"][int(off[r]):int(off[r + 1])].long()
-            base.model(input_ids=ids.to(base.device))
+            try:
+                base.model(input_ids=ids.to(base.device))
+            except _Enough:
+                pass
             for j, r in enumerate(group):
-                X[int(off[r]):int(off[r + 1])] = got["x"][j, :int(off[r + 1] - off[r])].to(torch.bfloat16).cpu()
+                for l in todo:
+                    X[l][int(off[r]):int(off[r + 1])] = got[l][j, :int(off[r + 1] - off[r])].to(torch.bfloat16).cpu()
             bar.update(sum(int(off[r + 1] - off[r]) for r in group))
     finally:
-        hook.remove()
+        for h in hooks:
+            h.remove()
         bar.close()
-    tmp = cache.with_suffix(".tmp")
-    save_file({"x": X}, str(tmp))
-    tmp.replace(cache)
-    cache.with_suffix(".json").write_text(json.dumps({"key": key, "seconds": round(time.time() - t0)}))
-    log(f"features: {n} positions in {time.time() - t0:.0f} s -> {cache}")
-    return X
+    for l in todo:
+        cache = caches[l]
+        tmp = cache.with_suffix(".tmp")
+        save_file({"x": X[l]}, str(tmp))
+        tmp.replace(cache)
+        cache.with_suffix(".json").write_text(json.dumps({"key": key, "seconds": round(time.time() - t0)}))
+    log(f"features: layers {todo}, {n} positions in {time.time() - t0:.0f} s -> {caches[todo[-1]].parent}")
+    return out | X
+
+
+def feature_cache(first: Path, layer: int, n_layers: int, limit_rows: int = 0) -> Path:
+    """Where the states after `layer` layers are cached: features.safetensors for the last layer
+    (the name earlier heads were trained from), features-l{layer}.safetensors for the others."""
+    name = "features" + (f"-l{layer}" if layer != n_layers else "") + (f"-{limit_rows}" if limit_rows else "")
+    return first / f"{name}.safetensors"
 
 
 def windows(data: dict, rows: list[int], T: int) -> list[tuple[int, int]]:
@@ -112,22 +142,24 @@ def windows(data: dict, rows: list[int], T: int) -> list[tuple[int, int]]:
     return out
 
 
-def batch(data: dict, X: torch.Tensor, spans, norm, W_sub: torch.Tensor):
-    """tokens (B, T), pre-norm x (B, T, C), post-norm f (B, T, C), target log-probs over the
-    subset lp (B, T, N) and a mask (B, T) of real positions."""
+def batch(data: dict, Xs: list[torch.Tensor], spans, norm, W_sub: torch.Tensor):
+    """tokens (B, T), pre-norm states xs [(B, T, C)] at the head's layers (the last layer's last),
+    post-norm f (B, T, C) of the last, target log-probs over the subset lp (B, T, N) and a mask
+    (B, T) of real positions."""
     T = max(e - s for s, e in spans)
-    B, C = len(spans), X.shape[1]
+    B, C = len(spans), Xs[0].shape[1]
     tok = torch.zeros(B, T, dtype=torch.long)
-    x = torch.zeros(B, T, C)
+    xs = [torch.zeros(B, T, C) for _ in Xs]
     m = torch.zeros(B, T, dtype=torch.bool)
     for i, (s, e) in enumerate(spans):
         tok[i, :e - s] = data["tokens"][s:e].long()
-        x[i, :e - s] = X[s:e].float()
+        for x, X in zip(xs, Xs):
+            x[i, :e - s] = X[s:e].float()
         m[i, :e - s] = True
-    f = norm(x)
+    f = norm(xs[-1])
     with torch.no_grad():
         lp = (f @ W_sub.t()).float().log_softmax(-1)
-    return tok, x, f, lp, m
+    return tok, xs, f, lp, m
 
 
 def soft_ce(logits: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
@@ -156,36 +188,46 @@ def ttt_mask(T: int, U: int) -> torch.Tensor:
 
 
 def eagle_forward(head, f: torch.Tensor, tok: torch.Tensor, U: int) -> torch.Tensor:
-    """Head outputs (U, B, T-1, C) for entries t = 0..T-2: step 1 reads the target's features,
-    step s the head's own output of step s-1 at t-1 (earlier steps under no_grad)."""
+    """Head outputs (U, B, T-1, C) for entries t = 0..T-2: step 1 reads the target's features f
+    (B, T, C) post-norm (eagle_step1), step s the head's own output of step s-1 at t-1.
+
+    Steps 1..U-1 run without gradient only to produce the predictions fed back; the last pass
+    recomputes every step's input and output with gradient, so the fusion (and an EAGLE-3 head's
+    layer fusion) learns from the step-1 entries too: those are what the head's cache holds for
+    committed tokens at run time."""
     from speclab.models.heads import eagle_fuse
     B, T, C = f.shape
     Tn = T - 1
     e_in = tok[:, 1:]                                        # entry t pairs f_t with token t+1
     layer, rot = head.model.layers[0], head.model.rotary_emb
     pos = torch.arange(Tn).repeat(U)[None].expand(B, -1)
-    inputs = [eagle_fuse(head, f[:, :Tn], e_in)]
+    feats = [f[:, :Tn]]                      # what each step's entries read (predictions: no gradient)
     out = None
     for s in range(1, U + 1):
         vis = ttt_mask(Tn, s)
         mask = torch.zeros(vis.shape).masked_fill(~vis, float("-inf"))[None, None]
-        x = torch.cat(inputs, 1)                                     # (B, s*Tn, C)
-        cos, sin = rot(x, pos[:, :s * Tn])
         with torch.set_grad_enabled(torch.is_grad_enabled() and s == U):
+            x = torch.cat([eagle_fuse(head, g, e_in) for g in feats], 1)  # (B, s*Tn, C)
+            cos, sin = rot(x, pos[:, :s * Tn])
             h = layer(x, attention_mask=mask, position_ids=pos[:, :s * Tn], position_embeddings=(cos, sin))
             h = h[0] if isinstance(h, tuple) else h
         out = h.view(B, s, Tn, C)
         if s < U:                                                    # next step: own prediction at t-1
             prev = head.model.norm(out[:, s - 1].detach())
-            shifted = torch.cat([prev[:, :1], prev[:, :-1]], 1)
-            inputs = [i.detach() for i in inputs] + [eagle_fuse(head, shifted, e_in)]
+            feats.append(torch.cat([prev[:, :1], prev[:, :-1]], 1))
     return out.transpose(0, 1)                                       # (U, B, Tn, C)
 
 
-def eagle_loss(head, tok, f, lp, m, U: int, reg_weight: float):
-    """Per step: soft CE to the target's p_{t+1} + reg_weight x smooth L1 to f_{t+1}, over valid
-    entries (t >= s-1, real tokens)."""
-    o = eagle_forward(head, f, tok, U)                              # (U, B, Tn, C)
+def eagle_step1(head, xs: list[torch.Tensor]) -> torch.Tensor:
+    """(B, T, C) the post-norm feature the head's step 1 reads (speclab.models.heads.eagle_input)."""
+    from speclab.models.heads import eagle_input
+    return head.model.norm(eagle_input(head, xs))
+
+
+def eagle_loss(head, tok, xs, f, lp, m, U: int, reg_weight: float):
+    """Per step: soft CE to the target's p_{t+1} + reg_weight x smooth L1 to f_{t+1} (the last
+    layer's post-norm state), over valid entries (t >= s-1, real tokens)."""
+    o = eagle_forward(head, eagle_step1(head, xs), tok, U)          # (U, B, Tn, C)
     fo = head.model.norm(o)
     logits = fo @ head.lm_head.weight.t()                           # (U, B, Tn, N)
     total, stats = 0.0, {}
@@ -205,8 +247,9 @@ def eagle_loss(head, tok, f, lp, m, U: int, reg_weight: float):
 # ----------------------------------------------------------------------------------------------
 # 3. medusa
 
-def medusa_loss(heads, x, lp, m):
+def medusa_loss(heads, xs, lp, m):
     """Head k (1..K) at position t: soft CE to p_{t+k}."""
+    x = xs[-1]
     K, T = heads.n_heads, x.shape[1]
     logits = heads.hidden(x) @ heads.lm_head.weight.t()              # (K, B, T, N)
     total, stats = 0.0, {}
@@ -220,9 +263,10 @@ def medusa_loss(heads, x, lp, m):
     return total / K, stats
 
 
-def medusa_rank_hits(heads, x, lp, m, ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
+def medusa_rank_hits(heads, xs, lp, m, ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """hits (K, ranks): how often head k's rank-r guess at t was the target's greedy token t+1+k,
     and n (K,) the positions counted: what Medusa-1's calibrated tree is built from."""
+    x = xs[-1]
     K, T = heads.n_heads, x.shape[1]
     logits = heads.hidden(x) @ heads.lm_head.weight.t()              # (K, B, T, N)
     hits, n = torch.zeros(K, ranks), torch.zeros(K)
@@ -249,6 +293,12 @@ def get_args(argv):
     ap.add_argument("--reg-weight", type=float, default=0.5, help="eagle: smooth L1 weight on the features")
     ap.add_argument("--medusa-heads", type=int, default=4)
     ap.add_argument("--init-layer", type=int, default=-1, help="eagle: copy this target layer first (-1: the last)")
+    ap.add_argument("--layers", default=None,
+                    help="eagle: target layers whose states feed the head, e.g. 10,20,30 (EAGLE-3's low / mid / "
+                         "high fusion; default: the last layer only)")
+    ap.add_argument("--init-from", default=None,
+                    help="start from the head in this directory (its weights and trimmed vocabulary); weights "
+                         "it lacks (e.g. the layer fusion when --layers is new) keep their initialisation")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -265,10 +315,25 @@ def get_args(argv):
     return ap.parse_args(argv)
 
 
+def parse_layers(spec: str | None, n_layers: int) -> list[int] | None:
+    """--layers "10,20,30" -> [10, 20, 30], checked; the last must be the target's last layer (its
+    state is what the regression and the target's distribution are computed from)."""
+    if not spec:
+        return None
+    try:
+        layers = sorted({int(v) for v in spec.split(",")})
+    except ValueError:
+        raise SystemExit(f"--layers takes comma-separated layer numbers like 10,20,{n_layers}, got {spec!r}")
+    if layers[0] < 1 or layers[-1] != n_layers:
+        raise SystemExit(f"--layers must lie in 1..{n_layers} and end with the last layer, {n_layers}: got {spec!r}")
+    return layers
+
+
 def build(kind: str, base, head_ids, args):
     from speclab.models.heads import build_eagle, build_medusa, head_config
     if kind == "eagle":
-        head = build_eagle(base, head_config(base.config, "eagle"), head_ids)
+        layers = parse_layers(args.layers, base.config.num_hidden_layers)
+        head = build_eagle(base, head_config(base.config, "eagle", layers=layers), head_ids)
         if args.init_layer is not None:            # a prior in the right space; EAGLE starts at random
             head.model.layers[0].load_state_dict(base.model.layers[args.init_layer].state_dict())
     else:
@@ -279,7 +344,7 @@ def build(kind: str, base, head_ids, args):
 
 
 @torch.no_grad()
-def evaluate(kind, head, data, X, spans, norm, W_sub, args, U, ranks: int = 8) -> dict:
+def evaluate(kind, head, data, X: list, spans, norm, W_sub, args, U, ranks: int = 8) -> dict:
     """Held-out top-1 agreement per step (eagle) or head (medusa). For medusa the same pass counts
     each head's rank accuracies (medusa_rank_hits) into the heads' config as `medusa_rank_acc`,
     so a save carries what the drafter builds the paper's calibrated tree from."""
@@ -287,12 +352,12 @@ def evaluate(kind, head, data, X, spans, norm, W_sub, args, U, ranks: int = 8) -
     agg: dict[str, float] = {}
     hits, n = 0, 0
     for i in range(0, len(spans), args.batch):
-        tok, x, f, lp, m = batch(data, X, spans[i:i + args.batch], norm, W_sub)
+        tok, xs, f, lp, m = batch(data, X, spans[i:i + args.batch], norm, W_sub)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if kind == "eagle":
-                _, st = eagle_loss(head, tok, f, lp, m, U, 0.0)
+                _, st = eagle_loss(head, tok, xs, f, lp, m, U, 0.0)
             else:
-                h, c = medusa_rank_hits(head, x, lp, m, ranks)
+                h, c = medusa_rank_hits(head, xs, lp, m, ranks)
                 hits, n = hits + h, n + c
                 continue
         for k in [k for k in st if k.startswith("acc")]:
@@ -323,9 +388,11 @@ def main(argv=None):
         data = {k: (v[:args.limit_rows + 1] if k == "offsets" else v[:args.limit_rows] if k == "is_code" else v[:n])
                 for k, v in data.items()}
     first = Path(args.data_dirs[0]).expanduser()
-    cache = first / ("features.safetensors" if not args.limit_rows else f"features-{args.limit_rows}.safetensors")
     base, tok = zoo.load(args.target, dtype="bf16")
-    X = target_features(base, data, cache)
+    L = base.config.num_hidden_layers
+    layers = (parse_layers(args.layers, L) if args.kind == "eagle" else None) or [L]
+    feats = target_features(base, data, {l: feature_cache(first, l, L, args.limit_rows) for l in layers})
+    X = [feats[l] for l in layers]
     del base
     base = zoo.load(args.target, dtype="fp32")[0]               # fp32 master weights, bf16 autocast
     for p in base.parameters():
@@ -338,7 +405,19 @@ def main(argv=None):
     top = data["top_ids"][pos][data["has_top"][pos].bool()].long()
     counts += torch.bincount(top[:, 0], minlength=V) + 0.1 * torch.bincount(top.flatten(), minlength=V)
     head_ids = select_head_ids(None, args.head_size, specials, V, counts=counts, fill=True)
+    init = None
+    if args.init_from:
+        from safetensors.torch import load_file
+        init = load_file(str(Path(args.init_from) / "model.safetensors"))
+        head_ids = init.pop("head_ids")
     head = build(args.kind, base, head_ids, args)
+    if init is not None:
+        new = [k for k in trainable(head) if k not in init]
+        with torch.no_grad():
+            for k, p in head.named_parameters():
+                if k in init:
+                    p.copy_(init[k].to(p.dtype))
+        print(f"started from {args.init_from}" + (f"; new: {', '.join(new)}" if new else ""))
     W_sub = head.lm_head.weight.detach().float()                    # (N, C): the target's rows
     nw, eps = base.model.norm.weight.detach().float(), base.config.rms_norm_eps
     norm = lambda x: F.rms_norm(x.float(), x.shape[-1:], nw, eps)
@@ -398,10 +477,10 @@ def main(argv=None):
         lr = args.lr * min(1.0, (state["step"] + 1) / args.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        tok_b, x, f, lp, m = batch(data, X, pick, norm, W_sub)
+        tok_b, xs, f, lp, m = batch(data, X, pick, norm, W_sub)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, st = (eagle_loss(head, tok_b, f, lp, m, U, args.reg_weight) if args.kind == "eagle"
-                        else medusa_loss(head, x, lp, m))
+            loss, st = (eagle_loss(head, tok_b, xs, f, lp, m, U, args.reg_weight) if args.kind == "eagle"
+                        else medusa_loss(head, xs, lp, m))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)

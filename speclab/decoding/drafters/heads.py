@@ -13,7 +13,8 @@ medusa       Medusa-1: a static tree of top-k products, all K heads from one pos
              written by `speclab train medusa`) get the paper's calibrated tree of `budget` nodes.
 
 Provenance, in each node's `source`: "h{t}" = fed by the target's hidden state at position t;
-"h{t}+{j}" = j steps of the head's own predicted features past it (eagle); "medusa{k}@h{t}" = head
+"h{t}+{j}" = j steps of the head's own predicted features past it (eagle; an EAGLE-3 head reads
+position t at several layers); "medusa{k}@h{t}" = head
 k read position t. A target token outside the head's trimmed vocabulary could never have been
 drafted: the round records it as `coverage_miss` in its info.
 """
@@ -27,7 +28,7 @@ from speclab.decoding.drafters.trees import calibrated_paths, check_budget, chec
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 from speclab.models import kernels
-from speclab.models.heads import MedusaHeads, check_base, eagle_fuse
+from speclab.models.heads import MedusaHeads, check_base, eagle_fuse, eagle_input, eagle_layers
 
 MEDUSA_PATHS = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
                 [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1]]
@@ -39,8 +40,9 @@ def _name(m) -> str:
 
 
 class FeatureReader:
-    """Mixin: capture the target's last hidden state at each verify; keep the committed rows in
-    `self.feats` (n, C) for positions [self.fed, self.fed + n), not yet given to the head."""
+    """Mixin: capture the target's hidden states at each verify (the last layer's; an EAGLE-3 head
+    also earlier ones, its `eagle_layers`); keep the committed rows' features in `self.feats`
+    (n, C) for positions [self.fed, self.fed + n), not yet given to the head."""
 
     def read_target(self, target_model, head, kind: str, method: str):
         if head is None or kind == "eagle" and not hasattr(head, "eagle_fc") or \
@@ -49,13 +51,17 @@ class FeatureReader:
             raise ValueError(f"method {method!r} needs {what} as its draft, got {_name(head)}: "
                              f"train one with `speclab train {kind} --target ...`")
         check_base(head.config, target_model.config, _name(head), _name(target_model))
-        self.layer = len(target_model.model.layers)
+        n = len(target_model.model.layers)
+        self.layers = eagle_layers(head.config, n) if kind == "eagle" else (n,)
+        if self.layers[-1] != n:
+            raise ValueError(f"the head {_name(head)} reads target layers {list(self.layers)}, not ending at the "
+                             f"last of {_name(target_model)}'s {n}: train a head for this target")
         self.in_head = torch.zeros(head.config.vocab_size, dtype=torch.bool)
         self.in_head[head.lm_head.head_ids.cpu()] = True
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
-        target.capture_layers = (self.layer,)
+        target.capture_layers = self.layers
         self.feats, self.fed = None, 0
 
     def end(self):
@@ -63,16 +69,20 @@ class FeatureReader:
         self.feats = None
 
     def observe(self, out: Outcome):
-        h = self.target.captured.get(self.layer)
-        if h is None:
-            raise RuntimeError("the target forward did not capture its last hidden state; "
+        hs = [self.target.captured.get(l) for l in self.layers]
+        if any(h is None for h in hs):
+            raise RuntimeError("the target forward did not capture its hidden states; "
                                "its backend must support capture_layers")
         rows = list(range(out.n_pending)) + [out.n_pending + i for i in out.path]
-        new = h[0, rows]                                                  # (rows, C), pre-norm
+        new = self.prepare([h[0, rows] for h in hs])                       # (rows, C), pre-norm
         self.feats = new if self.feats is None else torch.cat([self.feats, new])
         if not self.in_head[out.emitted]:
             out.tree.info["coverage_miss"] = out.emitted
         super().observe(out)
+
+    def prepare(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        """The committed rows' states at self.layers -> the features kept (the last layer's)."""
+        return xs[-1]
 
 
 class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
@@ -84,12 +94,16 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         self.head = head
         self.attach_lm(head, "fast")                     # its own one-layer cache, fed by embeds
         self.lm.capture_layers = (1,)
-        fc = head.eagle_fc                               # the fusion in speclab's kernel where it runs
+        fc, fc3 = head.eagle_fc, getattr(head, "eagle_fc3", None)
+        self.fc, self.fc3 = fc, fc3                      # the fusions in speclab's kernel where it runs
         if kernels.available(fc.weight.device, fc.weight.dtype):
             packed = kernels.Packed(fc.weight)
             self.fc = lambda x: packed(x) + fc.bias
-        else:
-            self.fc = fc
+            if fc3 is not None:
+                self.fc3 = kernels.Packed(fc3.weight)
+
+    def prepare(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return eagle_input(self.head, xs, self.fc3)     # EAGLE-3's fusion of the layers, if it has one
 
     def fuse(self, feats: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """(T, C) pre-norm features, (T,) next tokens -> the head's (T, C) inputs."""

@@ -7,12 +7,13 @@ The text is the one the target wrote for `smollm2-draft` (speclab/train/smollm2_
 code continuations, stdlib windows it read). The target is frozen and runs once over that text:
 
   1. features: the hidden state x_t after its last layer (pre-norm, bf16) at every position,
-     cached next to the data. Post-norm features f_t = norm(x_t) and the target's distribution over
+     cached next to the data (and, for an EAGLE-3 head, `--layers`, after those layers too). Post-norm features f_t = norm(x_t) and the target's distribution over
      the trimmed vocabulary p_t = softmax(f_t W_sub^T) follow from x_t without running it again.
   2. eagle (EAGLE's recipe with EAGLE-3's training-time test): entry t reads fc([f_t; e(x_{t+1})])
      and predicts f_{t+1} (smooth L1) and p_{t+1} (soft CE). Steps 2..U feed the head's own
      prediction back in place of f_t, with the attention a draft step sees at run time: the true
-     entries before it and its own chain (a mask over the concatenated steps).
+     entries before it and its own chain (a mask over the concatenated steps). With --layers
+     (EAGLE-3's fusion), f_t = norm(fc3([rms(x_t^(l)) for l in layers])).
   3. medusa: head k at position t predicts p_{t+k}, the target's distribution of token t+1+k.
 
 Progress bar, checkpoints (resumable with --resume), a held-out split, the head saved only when

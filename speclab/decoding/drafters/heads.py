@@ -126,16 +126,17 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
             return DraftTree()
         t = len(ctx.ids) - 2
         state = {}
+        ids = self.subset_ids(self.lm)               # greedy: score only the head's own ids
 
         def step(inp):
             if inp is None:
-                logits, state["h"] = self.feed(ctx)
+                logits, state["h"] = self.feed(ctx, subset=ids is not None)
                 return logits
             x = self.fuse(state["h"], inp)
-            logits = self.lm.forward(None, embeds=x)
+            logits = self.lm.forward(None, embeds=x, subset=ids is not None)
             state["h"] = self.lm.captured[1][0, -1:]
             return logits[-1]
-        tokens, q_tok, dists = self.run_chain(step, None)
+        tokens, q_tok, dists = self.run_chain(step, None, ids)
         self.lm.keep(self.fed)                  # drop the head's speculative entries
         tree = DraftTree.chain(tokens, q_tok, "", dists, k=len(tokens))
         tree.source = [f"h{t}" if j == 0 else f"h{t}+{j}" for j in range(len(tokens))]

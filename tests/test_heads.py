@@ -324,7 +324,7 @@ def test_rank_hits_count_where_the_target_went(target):
     x = torch.randn(1, 1, base.config.hidden_size).expand(2, 12, -1).contiguous()
     with torch.no_grad():
         lp = (base.model.norm(x) @ head.lm_head.weight.t()).log_softmax(-1)
-        hits, n = th.medusa_rank_hits(head, x, lp, torch.ones(2, 12, dtype=torch.bool), 3)
+        hits, n = th.medusa_rank_hits(head, [x], lp, torch.ones(2, 12, dtype=torch.bool), 3)
     assert n.tolist() == [22, 20]
     assert hits[:, 0].tolist() == [22, 20] and hits[:, 1:].sum() == 0
 

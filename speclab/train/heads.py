@@ -6,9 +6,9 @@
 The text is the one the target wrote for `smollm2-draft` (speclab/train/smollm2_data.py: Magpie chat,
 code continuations, stdlib windows it read). The target is frozen and runs once over that text:
 
-  1. features: the hidden state x_t after its last layer (pre-norm, bf16) at every position,
-     cached next to the data (and, for an EAGLE-3 head, `--layers`, after those layers too). Post-norm features f_t = norm(x_t) and the target's distribution over
-     the trimmed vocabulary p_t = softmax(f_t W_sub^T) follow from x_t without running it again.
+  1. features (speclab/train/head_data.py): the hidden state x_t after its last layer (and, for
+     an EAGLE-3 head, after each of `--layers`), pre-norm, bf16, at every position, cached next
+     to the data.
   2. eagle (EAGLE's recipe with EAGLE-3's training-time test): entry t reads fc([f_t; e(x_{t+1})])
      and predicts f_{t+1} (smooth L1) and p_{t+1} (soft CE). Steps 2..U feed the head's own
      prediction back in place of f_t, with the attention a draft step sees at run time: the true
@@ -31,136 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from speclab.train.smollm2_data import load_rows, merge, split_rows
-
-DATA_DIRS = ["~/.cache/speclab/smollm2-draft-data", "~/.cache/speclab/smollm2-draft-data2",
-             "~/.cache/speclab/smollm2-draft-data3"]
-
-
-# ----------------------------------------------------------------------------------------------
-# 1. data and features
-
-def load_data(dirs: list[str]) -> dict:
-    """Every rows.safetensors / corpus.safetensors found in `dirs`, merged."""
-    data = None
-    for d in dirs:
-        for f in ("rows.safetensors", "corpus.safetensors"):
-            p = Path(d).expanduser() / f
-            if p.exists():
-                data = load_rows(p) if data is None else merge(data, load_rows(p))
-    if data is None:
-        raise SystemExit(f"no training text in {dirs}: write it first with "
-                         "`speclab train smollm2-draft --gen-only` (see speclab/zoo/smollm2-draft/RECIPE.md)")
-    return data
-
-
-class _Enough(Exception):
-    """Raised by the hook on the deepest layer wanted: the rest of the forward is not needed."""
-
-
-@torch.inference_mode()
-def target_features(base, data: dict, caches: dict[int, Path], batch_tokens: int = 4096,
-                    log=print) -> dict[int, torch.Tensor]:
-    """layer -> (sum T, C) bf16: the target's hidden state (pre-norm) after that many layers at
-    every token of every row, cached in caches[layer]. The layers not cached yet come from one
-    forward per batch of rows (right-padded; causal, so padding never reaches a real token),
-    stopped after the deepest of them."""
-    from safetensors.torch import load_file, save_file
-    off = data["offsets"]
-    key = f"{len(data['tokens'])}:{int(data['tokens'].long().sum())}"
-    out = {}
-    for l, cache in caches.items():
-        if cache.exists() and json.loads(cache.with_suffix(".json").read_text()).get("key") == key:
-            out[l] = load_file(str(cache))["x"]
-    todo = sorted(l for l in caches if l not in out)
-    if not todo:
-        return out
-    from tqdm.auto import tqdm
-    n, C = len(data["tokens"]), base.config.hidden_size
-    X = {l: torch.empty(n, C, dtype=torch.bfloat16) for l in todo}
-    got = {}
-
-    def keeper(l):
-        def keep(_m, _i, o):
-            got[l] = o[0] if isinstance(o, tuple) else o
-            if l == todo[-1]:
-                raise _Enough
-        return keep
-    hooks = [base.model.layers[l - 1].register_forward_hook(keeper(l)) for l in todo]
-    rows = sorted(range(len(off) - 1), key=lambda r: int(off[r + 1] - off[r]))
-    t0, bar = time.time(), tqdm(total=n, desc=f"target features (layers {todo})", unit="tok", mininterval=5)
-    try:
-        i = 0
-        while i < len(rows):
-            L = int(off[rows[i] + 1] - off[rows[i]])
-            group = []
-            while i < len(rows) and (len(group) + 1) * max(L, int(off[rows[i] + 1] - off[rows[i]])) <= batch_tokens:
-                L = max(L, int(off[rows[i] + 1] - off[rows[i]]))
-                group.append(rows[i])
-                i += 1
-            if not group:
-                group, i = [rows[i]], i + 1
-            L = max(int(off[r + 1] - off[r]) for r in group)
-            ids = torch.zeros(len(group), L, dtype=torch.long)
-            for j, r in enumerate(group):
-                ids[j, :int(off[r + 1] - off[r])] = data["tokens"][int(off[r]):int(off[r + 1])].long()
-            try:
-                base.model(input_ids=ids.to(base.device))
-            except _Enough:
-                pass
-            for j, r in enumerate(group):
-                for l in todo:
-                    X[l][int(off[r]):int(off[r + 1])] = got[l][j, :int(off[r + 1] - off[r])].to(torch.bfloat16).cpu()
-            bar.update(sum(int(off[r + 1] - off[r]) for r in group))
-    finally:
-        for h in hooks:
-            h.remove()
-        bar.close()
-    for l in todo:
-        cache = caches[l]
-        tmp = cache.with_suffix(".tmp")
-        save_file({"x": X[l]}, str(tmp))
-        tmp.replace(cache)
-        cache.with_suffix(".json").write_text(json.dumps({"key": key, "seconds": round(time.time() - t0)}))
-    log(f"features: layers {todo}, {n} positions in {time.time() - t0:.0f} s -> {caches[todo[-1]].parent}")
-    return out | X
-
-
-def feature_cache(first: Path, layer: int, n_layers: int, limit_rows: int = 0) -> Path:
-    """Where the states after `layer` layers are cached: features.safetensors for the last layer
-    (the name earlier heads were trained from), features-l{layer}.safetensors for the others."""
-    name = "features" + (f"-l{layer}" if layer != n_layers else "") + (f"-{limit_rows}" if limit_rows else "")
-    return first / f"{name}.safetensors"
-
-
-def windows(data: dict, rows: list[int], T: int) -> list[tuple[int, int]]:
-    """Spans of at most T tokens covering the rows (a head needs little context: the target's
-    features carry it)."""
-    off, out = data["offsets"], []
-    for r in rows:
-        a, b = int(off[r]), int(off[r + 1])
-        out += [(s, min(b, s + T)) for s in range(a, b - 2, T)]
-    return out
-
-
-def batch(data: dict, Xs: list[torch.Tensor], spans, norm, W_sub: torch.Tensor):
-    """tokens (B, T), pre-norm states xs [(B, T, C)] at the head's layers (the last layer's last),
-    post-norm f (B, T, C) of the last, target log-probs over the subset lp (B, T, N) and a mask
-    (B, T) of real positions."""
-    T = max(e - s for s, e in spans)
-    B, C = len(spans), Xs[0].shape[1]
-    tok = torch.zeros(B, T, dtype=torch.long)
-    xs = [torch.zeros(B, T, C) for _ in Xs]
-    m = torch.zeros(B, T, dtype=torch.bool)
-    for i, (s, e) in enumerate(spans):
-        tok[i, :e - s] = data["tokens"][s:e].long()
-        for x, X in zip(xs, Xs):
-            x[i, :e - s] = X[s:e].float()
-        m[i, :e - s] = True
-    f = norm(xs[-1])
-    with torch.no_grad():
-        lp = (f @ W_sub.t()).float().log_softmax(-1)
-    return tok, xs, f, lp, m
+from speclab.train.head_data import DATA_DIRS, batch, feature_cache, load_data, target_features, windows
+from speclab.train.smollm2_data import split_rows
 
 
 def soft_ce(logits: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:

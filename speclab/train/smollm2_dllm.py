@@ -37,7 +37,7 @@ EOS_ID = 2                                          # SmolLM2-Instruct's <|im_en
 
 
 def get_args(argv=None):
-    from speclab.train.heads import DATA_DIRS
+    from speclab.train.head_data import DATA_DIRS
     ap = argparse.ArgumentParser(prog="speclab train smollm2-dllm",
                                  description="adapt SmolLM2 into a block-diffusion LM (LoRA + mask embedding)")
     ap.add_argument("--target", default="smollm2-135m")
@@ -179,7 +179,7 @@ def main(argv=None):
     from speclab.models import zoo
     from speclab.models.gguf import cache_root
     from speclab.models.lora import add_lora
-    from speclab.train.heads import load_data
+    from speclab.train.head_data import load_data
     from speclab.train.checkpoint import resume_state, save_checkpoint
 
     args = get_args(argv)

@@ -215,6 +215,27 @@ def test_ttt_mask_rows():
     assert see(3, 4) == {(1, 0), (1, 1), (1, 2), (2, 3), (3, 4)}
 
 
+def test_hard_term_is_the_greedy_tokens_ce(target):
+    """With a one-hot target distribution the soft CE is the CE to the greedy token, so the hard
+    term (weight 1) doubles the loss: it scores the same token at the same entry, on the same mask."""
+    base, _ = target
+    torch.manual_seed(0)
+    ids = torch.arange(400)
+    head = build_eagle(base, head_config(base.config, "eagle"), ids).float()
+    tok = torch.randint(0, 400, (2, 12))
+    with torch.no_grad():
+        x = base.model(input_ids=tok).last_hidden_state
+        f = base.model.norm(x)
+        greedy = torch.randint(0, 400, (2, 12))
+        lp = torch.full((2, 12, 400), -1e4).scatter(-1, greedy[..., None], 0.0)  # one-hot p
+        m = torch.ones(2, 12, dtype=torch.bool)
+        m[1, 9:] = False
+        soft = th.eagle_loss(head, tok, [x], f, lp, m, 2, 0.0)[0]
+        both = th.eagle_loss(head, tok, [x], f, lp, m, 2, 0.0, hard_weight=1.0)[0]
+    assert float(soft) > 1.0
+    assert torch.allclose(both, 2 * soft, rtol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_a_few_steps_lower_the_loss(kind, target):
     base, _ = target

@@ -97,9 +97,10 @@ def eagle_step1(head, xs: list[torch.Tensor]) -> torch.Tensor:
     return head.model.norm(eagle_input(head, xs))
 
 
-def eagle_loss(head, tok, xs, f, lp, m, U: int, reg_weight: float):
+def eagle_loss(head, tok, xs, f, lp, m, U: int, reg_weight: float, hard_weight: float = 0.0):
     """Per step: soft CE to the target's p_{t+1} + reg_weight x smooth L1 to f_{t+1} (the last
-    layer's post-norm state), over valid entries (t >= s-1, real tokens)."""
+    layer's post-norm state) + hard_weight x CE to the target's greedy token (what a greedy verify
+    accepts), over valid entries (t >= s-1, real tokens)."""
     o = eagle_forward(head, eagle_step1(head, xs), tok, U)          # (U, B, Tn, C)
     fo = head.model.norm(o)
     logits = fo @ head.lm_head.weight.t()                           # (U, B, Tn, N)
@@ -109,6 +110,9 @@ def eagle_loss(head, tok, xs, f, lp, m, U: int, reg_weight: float):
         valid[:, :s] = False
         ce = soft_ce(logits[s], lp[:, 1:])                          # (B, Tn)
         reg = F.smooth_l1_loss(fo[s].float(), f[:, 1:].float(), reduction="none").mean(-1)
+        if hard_weight:
+            greedy = lp[:, 1:].argmax(-1)                           # (B, Tn) over the trimmed ids
+            ce = ce + hard_weight * F.cross_entropy(logits[s].float().transpose(1, 2), greedy, reduction="none")
         loss = ((ce + reg_weight * reg) * valid).sum() / valid.sum().clamp(min=1)
         total = total + loss
         hit = (logits[s].argmax(-1) == lp[:, 1:].argmax(-1)) & valid
@@ -164,6 +168,8 @@ def get_args(argv):
     ap.add_argument("--head-size", type=int, default=12288, help="trimmed vocabulary: most frequent ids")
     ap.add_argument("--unroll", type=int, default=3, help="eagle: training-time test steps")
     ap.add_argument("--reg-weight", type=float, default=0.5, help="eagle: smooth L1 weight on the features")
+    ap.add_argument("--hard-weight", type=float, default=0.0,
+                    help="eagle: weight of an extra CE term on the target's greedy token (0: soft CE only)")
     ap.add_argument("--medusa-heads", type=int, default=4)
     ap.add_argument("--init-layer", type=int, default=-1, help="eagle: copy this target layer first (-1: the last)")
     ap.add_argument("--layers", default=None,
@@ -352,7 +358,7 @@ def main(argv=None):
             g["lr"] = lr
         tok_b, xs, f, lp, m = batch(data, X, pick, norm, W_sub)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, st = (eagle_loss(head, tok_b, xs, f, lp, m, U, args.reg_weight) if args.kind == "eagle"
+            loss, st = (eagle_loss(head, tok_b, xs, f, lp, m, U, args.reg_weight, args.hard_weight) if args.kind == "eagle"
                         else medusa_loss(head, xs, lp, m))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -37,6 +37,13 @@ class Sampler:
         return self.temperature == 0
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim. bf16 / fp16 logits are widened first: exact (the same ids, ties to
+    the lowest id as before), and torch's half-precision argmax on a CPU is 4-6x slower than its
+    fp32 one (0.36 ms against 0.09 ms for SmolLM2's 49,152 logits, one thread)."""
+    return (logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits).argmax(-1)
+
+
 def warp(logits: torch.Tensor, s: Sampler) -> torch.Tensor:
     """Logits (..., V) -> probabilities after temperature, top-k, top-p (greedy: one-hot argmax)."""
     logits = logits.float()
@@ -125,7 +132,7 @@ def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_a
     while True:
         kids = children.get(node, [])
         if sampler.greedy:
-            best = argmax_at(node) if argmax_at is not None else int(p_at(node).argmax())
+            best = argmax_at(node) if argmax_at is not None else int(greedy_ids(p_at(node)))
             nxt = next((c for c in kids if tokens[c] == best), None)
             for c in kids:
                 tries.append(Tried(c, c == nxt, None, float("nan"), None))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclab.decoding.acceptance import Sampler, walk_tree
+from speclab.decoding.acceptance import Sampler, greedy_ids, walk_tree
 from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, commit_round, record_round, trace_of
 from speclab.models.causal import BatchSlots, make_batch_lm
 from speclab.trace import Round, Totals, Trace
@@ -62,7 +62,7 @@ def batch_round(lm: BatchSlots, lanes: list[Lane]) -> list[tuple[Round, list[int
     logits = lm.forward([(p + tree.tokens, tree.parents, len(p))                   # 2. verify
                          for p, tree in zip(pending, trees)])                       # (B, T, V)
     greedy = lanes[0].s.sampler.greedy
-    top = logits.argmax(-1).tolist() if greedy else None    # one host transfer per round, whole batch
+    top = greedy_ids(logits).tolist() if greedy else None    # one host transfer per round, whole batch
     verify_s = time.perf_counter() - t1
     results = []
     for b, (lane, tree, pend) in enumerate(zip(lanes, trees, pending)):

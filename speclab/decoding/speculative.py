@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclab.decoding.acceptance import Sampler, walk_tree, warp
+from speclab.decoding.acceptance import Sampler, greedy_ids, walk_tree, warp
 from speclab.decoding.tree import DraftTree
 from speclab.models.causal import CausalLM, is_chain
 from speclab.models.loading import token_table
@@ -116,7 +116,7 @@ def speculative_round(s: RunState, ctx: Context) -> tuple[Round, list[int]]:
     draw = lambda: torch.rand((), generator=s.gen, device=s.gen.device).item()
     argmax_at = None
     if s.sampler.greedy:                      # one host transfer per round, not one per node
-        top = logits[row0:].argmax(-1).tolist()
+        top = greedy_ids(logits[row0:]).tolist()
         argmax_at = lambda node: top[row(node) - row0]
     path, emitted, dist, tries = walk_tree(tree.children(), tree.tokens, tree.q_map(), p_at,  # 3. accept
                                            s.sampler, s.gen, draw, argmax_at)

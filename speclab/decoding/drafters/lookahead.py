@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from speclab.decoding.acceptance import greedy_ids
 from speclab.decoding.drafters.model import check_k
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
@@ -66,7 +67,7 @@ class LookaheadDrafter(Drafter):
     def observe(self, out: Outcome):
         # next Jacobi iterate: argmax after the root, then after each window node but the last
         rows = [out.n_pending - 1] + [out.n_pending + i for i in self.window_nodes[:-1]]
-        new = out.logits[rows].argmax(-1).tolist()
+        new = greedy_ids(out.logits[rows]).tolist()
         self.levels.append(new)
         if len(self.levels) == self.N - 1:                       # diagonals -> n-grams
             lv = list(self.levels)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from speclab.decoding.acceptance import sample, warp
+from speclab.decoding.acceptance import greedy_ids, sample, warp
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 from speclab.models.causal import early_exit_view, make_lm
@@ -58,7 +58,7 @@ class ChainDrafter(Drafter):
         for i in range(self.draft_length()):
             logits = step(inp)                                              # (V,)
             if self.sampler.greedy:
-                tok = logits.argmax()
+                tok = greedy_ids(logits)
                 if need_q:
                     q = logits.softmax(-1)
                     confs.append(q[tok])

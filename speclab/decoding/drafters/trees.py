@@ -125,11 +125,11 @@ def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"de
     for d in range(depth):
         q = q_at(grown)
         cands = []
-        for parent in frontier:
+        top = q[[p + 1 for p in frontier]].topk(width, -1)          # (frontier, width): one call per depth
+        toks = (top.indices if ids is None else ids[top.indices]).tolist()
+        for parent, row_toks, row_probs in zip(frontier, toks, top.values.tolist()):
             base = 1.0 if parent < 0 else score[parent]
-            top = q[parent + 1].topk(width)
-            toks = (top.indices if ids is None else ids[top.indices]).tolist()
-            for tok, prob in zip(toks, top.values.tolist()):
+            for tok, prob in zip(row_toks, row_probs):
                 cands.append((base * prob, parent, tok, prob))
         cands.sort(key=lambda c: -c[0])
         frontier = []

@@ -32,6 +32,11 @@ def test_bench_rows_peers_and_whatif(capsys, tmp_path):
     # a tree method ran: the verify forward's cost by row count, in one-token forwards
     assert list(res["verify_cost"]) == ["1", "2", "4", "6", "7", "8", "12", "16", "17", "24"]
     assert all(c > 0 for c in res["verify_cost"].values())
+    # ar against the bandwidth limit: the bandwidth sampled once after each of ar's prompts
+    b = res["bandwidth"]["per_set"]["code-complete"]
+    assert b["samples"] == 2 and b["bandwidth_range_gb_s"][0] <= b["bandwidth_gb_s"] <= b["bandwidth_range_gb_s"][1]
+    assert b["ar_tokens_per_s"] == rows["ar"]["tokens_per_s"]
+    assert b["ar_share_of_limit"] == pytest.approx(b["ar_tokens_per_s"] / b["limit_tokens_per_s"], abs=2e-3)
 
 
 def test_whatif_at_the_recorded_k_reproduces_the_run():

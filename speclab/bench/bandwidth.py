@@ -2,13 +2,13 @@
 
 At batch 1 every new token reads every weight once (the KV cache of a short context is small
 beside it), so tokens/s cannot exceed  streaming bandwidth / weight bytes per token.  Both are
-measured in the same process as the bench: the bandwidth by summing a buffer far larger than the
-caches (a pure streaming read, what a matrix-vector product does with its weight), the bytes from
-the parameters a forward reads (the embedding contributes one row per token, not the matrix;
-a tied LM head is read once, as the head).
+measured in the same process as the bench: the bandwidth sampled beside `ar`'s own runs
+(BandwidthProbe), the bytes from the parameters a forward reads (the embedding contributes one row
+per token, not the matrix; a tied LM head is read once, as the head).
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -32,56 +32,68 @@ def weight_bytes_per_token(model) -> int:
     return total
 
 
-@torch.inference_mode()
-def streaming_bandwidth(device="cpu", mib: int = 512, repeats: int = 5) -> float:
-    """Bytes per second of a streaming read (best of `repeats` sums over a `mib` MiB bf16 buffer)."""
-    x = torch.ones(mib * 2 ** 20 // 2, dtype=torch.bfloat16, device=device)
-    x.sum()                                                      # fault the pages in
-    best = float("inf")
-    for _ in range(repeats):
-        if x.device.type == "cuda":
+class BandwidthProbe:
+    """The memory system's rates, sampled again and again while a bench runs: one streaming read of
+    a `mib_stream` MiB bf16 buffer far larger than the caches (what a matrix-vector product does with
+    its weight) and one matrix-vector product over a `mib_gemv` MiB weight in the kernel a decode step
+    runs (speclab's bf16 kernel where it runs, else F.linear; usually a little below the plain read).
+
+    Why sampled: on a shared machine (a VM) these rates drift by up to 2x over minutes (measured
+    here: 34 and 61 GB/s best-of-5 snapshots in two runs an hour apart). The bench samples right after
+    each of `ar`'s prompts, so the median is the bandwidth `ar` itself saw, not a snapshot's."""
+
+    def __init__(self, device="cpu", dtype=torch.bfloat16, mib_stream: int = 512, mib_gemv: int = 256):
+        from speclab.models import kernels
+        self.device = torch.device(device)
+        self.x = torch.ones(mib_stream * 2 ** 20 // 2, dtype=torch.bfloat16, device=self.device)
+        cols = 4096
+        w = torch.ones(mib_gemv * 2 ** 20 // (cols * torch.finfo(dtype).bits // 8), cols, dtype=dtype,
+                       device=self.device)
+        self.v = torch.ones(1, cols, dtype=dtype, device=self.device)
+        self.w_bytes = w.numel() * w.element_size()
+        if kernels.available(w.device, dtype):
+            self.mm, self.kernel = kernels.Packed(w), "speclab bf16 kernel"
+        else:
+            self.mm, self.kernel = (lambda v: torch.nn.functional.linear(v, w)), "F.linear"
+        self.stream: list[float] = []           # bytes per second, one per sample
+        self.gemv: list[float] = []
+        with torch.inference_mode():            # fault the pages in, warm the kernel
+            self.x.sum()
+            self.mm(self.v)
+
+    def _timed(self, fn) -> float:
+        if self.device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        x.sum()
-        if x.device.type == "cuda":
+        fn()
+        if self.device.type == "cuda":
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * x.element_size() / best
+        return time.perf_counter() - t0
+
+    @torch.inference_mode()
+    def sample(self, n: int = 1):
+        for _ in range(n):
+            self.stream.append(self.x.numel() * self.x.element_size() / self._timed(self.x.sum))
+            self.gemv.append(self.w_bytes / self._timed(lambda: self.mm(self.v)))
+
+    def summary(self) -> dict:
+        """Median, min and max of the samples, GB/s (JSON-ready)."""
+        gb = lambda xs: dict(median=round(statistics.median(xs) / 1e9, 2), min=round(min(xs) / 1e9, 2),
+                             max=round(max(xs) / 1e9, 2), samples=len(xs))
+        return dict(stream=gb(self.stream), gemv=gb(self.gemv), gemv_kernel=self.kernel)
 
 
-@torch.inference_mode()
-def gemv_bandwidth(device="cpu", dtype=torch.bfloat16, mib: int = 256, repeats: int = 5) -> tuple[float, str]:
-    """(bytes per second, kernel name): the rate at which the matrix-vector kernel a decode step runs
-    (one row) reads its weight: speclab's bf16 kernel where it runs (speclab.models.kernels), else
-    F.linear. What the best decode of this dtype can hope for, usually below a plain streaming read."""
-    from speclab.models import kernels
-    cols = 4096
-    w = torch.ones(mib * 2 ** 20 // (cols * torch.finfo(dtype).bits // 8), cols, dtype=dtype, device=device)
-    x = torch.ones(1, cols, dtype=dtype, device=device)
-    if kernels.available(w.device, dtype):
-        mm, name = kernels.Packed(w), "speclab bf16 kernel"
-    else:
-        mm, name = (lambda v: torch.nn.functional.linear(v, w)), "F.linear"
-    mm(x)
-    best = float("inf")
-    for _ in range(repeats):
-        if w.device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        mm(x)
-        if w.device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return w.numel() * w.element_size() / best, name
-
-
-def bandwidth_limit(model) -> dict:
-    """Weight bytes per token, the streaming-read and GEMV bandwidths (GB/s), and the tokens/s limit
-    each implies."""
+def bandwidth_limit(model, probe: BandwidthProbe | None = None) -> dict:
+    """Weight bytes per token, the median streaming-read and GEMV bandwidths of `probe`'s samples
+    (GB/s; a new probe sampled 5 times if none or empty), and the tokens/s limit each implies."""
     p = next(model.parameters())
     nbytes = weight_bytes_per_token(model)
-    bw = streaming_bandwidth(p.device)
-    gemv, kernel = gemv_bandwidth(p.device, p.dtype)
+    if probe is None or not probe.stream:
+        probe = probe or BandwidthProbe(p.device, p.dtype)
+        probe.sample(5)
+    s = probe.summary()
+    bw, gemv = s["stream"]["median"] * 1e9, s["gemv"]["median"] * 1e9
     return dict(weight_mb_per_token=round(nbytes / 1e6, 1), bandwidth_gb_s=round(bw / 1e9, 2),
-                limit_tokens_per_s=round(bw / nbytes, 1), gemv_gb_s=round(gemv / 1e9, 2), gemv_kernel=kernel,
-                gemv_limit_tokens_per_s=round(gemv / nbytes, 1))
+                limit_tokens_per_s=round(bw / nbytes, 1), gemv_gb_s=round(gemv / 1e9, 2), gemv_kernel=s["gemv_kernel"],
+                gemv_limit_tokens_per_s=round(gemv / nbytes, 1),
+                bandwidth_range_gb_s=[s["stream"]["min"], s["stream"]["max"]], samples=s["stream"]["samples"])

@@ -146,6 +146,11 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                 r["trace"] = vllm_trace(r["ids"], r["vllm"]["spec"], prompt_ids[i], tok, s.label,
                                         getattr(model, "name_or_path", "target"), r["wall_s"])
     specs = ours + vllm
+    probe = None                            # the memory system's rates, sampled beside ar's own runs
+    if base == "ar" and batch_size == 1 and hasattr(model, "get_input_embeddings"):
+        from speclab.bench.bandwidth import BandwidthProbe
+        p = next(model.parameters())
+        probe = BandwidthProbe(p.device, p.dtype)
     bar = tqdm(total=repeats * len(prompts) * len(ours), desc=f"bench {prompt_set}", disable=not progress)
     for rep in range(repeats):
         # suffix's history: this pass's earlier prompts under this method, never the last pass's
@@ -160,6 +165,8 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                 for j, ids in enumerate(chunk if not batched(s) else []):
                     runs[s.label][rep][i + j] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer,
                                                         record, history[s.label])
+                    if probe is not None and s.label == base:
+                        probe.sample()
                 bar.update(len(chunk))
     bar.close()
     ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs[base])
@@ -177,6 +184,8 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                                 other="hf" if s.method in PEERS or s.method.startswith("vllm-") else None)
     out = {"rows": rows, "baseline": base, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
            "repeats": repeats, "batch_size": batch_size}
+    if probe is not None:
+        out["bandwidth_probe"] = probe
     if keep_traces:
         out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}
     return out

@@ -80,7 +80,7 @@ def _tree_dynamic(target, draft, budget=10, width=3, depth=5, backend="auto"):
     return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth, backend=backend)
 
 
-def _eagle(target, draft, budget=5, width=2, depth=3):   # sized for a CPU verify (BENCHMARKS.md)
+def _eagle(target, draft, budget=5, width=3, depth=3):   # sized for a CPU verify (BENCHMARKS.md, fifteenth stop)
     from speclab.decoding.drafters.heads import EagleDrafter
     return EagleDrafter(target, draft, budget=budget, width=width, depth=depth)
 

@@ -153,7 +153,7 @@ class EagleDrafter(EagleChainDrafter):
     (softmax and top-k over N, not over the V-wide spread with -inf elsewhere)."""
     name = "eagle"
 
-    def __init__(self, target_model, head, budget: int = 5, width: int = 2, depth: int = 3):
+    def __init__(self, target_model, head, budget: int = 5, width: int = 3, depth: int = 3):
         check_budget(budget, width, depth)
         super().__init__(target_model, head, k=depth)
         self.budget, self.width, self.depth = budget, width, depth

@@ -361,3 +361,17 @@ def test_a_tree_over_kept_ids_is_the_tree_over_the_full_vocabulary():
     a = grow_dynamic(8, 3, 4, sub, ids=ids)
     b = grow_dynamic(8, 3, 4, full)
     assert (a.tokens, a.parents, a.q_tok) == (b.tokens, b.parents, b.q_tok) and set(a.tokens) <= set(ids.tolist())
+
+
+def test_medusa_blocks_with_one_fused_first_layer_equal_the_heads(heads):
+    """The drafter's packed path runs the K first layers as one (K C, C) matrix (they all read the
+    same norm(x)) and each second layer on its own: the same K blocks, in the same order."""
+    m = heads[1][0]
+    torch.manual_seed(1)
+    x = torch.randn(3, m.config.hidden_size)
+    W1, b1 = torch.cat([w.weight for w in m.w1]), torch.cat([w.bias for w in m.w1])
+    w2 = [lambda h, w=w: F.linear(h, w.weight) for w in m.w2]
+    with torch.no_grad():
+        fused, ref = m.hidden(x, w1=lambda n: F.linear(n, W1, b1), w2=w2), m.hidden(x)
+    assert fused.shape == (m.n_heads, 3, m.config.hidden_size)
+    torch.testing.assert_close(fused, ref)

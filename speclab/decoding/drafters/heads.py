@@ -206,15 +206,23 @@ class MedusaDrafter(FeatureReader, Drafter):
                              f"use paths of at most {heads.n_heads} ranks")
         self.ranks = max(max(p) for p in self.paths) + 1
         W = heads.lm_head.weight                                    # (N, C): the target's kept rows
-        # the trimmed head in speclab's bf16 kernel where it runs (F.linear reads it ~3x slower)
-        self.score = kernels.Packed(W) if kernels.available(W.device, W.dtype) else (lambda h: F.linear(h, W))
+        # the trimmed head and the blocks in speclab's bf16 kernel where it runs (F.linear reads
+        # them ~3x slower); the K first layers, which all read the same norm(x), as one matrix
+        self.w1 = self.w2 = None
+        if kernels.available(W.device, W.dtype):
+            self.score = kernels.Packed(W)
+            W1, b1 = kernels.Packed(torch.cat([w.weight for w in heads.w1])), torch.cat([w.bias for w in heads.w1])
+            self.w1 = lambda n: W1(n) + b1                                   # (1, C) -> (1, K C)
+            self.w2 = [kernels.Packed(w.weight) for w in heads.w2]
+        else:
+            self.score = lambda h: F.linear(h, W)
 
     @torch.inference_mode()
     def propose(self, ctx: Context) -> DraftTree:
         if self.feats is None:
             return DraftTree()
         t = len(ctx.ids) - 2
-        p = self.score(self.heads.hidden(self.feats[-1:])[:, 0]).float().softmax(-1)   # (K, N): head k -> token t+1+k
+        p = self.score(self.heads.hidden(self.feats[-1:], self.w1, self.w2)[:, 0]).float().softmax(-1)   # (K, N): head k -> token t+1+k
         self.forwards += 1
         self.feats = None
         top = p.topk(self.ranks, -1)                                         # over the kept ids only

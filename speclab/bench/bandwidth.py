@@ -83,17 +83,19 @@ class BandwidthProbe:
         return dict(stream=gb(self.stream), gemv=gb(self.gemv), gemv_kernel=self.kernel)
 
 
-def bandwidth_limit(model, probe: BandwidthProbe | None = None) -> dict:
-    """Weight bytes per token, the median streaming-read and GEMV bandwidths of `probe`'s samples
-    (GB/s; a new probe sampled 5 times if none or empty), and the tokens/s limit each implies."""
+def bandwidth_limit(model, measured: dict | None = None) -> dict:
+    """Weight bytes per token, the median streaming-read and GEMV bandwidths of `measured` (a
+    BandwidthProbe's summary; if None, a new probe sampled 5 times), and the tokens/s limit each
+    implies."""
     p = next(model.parameters())
     nbytes = weight_bytes_per_token(model)
-    if probe is None or not probe.stream:
-        probe = probe or BandwidthProbe(p.device, p.dtype)
+    if measured is None:
+        probe = BandwidthProbe(p.device, p.dtype)
         probe.sample(5)
-    s = probe.summary()
-    bw, gemv = s["stream"]["median"] * 1e9, s["gemv"]["median"] * 1e9
+        measured = probe.summary()
+    bw, gemv = measured["stream"]["median"] * 1e9, measured["gemv"]["median"] * 1e9
     return dict(weight_mb_per_token=round(nbytes / 1e6, 1), bandwidth_gb_s=round(bw / 1e9, 2),
-                limit_tokens_per_s=round(bw / nbytes, 1), gemv_gb_s=round(gemv / 1e9, 2), gemv_kernel=s["gemv_kernel"],
-                gemv_limit_tokens_per_s=round(gemv / nbytes, 1),
-                bandwidth_range_gb_s=[s["stream"]["min"], s["stream"]["max"]], samples=s["stream"]["samples"])
+                limit_tokens_per_s=round(bw / nbytes, 1), gemv_gb_s=round(gemv / 1e9, 2),
+                gemv_kernel=measured["gemv_kernel"], gemv_limit_tokens_per_s=round(gemv / nbytes, 1),
+                bandwidth_range_gb_s=[measured["stream"]["min"], measured["stream"]["max"]],
+                samples=measured["stream"]["samples"])

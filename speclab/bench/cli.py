@@ -81,13 +81,13 @@ def cmd_bench(a):
             save_traces(results[-1]["traces"], Path(a.traces) / prompt_set)
             if not a.whatif:
                 results[-1].pop("traces")           # saved: not part of the JSON report
-    probes = {x["prompt_set"]: x.pop("bandwidth_probe") for x in results if "bandwidth_probe" in x}
+    measured = {x["prompt_set"]: x.pop("bandwidth_samples") for x in results if "bandwidth_samples" in x}
     res = results[0] if len(results) == 1 else dict(results[0], rows=[r for x in results for r in x["rows"]],
                                                     prompt_set=",".join(sets))
     res["dtype"] = str(next(target[0].parameters()).dtype).removeprefix("torch.")
     if a.batch_size == 1:           # both measure against batch-1 forwards
         add_efficiency(res, target[0], draft[0] if draft else None, a.k)
-        add_bandwidth(res, target[0], probes)
+        add_bandwidth(res, target[0], measured)
         if any(s.method in TREE_METHODS for s in specs):
             from speclab.bench.whatif import verify_costs
             res["verify_cost"] = verify_costs(target[0])
@@ -126,17 +126,17 @@ def cmd_bench(a):
 TREE_METHODS = ("eagle", "medusa", "tree-static", "tree-dynamic")     # their budget is a verify's row count
 
 
-def add_bandwidth(res: dict, target_model, probes: dict):
+def add_bandwidth(res: dict, target_model, measured: dict):
     """ar's tokens/s against the memory-bandwidth limit of batch-1 decoding, measured in this process:
-    per prompt set against the bandwidth sampled beside that set's ar runs (probes: set -> probe),
-    the headline the best set's share."""
+    per prompt set against the bandwidth sampled beside that set's ar runs (measured: set -> a
+    BandwidthProbe summary), the headline the best set's share."""
     from speclab.bench.bandwidth import bandwidth_limit
     ar = {r["prompt_set"]: r for r in res["rows"] if r["method"] == "ar" and r.get("tokens_per_s")}
     if not ar or not hasattr(target_model, "get_input_embeddings"):
         return
     per_set = {}
     for name, row in ar.items():
-        b = bandwidth_limit(target_model, probes.get(name))
+        b = bandwidth_limit(target_model, measured.get(name))
         b["ar_tokens_per_s"] = row["tokens_per_s"]
         b["ar_share_of_limit"] = round(row["tokens_per_s"] / b["limit_tokens_per_s"], 3)
         b["ar_share_of_gemv_limit"] = round(row["tokens_per_s"] / b["gemv_limit_tokens_per_s"], 3)

@@ -184,8 +184,8 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                                 other="hf" if s.method in PEERS or s.method.startswith("vllm-") else None)
     out = {"rows": rows, "baseline": base, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
            "repeats": repeats, "batch_size": batch_size}
-    if probe is not None:
-        out["bandwidth_probe"] = probe
+    if probe is not None:                   # the samples only: the probe's buffers go with it
+        out["bandwidth_samples"] = probe.summary()
     if keep_traces:
         out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}
     return out

@@ -45,6 +45,16 @@ def test_packed_linear_matches_f_linear_to_rounding():
     assert ((ours - theirs).abs() <= step).float().mean() > 0.999
 
 
+def test_packed_linear_adds_its_bias_on_padded_shapes():
+    """nn.Linear's bias (the EAGLE fusion's, Medusa's first layers'): added to the unpadded output."""
+    g = torch.Generator().manual_seed(1)
+    W, b = torch.randn(100, 33, generator=g).to(torch.bfloat16), torch.randn(100, generator=g).to(torch.bfloat16)
+    x = torch.randn(3, 33, generator=g).to(torch.bfloat16)
+    y = kernels.Packed(W, b)(x)
+    assert y.shape == (3, 100) and torch.equal(y, kernels.Packed(W)(x) + b)
+    assert _bf16_close(y, x.float() @ W.float().t() + b.float())
+
+
 @pytest.fixture(scope="module")
 def llama():
     from transformers import LlamaConfig, LlamaForCausalLM

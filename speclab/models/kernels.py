@@ -68,10 +68,12 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class Packed:
-    """A weight (N, K) in the kernel's layout; N padded up to a multiple of 64, K to even."""
+    """A weight (N, K) in the kernel's layout; N padded up to a multiple of 64, K to even; with an
+    optional bias (N,) added to the bf16 output (as nn.Linear adds it)."""
 
-    def __init__(self, W: torch.Tensor):
+    def __init__(self, W: torch.Tensor, bias: torch.Tensor | None = None):
         self.out_features = W.shape[0]
+        self.bias = None if bias is None else bias.detach()
         pad_n, pad_k = -W.shape[0] % BLOCK, W.shape[1] % 2
         self.padded = bool(pad_n or pad_k)
         if self.padded:
@@ -84,4 +86,5 @@ class Packed:
         if x.shape[1] != self.in_features:
             x = F.pad(x, (0, self.in_features - x.shape[1]))
         y = module().linear(x.contiguous(), self.data)
-        return y if y.shape[1] == self.out_features else y[:, : self.out_features]
+        y = y if y.shape[1] == self.out_features else y[:, : self.out_features]
+        return y if self.bias is None else y + self.bias

@@ -97,8 +97,7 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         fc, fc3 = head.eagle_fc, getattr(head, "eagle_fc3", None)
         self.fc, self.fc3 = fc, fc3                      # the fusions in speclab's kernel where it runs
         if kernels.available(fc.weight.device, fc.weight.dtype):
-            packed = kernels.Packed(fc.weight)
-            self.fc = lambda x: packed(x) + fc.bias
+            self.fc = kernels.Packed(fc.weight, fc.bias)
             if fc3 is not None:
                 self.fc3 = kernels.Packed(fc3.weight)
 
@@ -211,8 +210,8 @@ class MedusaDrafter(FeatureReader, Drafter):
         self.w1 = self.w2 = None
         if kernels.available(W.device, W.dtype):
             self.score = kernels.Packed(W)
-            W1, b1 = kernels.Packed(torch.cat([w.weight for w in heads.w1])), torch.cat([w.bias for w in heads.w1])
-            self.w1 = lambda n: W1(n) + b1                                   # (1, C) -> (1, K C)
+            self.w1 = kernels.Packed(torch.cat([w.weight for w in heads.w1]),          # (1, C) -> (1, K C)
+                                     torch.cat([w.bias for w in heads.w1]))
             self.w2 = [kernels.Packed(w.weight) for w in heads.w2]
         else:
             self.score = lambda h: F.linear(h, W)

@@ -154,23 +154,20 @@ def tree_attention(parents: list[int], n_prefix: int, past: int, device):
 def tree_depths_and_visibility(parents: list[int], n_prefix: int, past: int):
     """Depth (N,) per tree node and the boolean visibility (P+N, past+P+N): True = may attend."""
     N = len(parents)
-    depth = torch.zeros(N, dtype=torch.long)
-    see = torch.eye(N, dtype=torch.bool)
-    for i, p in enumerate(parents):
+    depth, seen = [], []                # seen[i]: bit j set = node j is node i or an ancestor
+    for i, p in enumerate(parents):     # plain ints: per-node tensor ops cost ~10x more here
         if p >= i:
             raise ValueError(f"tree node {i} has parent {p}: parents must come before children")
-        if p >= 0:
-            depth[i] = depth[p] + 1
-            see[i] |= see[p]
-        else:
-            depth[i] = 1
+        depth.append(depth[p] + 1 if p >= 0 else 1)
+        seen.append((seen[p] if p >= 0 else 0) | 1 << i)
+    see = torch.tensor([[s >> j & 1 for j in range(N)] for s in seen], dtype=torch.bool).view(N, N)
     P, T = n_prefix, n_prefix + N
     visible = torch.zeros(T, past + T, dtype=torch.bool)
     visible[:, :past] = True
     visible[:P, past:past + P] = torch.tril(torch.ones(P, P, dtype=torch.bool))
     visible[P:, past:past + P] = True
     visible[P:, past + P:] = see
-    return depth, visible
+    return torch.tensor(depth, dtype=torch.long), visible
 
 
 def tree_positions(depth: torch.Tensor, n_prefix: int) -> torch.Tensor:

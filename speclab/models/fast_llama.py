@@ -84,7 +84,8 @@ class FastLlama:
     def reset(self):
         self.n = 0
 
-    def _rms(self, x, w):
+    def rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """LlamaRMSNorm of rows x (..., C) with weight w (C,), in this model's dtype."""
         if self.fused:
             return kernels.module().rms_norm(x.contiguous(), w, self.eps)
         if x.dtype == torch.float32:                # one fused op (same math as LlamaRMSNorm in fp32)
@@ -164,7 +165,7 @@ class FastLlama:
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # (T, 1, D)
         Hq, Hkv, D = self.Hq, self.Hkv, self.D
         for i, w in enumerate(use):
-            h = self._rms(x, w["ln1"])
+            h = self.rms(x, w["ln1"])
             qkv = _mm(h, w, "wqkv")                                      # (T, (Hq + 2 Hkv) D)
             qk = _rope(qkv[:, : (Hq + Hkv) * D].view(T, Hq + Hkv, D), cos, sin).transpose(0, 1)
             q, k = qk[:Hq], qk[Hq:]                                           # (Hq, T, D), (Hkv, T, D)
@@ -177,7 +178,7 @@ class FastLlama:
             else:
                 a = self._attend_rows(q, i, rows)
             x = x + _mm(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
-            h = self._rms(x, w["ln2"])
+            h = self.rms(x, w["ln2"])
             g, u = _mm(h, w, "w13").chunk(2, -1)
             x = x + _mm(F.silu(g) * u, w, "w2")
             if i + 1 in self.capture_layers:
@@ -263,7 +264,7 @@ class FastLlama:
         return _ExitLM(self, n_layers)
 
     def final_norm_head(self, h: torch.Tensor, subset: bool = False) -> torch.Tensor:
-        logits = _mm(self._rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)
+        logits = _mm(self.rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)
         if self.head_ids is None or subset:
             return logits
         return scatter_subset(logits, self.head_ids, self.vocab_size)

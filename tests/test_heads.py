@@ -68,6 +68,26 @@ def test_provenance_and_coverage(target, heads, heldout_prompts):
             assert all(n.token < V - 50 for n in rnd.nodes)
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle-chain"])
+def test_a_smaller_draft_vocabulary_drafts_only_its_ids(method, target, heads, heldout_prompts):
+    """vocab=N scores the head's first N ids (its most frequent): only those are drafted, every
+    other emitted token is a coverage miss, and greedy stays identical to ar."""
+    head = heads[0][0]
+    keep = set(head.lm_head.head_ids[:256].tolist())
+    misses = 0
+    for prompt in heldout_prompts[:3]:
+        ref = speclab.generate(target, prompt, "ar", max_new_tokens=NEW, record=None).ids
+        r = speclab.generate(target, prompt, method, draft=heads[0], max_new_tokens=NEW, vocab=256, record="full")
+        assert r.ids == ref
+        for rnd in r.trace.rounds:
+            assert all(n.token in keep for n in rnd.nodes)
+            assert ("coverage_miss" in rnd.info) == (rnd.emitted not in keep)
+            misses += "coverage_miss" in rnd.info
+    assert misses > 0                              # 256 of the code zoo's ids leave some out
+    with pytest.raises(ValueError, match="vocab must be an integer in 64"):
+        speclab.generate(target, heldout_prompts[0], method, draft=heads[0], max_new_tokens=4, vocab=10 ** 6)
+
+
 @pytest.mark.parametrize("method,which,params", [("eagle", 0, dict(budget=6, width=2, depth=3)),
                                                  ("eagle-chain", 0, dict(k=2)), ("medusa", 1, dict())])
 def test_second_sampled_token_follows_target_distribution(method, which, params, target, heads):

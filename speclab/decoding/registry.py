@@ -80,14 +80,14 @@ def _tree_dynamic(target, draft, budget=10, width=3, depth=5, backend="auto"):
     return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth, backend=backend)
 
 
-def _eagle(target, draft, budget=5, width=3, depth=3):   # sized for a CPU verify (BENCHMARKS.md, fifteenth stop)
+def _eagle(target, draft, budget=5, width=3, depth=3, vocab=None):   # sized for a CPU verify (BENCHMARKS.md, fifteenth stop)
     from speclab.decoding.drafters.heads import EagleDrafter
-    return EagleDrafter(target, draft, budget=budget, width=width, depth=depth)
+    return EagleDrafter(target, draft, budget=budget, width=width, depth=depth, vocab=vocab)
 
 
-def _eagle_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed"):
+def _eagle_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", vocab=None):
     from speclab.decoding.drafters.heads import EagleChainDrafter
-    return EagleChainDrafter(target, draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
+    return EagleChainDrafter(target, draft, vocab=vocab, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
 
 
 def _medusa(target, draft, paths=None, budget=None):

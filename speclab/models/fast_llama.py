@@ -263,6 +263,17 @@ class FastLlama:
     def exit_lm(self, n_layers: int):
         return _ExitLM(self, n_layers)
 
+    def trim_head(self, n: int):
+        """Score only the first n of a trimmed head's ids (ranked most frequent first): a smaller
+        draft vocabulary, the head's matmul cheaper in proportion, its rarer tokens never drafted."""
+        ids = self.head_ids
+        if ids is None or not isinstance(n, int) or not 64 <= n <= len(ids):
+            have = "a full-vocabulary head" if ids is None else f"a head of {len(ids)} ids"
+            raise ValueError(f"vocab must be an integer in 64..{0 if ids is None else len(ids)} "
+                             f"(the draft has {have}), got {n!r}")
+        self.head_ids = ids[:n]
+        self.head = _weights(self.layout, head=(self.model.lm_head.weight[:n],))
+
     def final_norm_head(self, h: torch.Tensor, subset: bool = False) -> torch.Tensor:
         logits = _mm(self.rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)
         if self.head_ids is None or subset:

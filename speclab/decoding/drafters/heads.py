@@ -88,11 +88,15 @@ class FeatureReader:
 class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
     name = "eagle-chain"
 
-    def __init__(self, target_model, head, **kw):
+    def __init__(self, target_model, head, vocab: int | None = None, **kw):
         super().__init__(**kw)
         self.read_target(target_model, head, "eagle", self.name)
         self.head = head
         self.attach_lm(head, "fast")                     # its own one-layer cache, fed by embeds
+        if vocab is not None:                            # draft from the `vocab` most frequent ids only
+            self.lm.trim_head(vocab)
+            self.in_head[:] = False
+            self.in_head[self.lm.head_ids.cpu()] = True
         self.lm.capture_layers = (1,)
         fc, fc3 = head.eagle_fc, getattr(head, "eagle_fc3", None)
         self.fc, self.fc3 = fc, fc3                      # the fusions in speclab's kernel where it runs
@@ -154,9 +158,10 @@ class EagleDrafter(EagleChainDrafter):
     (softmax and top-k over N, not over the V-wide spread with -inf elsewhere)."""
     name = "eagle"
 
-    def __init__(self, target_model, head, budget: int = 5, width: int = 3, depth: int = 3):
+    def __init__(self, target_model, head, budget: int = 5, width: int = 3, depth: int = 3,
+                 vocab: int | None = None):
         check_budget(budget, width, depth)
-        super().__init__(target_model, head, k=depth)
+        super().__init__(target_model, head, vocab=vocab, k=depth)
         self.budget, self.width, self.depth = budget, width, depth
 
     @torch.inference_mode()
@@ -181,7 +186,7 @@ class EagleDrafter(EagleChainDrafter):
             out_of.update((i, out[i:i + 1]) for i in range(len(tree)))
             return torch.cat([root_q[0], logits.softmax(-1)])
         return grow_dynamic(self.budget, self.width, self.depth, q_at,
-                            label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}", ids=self.head.lm_head.head_ids)
+                            label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}", ids=self.lm.head_ids)
 
 
 class MedusaDrafter(FeatureReader, Drafter):

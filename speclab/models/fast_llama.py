@@ -273,6 +273,8 @@ class FastLlama:
                              f"(the draft has {have}), got {n!r}")
         self.head_ids = ids[:n]
         self.head = _weights(self.layout, head=(self.model.lm_head.weight[:n],))
+        if self.exact and self.layout != "packed":      # as _packed builds an exact model's head
+            _split_inner(self.head)
 
     def final_norm_head(self, h: torch.Tensor, subset: bool = False) -> torch.Tensor:
         logits = _mm(self.rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)

@@ -56,8 +56,12 @@ class FeatureReader:
         if self.layers[-1] != n:
             raise ValueError(f"the head {_name(head)} reads target layers {list(self.layers)}, not ending at the "
                              f"last of {_name(target_model)}'s {n}: train a head for this target")
-        self.in_head = torch.zeros(head.config.vocab_size, dtype=torch.bool)
-        self.in_head[head.lm_head.head_ids.cpu()] = True
+        self.drafts_from(head.lm_head.head_ids, head.config.vocab_size)
+
+    def drafts_from(self, ids: torch.Tensor, vocab_size: int):
+        """The ids the head scores: an emitted token outside them is a coverage miss."""
+        self.in_head = torch.zeros(vocab_size, dtype=torch.bool)
+        self.in_head[ids.cpu()] = True
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
@@ -95,8 +99,7 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         self.attach_lm(head, "fast")                     # its own one-layer cache, fed by embeds
         if vocab is not None:                            # draft from the `vocab` most frequent ids only
             self.lm.trim_head(vocab)
-            self.in_head[:] = False
-            self.in_head[self.lm.head_ids.cpu()] = True
+            self.drafts_from(self.lm.head_ids, head.config.vocab_size)
         self.lm.capture_layers = (1,)
         fc, fc3 = head.eagle_fc, getattr(head, "eagle_fc3", None)
         self.fc, self.fc3 = fc, fc3                      # the fusions in speclab's kernel where it runs
@@ -112,7 +115,7 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         """(T, C) pre-norm features, (T,) next tokens -> the head's (T, C) inputs."""
         # the head's final norm (a frozen copy of the target's) as its lean forward applies it:
         # in speclab's kernel where it runs, where the module call costs ~60 us a step
-        return eagle_fuse(self.head, self.lm.rms(feats.to(self.lm.dtype).contiguous(), self.lm.norm), tokens, self.fc)
+        return eagle_fuse(self.head, self.lm.rms(feats.to(self.lm.dtype), self.lm.norm), tokens, self.fc)
 
     def feed(self, ctx: Context, subset: bool = False):
         """Give the head every committed (feature, next token) pair it has not seen: entries

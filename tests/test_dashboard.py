@@ -193,7 +193,7 @@ def test_form_shows_each_methods_registry_defaults():
     d.form.method.value = "draft-model"
     d.form.k.value = 11
     d.form.method.value = "prompt-lookup"
-    assert d.form.k.value == method_defaults("prompt-lookup")["k"] == 8
+    assert d.form.k.value == method_defaults("prompt-lookup")["k"] == 5
     d.form.method.value = "tree-dynamic"
     assert d.form.budget.visible and not d.form.k.visible
     assert d.form.budget.value == method_defaults("tree-dynamic")["budget"]

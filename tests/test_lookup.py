@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixAutomaton, SuffixDrafter, SuffixHistory
-from speclab.decoding.speculative import Context
+from speclab.decoding.speculative import Context, Outcome
+from speclab.decoding.tree import DraftTree
 
 
 def ctx(ids):
@@ -30,7 +31,27 @@ def test_prompt_lookup_grow_sizes_the_draft_by_the_evidence():
     assert PromptLookupDrafter(k=12, max_ngram=5).propose(ctx([1, 2, 3, 4, 9, 4])).tokens == [9, 4]  # all it can
 
 
+def test_prompt_lookup_drafts_longer_right_after_a_draft_accepted_whole():
+    d = PromptLookupDrafter(k=2)                              # k_full = 2k + 1 = 5
+    long = list(range(10, 30))
+    c = ctx(long + [99] + long[:3])                           # a 3-gram recurs: copy what followed it
+    d.begin(c, None, None, None)
+    verdict = lambda tree, path: Outcome(tree, path, emitted=len(path) + 1, prefix_len=len(c.ids), logits=None,
+                                         inputs=c.ids[-1:] + tree.tokens, n_pending=1)
+    first = d.propose(c)
+    assert first.tokens == long[3:5]
+    d.observe(verdict(first, [0, 1]))                         # accepted whole: a copy in progress
+    d.observe(verdict(DraftTree(), []))                       # an ar round (no draft) says nothing
+    streak = d.propose(c)
+    assert streak.tokens == long[3:8]
+    d.observe(verdict(streak, [0, 1, 2]))                     # cut short: back to k
+    assert d.propose(c).tokens == long[3:5]
+    assert PromptLookupDrafter(k=2, k_full=2).k_full == 2     # k_full = k: a fixed length
+
+
 def test_prompt_lookup_rejects_bad_settings():
+    with pytest.raises(ValueError, match="k_full"):
+        PromptLookupDrafter(k=5, k_full=3)
     with pytest.raises(ValueError, match="grow"):
         PromptLookupDrafter(grow=-1)
     with pytest.raises(ValueError, match="min_ngram"):

@@ -23,7 +23,8 @@ def add_bench(sub):
     p.add_argument("--limit", type=int, help="use only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--k", type=int, default=4, help="draft length for methods and peers that take one")
+    p.add_argument("--k", type=int, default=4, help="draft length for draft-model, layer-skip and the transformers peers "
+                        "(prompt-lookup keeps its own: k=5, 11 after a fully accepted draft; give prompt-lookup[k=N])")
     p.add_argument("--exit-layer", type=int, default=4, help="exit layer for hf-early-exit")
     p.add_argument("--record", choices=["none", "light", "full"], default="light")
     p.add_argument("--batch-size", type=int, default=1, metavar="B",
@@ -55,7 +56,7 @@ def cmd_bench(a):
             vllm_eagle_dir(s.params.get("model"))
         if s.method not in PEERS:
             get_method(s.method)                     # unknown names fail before any model loads
-        if s.method not in PEERS and "k" not in s.params and s.method in ("draft-model", "layer-skip", "prompt-lookup"):
+        if s.method not in PEERS and "k" not in s.params and s.method in ("draft-model", "layer-skip"):
             s.params["k"] = a.k
     if a.repeats < 1 or a.max_new_tokens < 1:
         raise ValueError("--repeats and --max-new-tokens must be >= 1")

@@ -48,9 +48,10 @@ def _layer_skip(target, draft, exit_layer="auto", k=4, threshold=None, max_k=8, 
                                   schedule=schedule), gate, exit_layer == "auto")
 
 
-def _prompt_lookup(target, draft, k=8, max_ngram=3, min_ngram=1, prefer="first", grow=0, gate="auto"):
+def _prompt_lookup(target, draft, k=5, max_ngram=3, min_ngram=1, prefer="first", grow=0, k_full=None, gate="auto"):
     from speclab.decoding.drafters.lookup import PromptLookupDrafter
-    return gated(PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram, prefer=prefer, grow=grow),
+    return gated(PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram, prefer=prefer, grow=grow,
+                                     k_full=k_full),
                  gate, grow > 0)
 
 

@@ -2,9 +2,14 @@
 
 prompt-lookup   find an earlier occurrence of the last n tokens (n = max_ngram down to
                 min_ngram) in prompt + output, the earliest by default (`prefer="recent"` for the
-                latest); propose the k tokens that followed it. With `grow` > 0 the draft length
-                follows the evidence: min(k, max(1, grow * (n - 1))) for a match of n tokens, so
-                a lone 1-gram hit (often chance) costs a 2-token verify, not a (k+1)-token one.
+                latest); propose the k tokens that followed it, and k_full (default 2k + 1: twice
+                the verify's rows) right after a draft the target accepted whole (a copy in progress
+                tends to go on; k_full = k turns this off). The default k = 5 fits the bf16 CPU
+                kernel: it applies each weight to up to 6 rows in one pass, so a verify of 1 + 5
+                rows costs about what one row costs, and 1 + 11 rows two passes (BENCHMARKS.md,
+                seventeenth stop). With `grow` > 0 the draft
+                length also follows the evidence: min(k, max(1, grow * (n - 1))) for a match of n
+                tokens, so a lone 1-gram hit (often chance) costs a 2-token verify, not a longer one.
 suffix          SuffixDecoding: a suffix automaton over the prompt, the output so far AND, given a
                 `history=SuffixHistory()` the caller owns, that owner's earlier requests, finds the
                 longest suffix of the context seen before; the draft length grows with the match
@@ -25,10 +30,14 @@ from speclab.decoding.tree import DraftTree
 class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
 
-    def __init__(self, k: int = 8, max_ngram: int = 3, min_ngram: int = 1, prefer: str = "first",
-                 grow: int = 0):
+    def __init__(self, k: int = 5, max_ngram: int = 3, min_ngram: int = 1, prefer: str = "first",
+                 grow: int = 0, k_full: int | None = None):
         super().__init__()
         check_k(k)
+        k_full = 2 * k + 1 if k_full is None else k_full         # twice the verify rows: 2 (k + 1)
+        check_k(k_full, "k_full")
+        if k_full < k:
+            raise ValueError(f"k_full (the draft length after a fully accepted draft) must be >= k = {k}, got {k_full}")
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if prefer not in ("first", "recent"):
@@ -36,6 +45,16 @@ class PromptLookupDrafter(Drafter):
         if grow < 0:
             raise ValueError(f"grow must be >= 0 (0 = always k tokens), got {grow}")
         self.k, self.max_ngram, self.min_ngram, self.prefer, self.grow = k, max_ngram, min_ngram, prefer, grow
+        self.k_full = k_full
+        self.streak = False                 # the last draft was accepted whole
+
+    def begin(self, ctx, target, sampler, gen, record="light"):
+        super().begin(ctx, target, sampler, gen, record)
+        self.streak = False
+
+    def observe(self, out):
+        if len(out.tree):                   # an ar round (gated off) says nothing
+            self.streak = len(out.path) == len(out.tree)
 
     def propose(self, ctx: Context) -> DraftTree:
         ids = ctx.ids
@@ -44,7 +63,8 @@ class PromptLookupDrafter(Drafter):
             starts = range(0, len(ids) - n) if self.prefer == "first" else range(len(ids) - n - 1, -1, -1)
             for j in starts:
                 if ids[j:j + n] == tail:
-                    k = min(self.k, max(1, self.grow * (n - 1))) if self.grow else self.k
+                    k = self.k_full if self.streak else self.k
+                    k = min(k, max(1, self.grow * (n - 1))) if self.grow else k
                     cont = ids[j + n: j + n + k]
                     return DraftTree.chain(cont, [1.0] * len(cont), f"{n}-gram@{j}", ngram=n, match_at=j)
         return DraftTree(info={"ngram": 0})

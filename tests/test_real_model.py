@@ -195,6 +195,26 @@ def test_bf16_default_backend_is_bitwise_identical_where_the_kernel_runs(bf16, m
         assert r.ids == ref.ids, method
 
 
+def test_draft_model_vocab_drafts_only_the_heads_first_ids(bf16):
+    """vocab=N: the trimmed-vocabulary draft scores its head's N most frequent ids only; greedy
+    stays identical to ar, and a draft without such a head (or a bad N) is a one-line error."""
+    if "smollm2-draft" not in zoo.zoo_names():
+        pytest.skip("smollm2-draft is not in the zoo")
+    draft = zoo.load_shared("smollm2-draft", "cpu", "bf16")
+    keep = set(draft[0].lm_head.head_ids[:512].tolist())
+    ids = speclab.api.chat_prompt(bf16[1], QUESTIONS[0])
+    ref = speclab.generate(bf16, ids, "ar", max_new_tokens=32, record=None)
+    r = speclab.generate(bf16, ids, "draft-model", draft=draft, k=3, vocab=512, max_new_tokens=32, record="full")
+    assert r.ids == ref.ids
+    drafted = [n.token for rnd in r.trace.rounds for n in rnd.nodes]
+    assert drafted and set(drafted) <= keep
+    assert not set(r.ids) <= keep                     # the answer uses ids the cut head never drafts
+    with pytest.raises(ValueError, match="vocab must be an integer in 64"):
+        speclab.generate(bf16, ids, "draft-model", draft=draft, vocab=10 ** 6, max_new_tokens=4)
+    with pytest.raises(ValueError, match="backend='auto'"):
+        speclab.generate(bf16, ids, "draft-model", draft=draft, vocab=512, backend="hf", max_new_tokens=4)
+
+
 def test_exact_verify_logits_equal_one_token_forwards(bf16):
     from speclab.models.causal import make_lm
     model, tok = bf16

@@ -36,9 +36,11 @@ def gated(drafter, gate, adaptive: bool):
     return drafter
 
 
-def _draft_model(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", gate="auto", backend="auto"):
+def _draft_model(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", gate="auto", backend="auto",
+                 vocab=None):
     from speclab.decoding.drafters.model import DraftModelDrafter
-    return gated(DraftModelDrafter(draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule, backend=backend),
+    return gated(DraftModelDrafter(draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule, backend=backend,
+                                   vocab=vocab),
                  gate, threshold is not None or schedule != "fixed")
 
 

@@ -1,6 +1,7 @@
 """Model drafters: a separate small draft model, and the target's own early exit (layer skip).
 
-draft-model   k tokens from a draft LM with its own KV cache. Length policies:
+draft-model   k tokens from a draft LM with its own KV cache (`vocab=N`: a trimmed-vocabulary draft
+              scores only its head's N most frequent ids). Length policies:
               fixed k; `threshold` (SpecDec++ style: stop once the draft's probability of its own
               token falls below the threshold, up to max_k); `schedule="heuristic"` (transformers:
               k += 2 after a fully accepted draft, k -= 1 otherwise).
@@ -122,9 +123,14 @@ class OwnDraftLM:
 class DraftModelDrafter(OwnDraftLM, ChainDrafter):
     name = "draft-model"
 
-    def __init__(self, draft_model, backend: str = "auto", **kw):
+    def __init__(self, draft_model, backend: str = "auto", vocab: int | None = None, **kw):
         super().__init__(**kw)
         self.attach_lm(draft_model, backend)
+        if vocab is not None:           # draft from the trimmed head's `vocab` most frequent ids only
+            if not hasattr(self.lm, "trim_head"):
+                raise ValueError(f"vocab={vocab} cuts a trimmed-vocabulary draft's head in speclab's lean forward; "
+                                 f"this draft runs on backend {backend!r}: use backend='auto'")
+            self.lm.trim_head(vocab)
 
     def propose(self, ctx: Context) -> DraftTree:
         pending = ctx.ids[self.lm.length:]          # the draft cache holds a prefix of ctx.ids

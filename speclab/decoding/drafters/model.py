@@ -128,8 +128,9 @@ class DraftModelDrafter(OwnDraftLM, ChainDrafter):
         self.attach_lm(draft_model, backend)
         if vocab is not None:           # draft from the trimmed head's `vocab` most frequent ids only
             if not hasattr(self.lm, "trim_head"):
-                raise ValueError(f"vocab={vocab} cuts a trimmed-vocabulary draft's head in speclab's lean forward; "
-                                 f"this draft runs on backend {backend!r}: use backend='auto'")
+                raise ValueError(f"vocab={vocab} cuts the head of a trimmed-vocabulary draft on speclab's lean forward "
+                                 f"(a plain Llama draft, backend='auto', 'fast' or 'exact'); this one runs through "
+                                 f"transformers (backend={backend!r})")
             self.lm.trim_head(vocab)
 
     def propose(self, ctx: Context) -> DraftTree:

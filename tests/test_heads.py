@@ -2,6 +2,8 @@
 code zoo with untrained heads: lossless greedy and sampling, the training forward equal to the
 drafting forward, the training-time-test mask, a training step that lowers the loss, the adapter
 round trip and the errors of a wrong pairing. The trained smollm2 heads: tests/test_real_model.py."""
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -395,3 +397,31 @@ def test_medusa_blocks_with_one_fused_first_layer_equal_the_heads(heads):
         fused, ref = m.hidden(x, w1=lambda n: F.linear(n, W1, b1), w2=w2), m.hidden(x)
     assert fused.shape == (m.n_heads, 3, m.config.hidden_size)
     torch.testing.assert_close(fused, ref)
+
+
+def test_features_are_cached_per_data_set(target, tmp_path):
+    """A merged run's features equal one pass over the merged rows, each set's cached in its own
+    directory: adding a set computes only the new set's (its older caches stay untouched)."""
+    from speclab.train.head_data import feature_cache, load_data, set_features, target_features
+    from speclab.train.smollm2_data import Row, save_rows
+    base, _ = target
+    L, V = base.config.num_hidden_layers, base.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    dirs = []
+    for s, lens in enumerate([(9, 17, 5), (12, 3), (20, 8, 8, 4)]):
+        rows = [Row(torch.randint(0, V, (n,), generator=g).tolist(), [0] * n, torch.zeros(n, 8, dtype=torch.float16),
+                    torch.zeros(n, 8, dtype=torch.int32), [0] * n, "chat") for n in lens]
+        save_rows(rows, tmp_path / f"set{s}" / "rows.safetensors", {})
+        dirs.append(str(tmp_path / f"set{s}"))
+    layers = [1, L]
+    two = set_features(base, dirs[:2], layers)
+    cache0 = feature_cache(Path(dirs[0]), L, L)
+    stamp = cache0.stat().st_mtime_ns
+    three = set_features(base, dirs, layers)
+    assert cache0.stat().st_mtime_ns == stamp and feature_cache(Path(dirs[2]), 1, L).exists()
+    once = target_features(base, load_data(dirs), {l: tmp_path / f"all-{l}.safetensors" for l in layers})
+    for l in layers:
+        n2 = two[l].shape[0]
+        assert three[l].shape == once[l].shape == (31 + 15 + 40, base.config.hidden_size)
+        assert torch.equal(three[l][:n2], two[l])
+        assert torch.allclose(three[l].float(), once[l].float(), atol=2e-2, rtol=2e-2)

@@ -38,6 +38,14 @@ def load_data(dirs: list[str]) -> dict:
     return data
 
 
+def first_rows(data: dict, n_rows: int) -> dict:
+    """The data cut to its first n_rows rows (all of it when n_rows is 0)."""
+    if not n_rows:
+        return data
+    n = int(data["offsets"][n_rows])
+    return {k: (v[:n_rows + 1] if k == "offsets" else v[:n_rows] if k == "is_code" else v[:n]) for k, v in data.items()}
+
+
 class _Enough(Exception):
     """Raised by the hook on the deepest layer wanted: the rest of the forward is not needed."""
 
@@ -108,6 +116,19 @@ def target_features(base, data: dict, caches: dict[int, Path], batch_tokens: int
         cache.with_suffix(".json").write_text(json.dumps({"key": key, "seconds": round(time.time() - t0)}))
     log(f"features: layers {todo}, {n} positions in {time.time() - t0:.0f} s -> {caches[todo[-1]].parent}")
     return out | X
+
+
+def set_features(base, dirs: list[str], layers: list[int], limit_rows: int = 0) -> dict[int, torch.Tensor]:
+    """layer -> (sum T, C): target_features over load_data(dirs), cached in each data directory for
+    its own rows, so adding a set to a merged run computes only the new set's features.
+    (limit_rows, a quick run over the merged set's first rows: one cache in the first directory.)"""
+    L = base.config.num_hidden_layers
+    if limit_rows or len(dirs) == 1:
+        first = Path(dirs[0]).expanduser()
+        data = first_rows(load_data(dirs), limit_rows)
+        return target_features(base, data, {l: feature_cache(first, l, L, limit_rows) for l in layers})
+    parts = [set_features(base, [d], layers) for d in dirs]          # merge() keeps this order
+    return {l: torch.cat([p[l] for p in parts]) for l in layers}
 
 
 def feature_cache(first: Path, layer: int, n_layers: int, limit_rows: int = 0) -> Path:

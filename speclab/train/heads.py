@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from speclab.train.head_data import DATA_DIRS, batch, feature_cache, load_data, target_features, windows
+from speclab.train.head_data import DATA_DIRS, batch, first_rows, load_data, set_features, windows
 from speclab.train.smollm2_data import split_rows
 
 
@@ -261,16 +261,11 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     out = Path(args.out or f"speclab/zoo/smollm2-{args.kind}")
-    data = load_data(args.data_dirs)
-    if args.limit_rows:
-        n = int(data["offsets"][args.limit_rows])
-        data = {k: (v[:args.limit_rows + 1] if k == "offsets" else v[:args.limit_rows] if k == "is_code" else v[:n])
-                for k, v in data.items()}
-    first = Path(args.data_dirs[0]).expanduser()
+    data = first_rows(load_data(args.data_dirs), args.limit_rows)
     base, tok = zoo.load(args.target, dtype="bf16")
     L = base.config.num_hidden_layers
     layers = (parse_layers(args.layers, L) if args.kind == "eagle" else None) or [L]
-    feats = target_features(base, data, {l: feature_cache(first, l, L, args.limit_rows) for l in layers})
+    feats = set_features(base, args.data_dirs, layers, args.limit_rows)
     X = [feats[l] for l in layers]
     del base
     base = zoo.load(args.target, dtype="fp32")[0]               # fp32 master weights, bf16 autocast

@@ -362,7 +362,7 @@ def main(argv=None):
         state["step"] += 1
         state["elapsed"] = elapsed0 + time.time() - t_start
         bar.n = int(min(state["elapsed"], budget))
-        bar.set_postfix(loss=f"{float(loss):.3f}", **{k_: f"{v:.2f}" for k_, v in st.items() if k_.startswith("acc")})
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **{k_: f"{v:.2f}" for k_, v in st.items() if k_.startswith("acc")})
         if time.time() - last_eval > args.eval_every * 60:
             save()
             last_eval = time.time()

@@ -37,6 +37,16 @@ def test_bench_rows_peers_and_whatif(capsys, tmp_path):
     assert b["samples"] == 2 and b["bandwidth_range_gb_s"][0] <= b["bandwidth_gb_s"] <= b["bandwidth_range_gb_s"][1]
     assert b["ar_tokens_per_s"] == rows["ar"]["tokens_per_s"]
     assert b["ar_share_of_limit"] == pytest.approx(b["ar_tokens_per_s"] / b["limit_tokens_per_s"], abs=2e-3)
+    # and prompt by prompt: each ar run against the sample taken right after it
+    p = b["ar_share_paired"]
+    assert p["prompts"] == 2 and 0 < p["min"] <= p["median"] <= p["max"]
+
+
+def test_paired_share_pairs_each_run_with_its_sample():
+    """A run at 100 tok/s of 250 MB a token reads 25 GB/s: all of a 25 GB/s stream, half of 50."""
+    from speclab.bench.bandwidth import paired_share
+    p = paired_share([100, 100, 200], [50, 25, 100], 250_000_000)
+    assert (p["min"], p["median"], p["max"], p["prompts"]) == (0.5, 0.5, 1.0, 3)
 
 
 def test_whatif_at_the_recorded_k_reproduces_the_run():

@@ -80,7 +80,17 @@ class BandwidthProbe:
         """Median, min and max of the samples, GB/s (JSON-ready)."""
         gb = lambda xs: dict(median=round(statistics.median(xs) / 1e9, 2), min=round(min(xs) / 1e9, 2),
                              max=round(max(xs) / 1e9, 2), samples=len(xs))
-        return dict(stream=gb(self.stream), gemv=gb(self.gemv), gemv_kernel=self.kernel)
+        return dict(stream=gb(self.stream), gemv=gb(self.gemv), gemv_kernel=self.kernel,
+                    stream_gb_s=[round(x / 1e9, 2) for x in self.stream])
+
+
+def paired_share(ar_tokens_per_s: list[float], stream_gb_s: list[float], nbytes: int) -> dict:
+    """ar's share of the limit prompt by prompt: each prompt's tokens/s against the stream sampled
+    right after it. On a VM whose memory speed drifts within a run, this pairs each rate with the
+    bandwidth it actually ran at, where the headline share divides two aggregates."""
+    shares = sorted(r * nbytes / (bw * 1e9) for r, bw in zip(ar_tokens_per_s, stream_gb_s))
+    return dict(median=round(statistics.median(shares), 3), min=round(shares[0], 3), max=round(shares[-1], 3),
+                prompts=len(shares))
 
 
 def bandwidth_limit(model, measured: dict | None = None) -> dict:

@@ -109,6 +109,10 @@ def cmd_bench(a):
               f"{lo}-{hi}) -> limit {b['limit_tokens_per_s']} tok/s, ar ({b['ar_tokens_per_s']} tok/s) at "
               f"{b['ar_share_of_limit']:.2f} of it; the {res['dtype']} GEMV ({b['gemv_kernel']}) reads {b['gemv_gb_s']} "
               f"GB/s -> {b['gemv_limit_tokens_per_s']} tok/s, ar at {b['ar_share_of_gemv_limit']:.2f}")
+        if "ar_share_paired" in b:
+            p = b["ar_share_paired"]
+            print(f"  prompt by prompt (each ar run against the stream sampled right after it): median "
+                  f"{p['median']:.2f} of the limit ({p['min']:.2f}-{p['max']:.2f}, {p['prompts']} prompts)")
     for k_, c in res.get("forward_costs", {}).items():
         print(f"bare forward ms (k={k_}): target(1) {c['c_target1']}, verify(k+1) {c['c_verify']}, draft {c.get('c_draft')}")
     if "verify_cost" in res:
@@ -131,7 +135,7 @@ def add_bandwidth(res: dict, target_model, measured: dict):
     """ar's tokens/s against the memory-bandwidth limit of batch-1 decoding, measured in this process:
     per prompt set against the bandwidth sampled beside that set's ar runs (measured: set -> a
     BandwidthProbe summary), the headline the best set's share."""
-    from speclab.bench.bandwidth import bandwidth_limit
+    from speclab.bench.bandwidth import bandwidth_limit, paired_share, weight_bytes_per_token
     ar = {r["prompt_set"]: r for r in res["rows"] if r["method"] == "ar" and r.get("tokens_per_s")}
     if not ar or not hasattr(target_model, "get_input_embeddings"):
         return
@@ -141,6 +145,10 @@ def add_bandwidth(res: dict, target_model, measured: dict):
         b["ar_tokens_per_s"] = row["tokens_per_s"]
         b["ar_share_of_limit"] = round(row["tokens_per_s"] / b["limit_tokens_per_s"], 3)
         b["ar_share_of_gemv_limit"] = round(row["tokens_per_s"] / b["gemv_limit_tokens_per_s"], 3)
+        m = measured.get(name) or {}
+        if m.get("ar_tokens_per_s"):
+            b["ar_share_paired"] = paired_share(m["ar_tokens_per_s"], m["stream_gb_s"],
+                                                weight_bytes_per_token(target_model))
         per_set[name] = b
     best = max(per_set, key=lambda n: per_set[n]["ar_share_of_limit"])
     res["bandwidth"] = dict(per_set[best], prompt_set=best, per_set=per_set)

@@ -185,7 +185,9 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     out = {"rows": rows, "baseline": base, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
            "repeats": repeats, "batch_size": batch_size}
     if probe is not None:                   # the samples only: the probe's buffers go with it
-        out["bandwidth_samples"] = probe.summary()
+        # each ar run's tokens/s, in the order of the samples taken right after them
+        out["bandwidth_samples"] = dict(probe.summary(), ar_tokens_per_s=[
+            len(r["ids"]) / r["wall_s"] for rep in runs[base] for r in rep])
     if keep_traces:
         out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}
     return out

@@ -45,7 +45,7 @@ def test_bench_rows_peers_and_whatif(capsys, tmp_path):
 def test_paired_share_pairs_each_run_with_its_sample():
     """A run at 100 tok/s of 250 MB a token reads 25 GB/s: all of a 25 GB/s stream, half of 50."""
     from speclab.bench.bandwidth import paired_share
-    p = paired_share([100, 100, 200], [50, 25, 100], 250_000_000)
+    p = paired_share([(100, 50), (100, 25), (200, 100)], 250_000_000)
     assert (p["min"], p["median"], p["max"], p["prompts"]) == (0.5, 0.5, 1.0, 3)
 
 

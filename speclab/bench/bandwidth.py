@@ -57,6 +57,7 @@ class BandwidthProbe:
             self.mm, self.kernel = (lambda v: torch.nn.functional.linear(v, w)), "F.linear"
         self.stream: list[float] = []           # bytes per second, one per sample
         self.gemv: list[float] = []
+        self.pairs: list[tuple[float, float]] = []   # (ar tokens/s, stream bytes/s sampled right after)
         with torch.inference_mode():            # fault the pages in, warm the kernel
             self.x.sum()
             self.mm(self.v)
@@ -71,24 +72,28 @@ class BandwidthProbe:
         return time.perf_counter() - t0
 
     @torch.inference_mode()
-    def sample(self, n: int = 1):
+    def sample(self, n: int = 1, ar_tokens_per_s: float | None = None):
+        """n samples of each rate; ar_tokens_per_s: the rate of the ar run just before, paired with
+        this stream sample (paired_share)."""
         for _ in range(n):
             self.stream.append(self.x.numel() * self.x.element_size() / self._timed(self.x.sum))
             self.gemv.append(self.w_bytes / self._timed(lambda: self.mm(self.v)))
+        if ar_tokens_per_s is not None:
+            self.pairs.append((ar_tokens_per_s, self.stream[-1]))
 
     def summary(self) -> dict:
         """Median, min and max of the samples, GB/s (JSON-ready)."""
         gb = lambda xs: dict(median=round(statistics.median(xs) / 1e9, 2), min=round(min(xs) / 1e9, 2),
                              max=round(max(xs) / 1e9, 2), samples=len(xs))
         return dict(stream=gb(self.stream), gemv=gb(self.gemv), gemv_kernel=self.kernel,
-                    stream_gb_s=[round(x / 1e9, 2) for x in self.stream])
+                    pairs=[(r, round(bw / 1e9, 2)) for r, bw in self.pairs])
 
 
-def paired_share(ar_tokens_per_s: list[float], stream_gb_s: list[float], nbytes: int) -> dict:
-    """ar's share of the limit prompt by prompt: each prompt's tokens/s against the stream sampled
-    right after it. On a VM whose memory speed drifts within a run, this pairs each rate with the
-    bandwidth it actually ran at, where the headline share divides two aggregates."""
-    shares = sorted(r * nbytes / (bw * 1e9) for r, bw in zip(ar_tokens_per_s, stream_gb_s))
+def paired_share(pairs: list[tuple[float, float]], nbytes: int) -> dict:
+    """ar's share of the limit prompt by prompt: pairs of (a prompt's tokens/s, the stream in GB/s
+    sampled right after it). On a VM whose memory speed drifts within a run, this pairs each rate
+    with the bandwidth it actually ran at, where the headline share divides two aggregates."""
+    shares = sorted(r * nbytes / (bw * 1e9) for r, bw in pairs)
     return dict(median=round(statistics.median(shares), 3), min=round(shares[0], 3), max=round(shares[-1], 3),
                 prompts=len(shares))
 

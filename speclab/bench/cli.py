@@ -145,10 +145,9 @@ def add_bandwidth(res: dict, target_model, measured: dict):
         b["ar_tokens_per_s"] = row["tokens_per_s"]
         b["ar_share_of_limit"] = round(row["tokens_per_s"] / b["limit_tokens_per_s"], 3)
         b["ar_share_of_gemv_limit"] = round(row["tokens_per_s"] / b["gemv_limit_tokens_per_s"], 3)
-        m = measured.get(name) or {}
-        if m.get("ar_tokens_per_s"):
-            b["ar_share_paired"] = paired_share(m["ar_tokens_per_s"], m["stream_gb_s"],
-                                                weight_bytes_per_token(target_model))
+        pairs = (measured.get(name) or {}).get("pairs")
+        if pairs:
+            b["ar_share_paired"] = paired_share(pairs, weight_bytes_per_token(target_model))
         per_set[name] = b
     best = max(per_set, key=lambda n: per_set[n]["ar_share_of_limit"])
     res["bandwidth"] = dict(per_set[best], prompt_set=best, per_set=per_set)

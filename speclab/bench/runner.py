@@ -165,8 +165,9 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                 for j, ids in enumerate(chunk if not batched(s) else []):
                     runs[s.label][rep][i + j] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer,
                                                         record, history[s.label])
-                    if probe is not None and s.label == base:
-                        probe.sample()
+                    if probe is not None and s.label == base:   # the run and the stream right after it
+                        r = runs[s.label][rep][i + j]
+                        probe.sample(ar_tokens_per_s=len(r["ids"]) / r["wall_s"])
                 bar.update(len(chunk))
     bar.close()
     ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs[base])
@@ -185,9 +186,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     out = {"rows": rows, "baseline": base, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
            "repeats": repeats, "batch_size": batch_size}
     if probe is not None:                   # the samples only: the probe's buffers go with it
-        # each ar run's tokens/s, in the order of the samples taken right after them
-        out["bandwidth_samples"] = dict(probe.summary(), ar_tokens_per_s=[
-            len(r["ids"]) / r["wall_s"] for rep in runs[base] for r in rep])
+        out["bandwidth_samples"] = probe.summary()
     if keep_traces:
         out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}
     return out

@@ -237,6 +237,52 @@ def test_openers_start_the_questions_and_are_never_trained_on():
         assert kinds[-1] == ANSWER and not any(r.has_top[n_prefix:n_prefix + len(forced)])
 
 
+def test_self_instruct_questions_keep_the_bench_held_out():
+    """A written list item is cut at its line's end and kept only if it looks like a question; the
+    bench's own questions and close paraphrases are caught by the overlap guard, and no seed question
+    the target is shown comes close to one of them."""
+    from speclab.train.smollm2_data import (content_words, held_out_words, instruct_question, seed_questions,
+                                            too_close)
+    assert instruct_question(" How do tides work?\n8. Why") == "How do tides work?"
+    assert instruct_question(" How do tides work?<|im_end|>") == "How do tides work?"
+    assert instruct_question(" How do tides work") == ""               # never ended: may be cut short
+    assert instruct_question(" Why?\n") == ""                          # too short to be a request
+    assert instruct_question(" 42 is the answer.\n") == ""
+    held = held_out_words()
+    assert len(held) >= 40                                              # the test and dev sets
+    assert too_close(content_words("Why do we have leap years?"), held)
+    assert too_close(content_words("Why is the sky blue? Explain it simply."), held)
+    assert too_close(content_words("Explain simply why the sky is blue."), held)
+    assert not too_close(content_words("Why is the ocean salty?"), held)
+    seeds = seed_questions()
+    assert len(seeds) >= 50 and len(set(seeds)) == len(seeds)
+    assert not [q for q in seeds if too_close(content_words(q), held)]
+
+
+@pytest.mark.skipif(not __import__("speclab.models.kernels", fromlist=["x"]).available("cpu", torch.bfloat16),
+                    reason="the lean generation path needs speclab's bf16 kernel")
+def test_self_instruct_rows_answer_written_questions():
+    """With self_instruct, each row is the chat template around a question the target wrote as the
+    next item of a seed list (TEMPLATE: written in another context, never trained on), then its
+    greedy answer (ANSWER)."""
+    import speclab
+    from speclab.train.smollm2_data import ANSWER, TEMPLATE, content_words, gen_chat, held_out_words, too_close
+    model, tok = speclab.load("smollm2-135m", dtype="bf16")
+    rows = []
+    for seed in range(4):
+        rows = gen_chat(model, tok, 0.001, 2, 48, 6, 0.95, log=lambda *a, **k: None, seed=seed, self_instruct=True)
+        if rows:
+            break
+    assert rows, "no written question passed the filter for 4 seeds"
+    held = held_out_words()
+    for r in rows:
+        kinds = list(r.kinds)
+        first = kinds.index(ANSWER)
+        assert set(kinds[:first]) == {TEMPLATE} and set(kinds[first:]) == {ANSWER}
+        question = tok.decode(r.tokens[:first]).split("<|im_start|>user\n")[-1].split("<|im_end|>")[0]
+        assert question and not too_close(content_words(question), held)
+
+
 def test_agreement_counts_greedy_text_without_a_recorded_top_k(base, tmp_path):
     """Rows from the lean generation path record no top-k: their answers are still the target's
     greedy tokens and count; their sampled questions do not."""

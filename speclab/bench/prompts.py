@@ -7,6 +7,8 @@ zoo never trained on) and committed as JSONL, so every machine benchmarks the sa
   code-mixed     alternating items of the two
   chat           questions for an instruction-tuned model ({"chat": "..."} rows: the model's chat
                  template wraps each one), written by hand, so no draft trained on them
+  chat-dev       20 more such questions, on other topics: the development split, to steer training
+                 by (scripts/head_agreement.py) while `chat` stays the test; no draft trained on them
 
 Prompts end at the colon, not after the newline: the byte-level BPE merges a newline with the
 indentation that follows ("\n   " is one token), so a prompt ending in a bare "\n" asks for the
@@ -25,7 +27,7 @@ import re
 from pathlib import Path
 
 PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
-SETS = ("code-complete", "code-edit", "code-mixed", "chat")
+SETS = ("code-complete", "code-edit", "code-mixed", "chat", "chat-dev")
 DEF_RE = re.compile(r"^( *)def \w+\(.*\):\s*$", re.M)
 
 

@@ -1,7 +1,8 @@
 """The self-generated training text of `smollm2-draft`: what the target writes and reads.
 
   chat    (Magpie) the target is fed only the chat template's user-turn prefix and samples a
-          question; then it answers that question greedily
+          question; then it answers that question greedily. (--self-instruct) the question is
+          the next item the target writes for a numbered list of hand-written seed questions
   code    prefixes of Python source (training modules only), continued greedily
   corpus  stdlib windows the target reads in one forward (label: its argmax there)
 
@@ -127,28 +128,115 @@ OPENERS = ("Explain", "Write", "Describe", "Give", "Create", "Generate", "List",
            "How", "Why", "Suggest", "Rewrite", "Design", "Calculate", "Outline", "Identify", "Translate", "Classify")
 
 
+# Self-instruct questions (--self-instruct): the measured gap above, shown. The shipped EAGLE head's
+# step-1 top-1 agreement, teacher-forced on the first 128 answer tokens: 0.54-0.55 after Magpie
+# questions (held out), 0.44-0.46 after hand-written ones (the bench's 20, and 20 others), although
+# the target is as sure of its answers there. So the target is shown a numbered list of hand-written
+# seed questions and writes the next one (Self-Instruct's bootstrap, without the filtering model).
+SEED_QUESTIONS = Path(__file__).with_name("seed_questions.txt")
+# the bench's chat questions (test and dev sets) stay held out: a written question whose content
+# words mostly match one of theirs is dropped (read as data; training code does not import the bench)
+HELD_OUT_QUESTIONS = [Path(__file__).parents[1] / "bench" / "prompts" / f for f in ("chat.jsonl", "chat-dev.jsonl")]
+STOPWORDS = frozenset("a an and are as at be by can do does for from how i in is it its me my of on or "
+                      "that the this to what when where which who why with you your".split())
+
+
+def content_words(text: str) -> frozenset[str]:
+    return frozenset(w for w in "".join(c.lower() if c.isalnum() else " " for c in text).split()
+                     if w not in STOPWORDS)
+
+
+def seed_questions() -> list[str]:
+    lines = SEED_QUESTIONS.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def held_out_words() -> list[frozenset[str]]:
+    rows = [json.loads(line) for p in HELD_OUT_QUESTIONS for line in p.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    return [content_words(r["chat"]) for r in rows if "chat" in r]
+
+
+def too_close(words: frozenset[str], held: list[frozenset[str]], limit: float = 0.5) -> bool:
+    """Jaccard overlap of content words above `limit` with any held-out question."""
+    return any(len(words & h) > limit * len(words | h) for h in held)
+
+
+def instruct_prompt(tok, seeds: list[str], rng: random.Random, shown: int = 6) -> list[int]:
+    """A numbered list of `shown` seed questions, the next number open, as plain text (no template)."""
+    picks = rng.sample(seeds, shown)
+    text = "Questions people asked an AI assistant:\n" + "".join(f"{i + 1}. {q}\n" for i, q in enumerate(picks))
+    return tok(text + f"{shown + 1}.", add_special_tokens=False)["input_ids"]
+
+
+def instruct_question(text: str) -> str:
+    """The written list item cut at its line's end (or the end of turn an instruct model writes
+    there), or "" if it is not a usable question."""
+    text = text.replace("<|im_end|>", "\n")
+    q = text.split("\n", 1)[0].strip()
+    ok = "\n" in text and 3 <= len(q.split()) <= 40 and q[:1].isalpha() and q[-1:] in "?." and "  " not in q
+    return q if ok else ""
+
+
+def magpie_questions(target, tok, prefix, batch: int, max_q: int, temperature: float, seed: int,
+                     openers: tuple[str, ...], rnd: int, seen: set) -> list[tuple]:
+    """One round of `batch` Magpie questions: (text, opener ids, sampled ids, their top-k lp, ids)."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    opened = [openers[(rnd * batch + i) % len(openers)] if openers else "" for i in range(batch)]
+    o_ids = [tok(o, add_special_tokens=False)["input_ids"] if o else [] for o in opened]
+    qs = generate_batch(target, [prefix + o for o in o_ids], eos, max_q, sample=True, temperature=temperature,
+                        tok=tok, seed=seed + rnd * batch)          # lane i: seed + rnd * batch + i
+    good = []
+    for oi, (q_ids, q_lp, q_tid, ended) in zip(o_ids, qs):
+        text = tok.decode(oi + q_ids[:-1]).strip() if ended else ""
+        if ended and len(q_ids) >= 4 and text and text not in seen:
+            seen.add(text)
+            good.append((text, oi, q_ids, q_lp, q_tid))
+    return good
+
+
+def instruct_questions(target, tok, seeds: list[str], held: list, rng: random.Random, batch: int, max_q: int,
+                       temperature: float, seed: int, rnd: int, seen: set) -> tuple[list[tuple], int]:
+    """One round of `batch` self-instruct questions, as magpie_questions gives them (no sampled
+    tokens kept: the question is re-tokenised in the chat template), and how many were dropped as
+    too close to a held-out question."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    qs = generate_batch(target, [instruct_prompt(tok, seeds, rng) for _ in range(batch)], eos, min(max_q, 48),
+                        sample=True, temperature=temperature, tok=tok, seed=seed + rnd * batch)
+    good, dropped = [], 0
+    for q_ids, *_ in qs:
+        text = instruct_question(tok.decode(q_ids))
+        words = content_words(text)
+        if not text or not words or text in seen:
+            continue
+        if too_close(words, held):
+            dropped += 1
+            continue
+        seen.add(text)
+        good.append((text, [], [], None, None))
+    return good, dropped
+
+
 def gen_chat(target, tok, minutes: float, batch: int, max_q: int, max_a: int, temperature: float,
-             log=print, seed: int = 0, openers: tuple[str, ...] = ()) -> list[Row]:
+             log=print, seed: int = 0, openers: tuple[str, ...] = (), self_instruct: bool = False) -> list[Row]:
     """Magpie rounds (sample `batch` questions, answer them greedily) for `minutes` of wall time.
     openers: lane i of round r starts its question with openers[(r * batch + i) % len]; those words
-    are forced, not written by the target, so they are TEMPLATE tokens (never trained on)."""
+    are forced, not written by the target, so they are TEMPLATE tokens (never trained on).
+    self_instruct: the questions are written as the next item of a list of seed questions instead
+    (instruct_questions); written in another context, they are TEMPLATE tokens too."""
     from tqdm.auto import tqdm
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     prefix = chat_prefix(tok)
-    rows, seen, t0, ntok, rnd = [], set(), time.time(), 0, 0
+    seeds, held, rng = (seed_questions(), held_out_words(), random.Random(seed)) if self_instruct else (None, None, None)
+    rows, seen, t0, ntok, rnd, dropped = [], set(), time.time(), 0, 0, 0
     bar = tqdm(total=int(minutes * 60), unit="s", desc="chat rows")
     while time.time() - t0 < minutes * 60:
-        opened = [openers[(rnd * batch + i) % len(openers)] if openers else "" for i in range(batch)]
-        o_ids = [tok(o, add_special_tokens=False)["input_ids"] if o else [] for o in opened]
-        qs = generate_batch(target, [prefix + o for o in o_ids], eos, max_q, sample=True, temperature=temperature,
-                            tok=tok, seed=seed + rnd * batch)          # lane i: seed + rnd * batch + i
+        if self_instruct:
+            good, n = instruct_questions(target, tok, seeds, held, rng, batch, max_q, temperature, seed, rnd, seen)
+            dropped += n
+        else:
+            good = magpie_questions(target, tok, prefix, batch, max_q, temperature, seed, openers, rnd, seen)
         rnd += 1
-        good = []
-        for o, oi, (q_ids, q_lp, q_tid, ended) in zip(opened, o_ids, qs):
-            text = tok.decode(oi + q_ids[:-1]).strip() if ended else ""
-            if ended and len(q_ids) >= 4 and text and text not in seen:
-                seen.add(text)
-                good.append((text, oi, q_ids, q_lp, q_tid))
         if not good:
             continue
         prompts = [chat_prompt(tok, g[0]) for g in good]
@@ -179,6 +267,8 @@ def gen_chat(target, tok, minutes: float, batch: int, max_q: int, max_a: int, te
             ntok += n_q + len(a_ids)
         progress(bar, log, "chat", len(rows), ntok, t0)
     progress(bar, log, "chat", len(rows), ntok, t0, done=True)
+    if self_instruct:
+        log(f"self-instruct: {dropped} written questions dropped as too close to the bench's held-out ones")
     return rows
 
 

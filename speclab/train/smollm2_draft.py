@@ -258,6 +258,9 @@ def get_args(argv):
     ap.add_argument("--openers", action="store_true",
                     help="start each chat question with an instruction opener (smollm2_data.OPENERS): "
                          "questions closer to what people type than plain Magpie's")
+    ap.add_argument("--self-instruct", action="store_true",
+                    help="chat questions written by the target as the next item of a list of hand-written seed "
+                         "questions (smollm2_data.SEED_QUESTIONS), not sampled from the bare template (Magpie)")
     ap.add_argument("--corpus-minutes", type=float, default=6.0,
                     help="budget for the target's top-k on stdlib windows (one forward each)")
     ap.add_argument("--corpus-seq", type=int, default=256)
@@ -302,7 +305,7 @@ def main(argv=None):
         t0 = time.time()
         chat = gen_chat(base, tok, args.gen_minutes * args.chat_share, args.gen_batch, args.max_question,
                         args.max_answer, args.temperature, seed=args.seed,
-                        openers=OPENERS if args.openers else ())
+                        openers=OPENERS if args.openers else (), self_instruct=args.self_instruct)
         code = gen_code(base, tok, args.gen_minutes * (1 - args.chat_share), args.gen_batch, args.max_code,
                         args.seed)
         rows = chat + code

@@ -121,18 +121,19 @@ def chat_prefix(tok) -> list[int]:
 # first-person requests (443 of 690 in one run began "I'm" or "Can"), far from
 # the instructions people type ("Explain ...", "Write a Python function ..."); the drafts and heads
 # trained on them agree about half as often on the bench's hand-written questions as on held-out
-# Magpie rows (this style gap is a likely cause, not yet shown). Forcing the first word spreads them.
+# Magpie rows (the gap measured: see SEED_QUESTIONS below). Forcing the first word spreads them.
 # Single instruction words (the commonest first words of instruction-tuning sets such as Alpaca's),
 # not phrases from the bench's questions, which stay held out.
 OPENERS = ("Explain", "Write", "Describe", "Give", "Create", "Generate", "List", "Summarize", "Compare", "What",
            "How", "Why", "Suggest", "Rewrite", "Design", "Calculate", "Outline", "Identify", "Translate", "Classify")
 
 
-# Self-instruct questions (--self-instruct): the measured gap above, shown. The shipped EAGLE head's
-# step-1 top-1 agreement, teacher-forced on the first 128 answer tokens: 0.54-0.55 after Magpie
-# questions (held out), 0.44-0.46 after hand-written ones (the bench's 20, and 20 others), although
-# the target is as sure of its answers there. So the target is shown a numbered list of hand-written
-# seed questions and writes the next one (Self-Instruct's bootstrap, without the filtering model).
+# Self-instruct questions (--self-instruct), for the gap above, now measured by
+# scripts/head_agreement.py: the EAGLE head's step-1 top-1 agreement, teacher-forced on the first
+# 128 answer tokens, is 0.54-0.55 after Magpie questions (held out) and 0.44-0.46 after hand-written
+# ones (the bench's 20, and 20 others), although the target is as sure of its answers there. So the
+# target is shown a numbered list of hand-written seed questions and writes the next one
+# (Self-Instruct's bootstrap, without its filtering model).
 SEED_QUESTIONS = Path(__file__).with_name("seed_questions.txt")
 # the bench's chat questions (test and dev sets) stay held out: a written question whose content
 # words mostly match one of theirs is dropped (read as data; training code does not import the bench)
@@ -227,7 +228,7 @@ def gen_chat(target, tok, minutes: float, batch: int, max_q: int, max_a: int, te
     from tqdm.auto import tqdm
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     prefix = chat_prefix(tok)
-    seeds, held, rng = (seed_questions(), held_out_words(), random.Random(seed)) if self_instruct else (None, None, None)
+    seeds, held, rng = seed_questions(), held_out_words(), random.Random(seed)      # for self_instruct
     rows, seen, t0, ntok, rnd, dropped = [], set(), time.time(), 0, 0, 0
     bar = tqdm(total=int(minutes * 60), unit="s", desc="chat rows")
     while time.time() - t0 < minutes * 60:

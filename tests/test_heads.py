@@ -425,3 +425,25 @@ def test_features_are_cached_per_data_set(target, tmp_path):
         assert three[l].shape == once[l].shape == (31 + 15 + 40, base.config.hidden_size)
         assert torch.equal(three[l][:n2], two[l])
         assert torch.allclose(three[l].float(), once[l].float(), atol=2e-2, rtol=2e-2)
+
+
+def test_dev_rows_are_the_targets_greedy_answers(target, heads, tmp_path):
+    """speclab.train.dev_eval: the answers are `ar`'s, the states read back give the target's
+    greedy token at every answer position (so the head is scored against what the target wrote),
+    and a head scores top-1 <= top-3 per position."""
+    import json
+    from speclab.train.dev_eval import agreement, answers, mean_agreement
+    base, tok = target
+    (eagle, _), _ = heads
+    path = tmp_path / "dev.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def add(a, b):", "class Stack:"]))
+    L = base.config.num_hidden_layers
+    rows = answers(base, tok, str(path), [L], limit=2, tokens=12)
+    for r, p in zip(rows, ["def add(a, b):", "class Stack:"]):
+        ref = speclab.generate((base, tok), p, "ar", max_new_tokens=12, record=None).ids
+        assert r.tokens[r.first:].tolist() == list(ref) and r.xs[0].shape == (len(r.tokens), base.config.hidden_size)
+        logits = base.lm_head(base.model.norm(r.xs[0].float()))
+        assert logits[r.first - 1:-1].argmax(-1).tolist() == list(ref)
+        a = agreement(eagle, base, r)
+        assert a.shape == (len(r.tokens) - r.first - 1, 3) and (a[:, 0] <= a[:, 1]).all()
+    assert mean_agreement(eagle, base, rows).shape == (3,) and not eagle.training

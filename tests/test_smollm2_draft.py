@@ -304,3 +304,22 @@ def test_agreement_counts_greedy_text_without_a_recorded_top_k(base, tmp_path):
             model.lm_head.weight.t()).argmax(-1)]
     want = sum(int(pred[t - 1] == toks[t]) for t in range(6, T))
     assert res["chat"]["agree"] == pytest.approx(want / 6)
+
+
+def test_dev_agreement_counts_the_answer_tokens(base):
+    """draft_agreement: the draft reads prompt + answer up to t and is scored on answer token t+1
+    only (each answer token is the target's greedy token); it leaves the draft's mode as it was."""
+    from speclab.train.dev_eval import Answer, draft_agreement
+    head = torch.arange(0, 40)
+    model = sd.init_draft(base, head, [0, 2]).train()
+    torch.manual_seed(1)
+    rows = [Answer(torch.randint(0, 40, (T,)), [], first) for T, first in ((12, 5), (9, 3))]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = hit = 0
+        for r in rows:
+            pred = head[model.model(input_ids=r.tokens[None, :-1]).last_hidden_state[0].matmul(
+                model.lm_head.weight.t()).argmax(-1)]
+            hit += sum(int(pred[t - 1] == r.tokens[t]) for t in range(r.first, len(r.tokens)))
+            want += len(r.tokens) - r.first
+    assert draft_agreement(model, rows) == pytest.approx(hit / want)
+    assert want == 7 + 6 and model.training

@@ -184,6 +184,10 @@ def get_args(argv):
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--held-frac", type=float, default=0.05)
     ap.add_argument("--eval-every", type=float, default=5.0, help="minutes between held-out evals + saves")
+    ap.add_argument("--dev-prompts", default="chat-dev",
+                    help="eagle: a prompt set people wrote; each eval also measures the head's step-1 agreement on "
+                         "the target's answers to it, and the head is saved when THAT improves ('' to select by "
+                         "the held-out split of the training text, which overstates agreement on such questions)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--calibrate", action="store_true",
                     help="medusa: only measure the heads in --out on held-out text and store their rank "
@@ -267,6 +271,11 @@ def main(argv=None):
     layers = (parse_layers(args.layers, L) if args.kind == "eagle" else None) or [L]
     feats = set_features(base, args.data_dirs, layers, args.limit_rows)
     X = [feats[l] for l in layers]
+    dev = []
+    if args.kind == "eagle" and args.dev_prompts:
+        from speclab.train.dev_eval import answers, mean_agreement
+        print(f"dev set: the target answers {args.dev_prompts} ...")
+        dev = answers(base, tok, args.dev_prompts, layers)
     del base
     base = zoo.load(args.target, dtype="fp32")[0]               # fp32 master weights, bf16 autocast
     for p in base.parameters():
@@ -318,6 +327,9 @@ def main(argv=None):
         save_draft(head, out, args.target, kind=args.kind)
         print(f"saved {out}")
         return 0
+    if dev:
+        a = mean_agreement(head, base, dev)
+        print(f"dev ({args.dev_prompts}) step-1 agreement at step {state['step']}: top-1 {a[0]:.4f}, top-3 {a[1]:.4f}")
     U = args.unroll
     rng = random.Random(args.seed + state["epoch"])
     order = list(range(len(spans)))
@@ -328,11 +340,14 @@ def main(argv=None):
 
     def save():
         ev = evaluate(args.kind, head, data, X, held, norm, W_sub, args, U)
-        score = sum(ev.values()) / len(ev)
+        score, best = sum(ev.values()) / len(ev), "best"
+        if dev:                                                  # step-1 top-1 / top-3 on the dev answers
+            ev["dev1"], ev["dev3"] = (round(float(v), 4) for v in mean_agreement(head, base, dev)[:2])
+            score, best = ev["dev1"], "best_dev"
         state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
         print(f"\nheld-out agreement step {state['step']}: {ev}")
-        if score >= state.get("best", -1.0):
-            state["best"] = score
+        if score >= state.get(best, -1.0):
+            state[best] = score
             if args.kind == "medusa":
                 print("rank accuracies per head:", head.config.medusa_rank_acc)
             save_draft(head, out, args.target, kind=args.kind)

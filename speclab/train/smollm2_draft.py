@@ -278,6 +278,10 @@ def get_args(argv):
     ap.add_argument("--kl-weight", type=float, default=0.5)
     ap.add_argument("--held-frac", type=float, default=0.05)
     ap.add_argument("--save-every", type=float, default=6.0, help="minutes between checkpoints + draft saves")
+    ap.add_argument("--dev-prompts", default="chat-dev",
+                    help="a prompt set people wrote: each save also measures teacher-forced agreement on the target's "
+                         "answers to it, and the draft is kept when (that + held-out code) / 2 improves ('' to "
+                         "select by the held-out split alone, which overstates agreement on such questions)")
     ap.add_argument("--ckpt", default=None, help="checkpoint dir (default: <data-dir>/ckpt-<layers>)")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--eval-alpha", action="store_true", help="measure alpha at k=4 after training")
@@ -331,6 +335,11 @@ def main(argv=None):
     if args.corpus_minutes > 0 and corpus_path.exists():
         data = merge(data, load_rows(corpus_path))
     train_rows, held_rows = split_rows(data, args.held_frac, args.seed)
+    dev = []
+    if args.dev_prompts:                          # the target's greedy answers to questions people wrote
+        from speclab.train.dev_eval import answers, draft_agreement
+        print(f"dev set: the target answers {args.dev_prompts} ...", flush=True)
+        dev = answers(base, tok, args.dev_prompts)
 
     # 2. trimmed vocabulary, from the training rows' tokens only
     def toks(rows, gen_only):
@@ -368,8 +377,10 @@ def main(argv=None):
         state = resume_state(ckpt, Path(args.out), model, opt, state)
         if state.get("head_size") != len(head_ids):   # the layers do not depend on the head: keep them,
             state.pop("best", None)                   # but held-out scores change with it
+            state.pop("best_dev", None)
         if args.extra_data:                           # new rows: a new held-out split, and a fresh
             state.pop("best", None)                   # cosine schedule over --minutes on the grown data
+            state.pop("best_dev", None)
             state["elapsed"] = 0.0
     state["head_size"] = len(head_ids)
 
@@ -391,23 +402,30 @@ def main(argv=None):
         model.eval()
         ev = agreement(model, base32, data, held_rows, sub_idx, eos, args.seq_len)
         model.train()
-        score = (ev["chat"]["agree"] + ev["code"]["agree"]) / 2
-        best = state.get("best", -1.0)
+        score, key = (ev["chat"]["agree"] + ev["code"]["agree"]) / 2, "best"
+        if dev:
+            ev["dev"] = draft_agreement(model, dev)
+            score, key = (ev["dev"] + ev["code"]["agree"]) / 2, "best_dev"
+        best = state.get(key, -1.0)
         if score >= best or tag == "final" and not Path(args.out, "config.json").exists():
-            state["best"] = score
+            state[key] = score
             save_checkpoint(ckpt, model, opt, state)
             save_draft(model, args.out, BASE)    # the base tokenizer serves: nothing to ship
             shipped = f"draft -> {args.out}"
         else:
             shipped = f"draft kept (best {best:.4f})"
         state["log"].append({"step": state["step"], "heldout_chat": round(ev["chat"]["agree"], 4),
-                             "heldout_code": round(ev["code"]["agree"], 4)})
+                             "heldout_code": round(ev["code"]["agree"], 4),
+                             **({"dev_chat": round(ev["dev"], 4)} if dev else {})})
         print(f"[{tag}] step {state['step']}: held-out agreement chat {ev['chat']['agree']:.4f} "
-              f"code {ev['code']['agree']:.4f}; checkpoint {ckpt}; {shipped}", flush=True)
+              f"code {ev['code']['agree']:.4f}" + (f", {args.dev_prompts} {ev['dev']:.4f}" if dev else "")
+              + f"; checkpoint {ckpt}; {shipped}", flush=True)
 
     if state["step"] == 0:
         ev0 = agreement(model.eval(), base32, data, held_rows, sub_idx, eos, args.seq_len)
         model.train()
+        if dev:
+            ev0["dev"] = draft_agreement(model, dev)
         state["initial_agreement"] = ev0
         print(f"held-out agreement before training: {json.dumps(ev0)}", flush=True)
     t_start, last_save = time.time() - state["elapsed"], time.time()

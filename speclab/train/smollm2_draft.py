@@ -395,6 +395,11 @@ def main(argv=None):
         warm = min(1.0, (step + 1) / args.warmup)
         return args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
+    key = "best_dev" if dev else "best"            # what the kept draft is the best by
+
+    def score(ev):                                 # chat (the dev set if any) and code, equally
+        return ((ev["dev"] if dev else ev["chat"]["agree"]) + ev["code"]["agree"]) / 2
+
     def save(tag):
         """Checkpoint always; ship the draft only when held-out agreement did not drop (the data
         is small: a 3-layer draft can start memorising it)."""
@@ -402,13 +407,11 @@ def main(argv=None):
         model.eval()
         ev = agreement(model, base32, data, held_rows, sub_idx, eos, args.seq_len)
         model.train()
-        score, key = (ev["chat"]["agree"] + ev["code"]["agree"]) / 2, "best"
         if dev:
             ev["dev"] = draft_agreement(model, dev)
-            score, key = (ev["dev"] + ev["code"]["agree"]) / 2, "best_dev"
         best = state.get(key, -1.0)
-        if score >= best or tag == "final" and not Path(args.out, "config.json").exists():
-            state[key] = score
+        if score(ev) >= best or tag == "final" and not Path(args.out, "config.json").exists():
+            state[key] = score(ev)
             save_checkpoint(ckpt, model, opt, state)
             save_draft(model, args.out, BASE)    # the base tokenizer serves: nothing to ship
             shipped = f"draft -> {args.out}"
@@ -426,6 +429,8 @@ def main(argv=None):
         model.train()
         if dev:
             ev0["dev"] = draft_agreement(model, dev)
+        if args.resume:                           # the weights in --out are the score to beat
+            state[key] = score(ev0)
         state["initial_agreement"] = ev0
         print(f"held-out agreement before training: {json.dumps(ev0)}", flush=True)
     t_start, last_save = time.time() - state["elapsed"], time.time()

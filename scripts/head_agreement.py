@@ -29,15 +29,16 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(2)
     base, tok = zoo.load(args.target, dtype="bf16")                       # writes the answers, reads the states
-    head = load_draft(args.head, zoo.load(args.target, dtype="fp32")[0], torch.float32)
+    head = load_draft(args.head, zoo.load(args.target, dtype="fp32")[0], torch.float32)     # as trained
     layers = list(eagle_layers(head.config, base.config.num_hidden_layers))
     print(f"head {args.head}: step-1 agreement with {args.target}'s greedy token on its own answers")
     print("| prompts | answer positions | top-1 | top-3 | target's top-1 probability |\n|---|---|---|---|---|")
     for name in args.prompts.split(","):
         rows = answers(base, tok, name, layers, args.limit, args.tokens)
-        a = mean_agreement(head, base, rows)
+        a = mean_agreement(head, rows)
+        sure = torch.cat([r.sure[1:] for r in rows]).mean()              # at the tokens the head guessed
         n = sum(len(r.tokens) - r.first - 1 for r in rows)
-        print(f"| {name} | {n} | {a[0]:.3f} | {a[1]:.3f} | {a[2]:.3f} |")
+        print(f"| {name} | {n} | {a[0]:.3f} | {a[1]:.3f} | {sure:.3f} |")
 
 
 if __name__ == "__main__":

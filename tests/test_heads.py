@@ -444,6 +444,8 @@ def test_dev_rows_are_the_targets_greedy_answers(target, heads, tmp_path):
         assert r.tokens[r.first:].tolist() == list(ref) and r.xs[0].shape == (len(r.tokens), base.config.hidden_size)
         logits = base.lm_head(base.model.norm(r.xs[0].float()))
         assert logits[r.first - 1:-1].argmax(-1).tolist() == list(ref)
-        a = agreement(eagle, base, r)
-        assert a.shape == (len(r.tokens) - r.first - 1, 3) and (a[:, 0] <= a[:, 1]).all()
-    assert mean_agreement(eagle, base, rows).shape == (3,) and not eagle.training
+        probs = logits[r.first - 1:-1].float().softmax(-1).max(-1).values
+        assert torch.allclose(r.sure, probs, atol=1e-2)                 # how sure the target was
+        a = agreement(eagle, r)
+        assert a.shape == (len(r.tokens) - r.first - 1, 2) and (a[:, 0] <= a[:, 1]).all()
+    assert mean_agreement(eagle, rows).shape == (2,) and not eagle.training

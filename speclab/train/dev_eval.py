@@ -9,9 +9,9 @@ of its answers in both (BENCHMARKS.md, twentieth stop); the draft model shows th
 
   answers(base, tok, prompts, layers)   `ar` writes each answer (so each answer token IS the target's
                                         greedy token); with `layers`, the target's states over prompt +
-                                        answer as for training (head_data.target_features)
-  agreement(head, base, row)            EAGLE head, (n, 3) per answer position: step-1 top-1 hit,
-                                        top-3 hit, and the target's own top-1 probability
+                                        answer as for training (head_data.target_features) and its
+                                        top-1 probability at each answer token (how sure it was)
+  agreement(head, row)                  EAGLE head, (n, 2) per answer position: step-1 top-1 hit, top-3 hit
   draft_agreement(draft, rows)          draft model, teacher-forced top-1 over every answer position
 Step 1 is the first level of every eagle tree, so its top-3 bounds the bench's depth-1 acceptance.
 """
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from speclab.train.head_data import target_features
 from speclab.train.heads import eagle_forward, eagle_step1
@@ -33,6 +32,7 @@ class Answer:
     tokens: torch.Tensor          # (T,) prompt + the target's greedy answer
     xs: list[torch.Tensor]        # [(T, C)] bf16 pre-norm states after each of the head's layers
     first: int                    # index of the first answer token
+    sure: torch.Tensor | None = None  # (T - first,) the target's top-1 probability at each answer token
 
 
 @torch.no_grad()
@@ -54,32 +54,37 @@ def answers(base, tok, prompts: str, layers: list[int] = (), limit: int = 20, to
         with tempfile.TemporaryDirectory() as d:
             X = target_features(base, data, {l: Path(d) / f"l{l}.safetensors" for l in layers}, log=lambda *a: None)
     off = data["offsets"].tolist()
-    return [Answer(r, [X[l][off[i]:off[i + 1]] for l in layers], f) for i, (r, f) in enumerate(zip(rows, firsts))]
+    out = []
+    for i, (r, first) in enumerate(zip(rows, firsts)):
+        xs = [X[l][off[i]:off[i + 1]] for l in layers]
+        sure = None
+        if xs:                                  # the last of `layers` is the target's last layer
+            h = base.model.norm(xs[-1][first - 1:-1].to(base.dtype))
+            sure = base.lm_head(h).float().softmax(-1).max(-1).values
+        out.append(Answer(r, xs, first, sure))
+    return out
 
 
 @torch.no_grad()
-def agreement(head, base, row: Answer) -> torch.Tensor:
-    """(n, 3) over answer positions: whether the head's step-1 top-1 / any of its top-3 is the
-    target's greedy token there, and the target's top-1 probability. Entry t of the head reads the
-    state at t and token t+1, so it guesses the token after t+1 (the whole row is context)."""
+def agreement(head, row: Answer) -> torch.Tensor:
+    """(n, 2) over answer positions: whether the head's step-1 top-1 / any of its top-3 is the
+    target's greedy token (the answer token) there. Entry t of the head reads the state at t and
+    token t+1, so it guesses token t+2 (the whole row is context); counted where t+1 is an answer
+    token, i.e. for the answer tokens after the first."""
     xs = [x.float()[None] for x in row.xs]
-    tokens = row.tokens
-    out = eagle_forward(head, eagle_step1(head, xs), tokens[None].long(), 1)[0, 0]    # (T-1, C): entry t
+    out = eagle_forward(head, eagle_step1(head, xs), row.tokens[None].long(), 1)[0, 0]    # (T-1, C): entry t
+    out = out[row.first - 1:-1]                                                          # entries guessing first+1..T-1
     guess = head.lm_head.head_ids[(head.model.norm(out) @ head.lm_head.weight.float().t()).topk(3, -1).indices]
-    f = F.rms_norm(xs[-1][0], xs[-1].shape[-1:], base.model.norm.weight.float(), base.config.rms_norm_eps)
-    p = (f @ base.lm_head.weight.float().t()).softmax(-1)[1:]           # entry t: the target's p after t+1
-    greedy, sure = p.argmax(-1), p.max(-1).values
-    rows = slice(max(row.first - 1, 0), len(tokens) - 2)               # token t+1 lies in the answer
-    hit = guess[rows] == greedy[rows, None]
-    return torch.stack([hit[:, 0].float(), hit.any(-1).float(), sure[rows].float()], -1)
+    hit = guess == row.tokens[row.first + 1:, None]
+    return torch.stack([hit[:, 0].float(), hit.any(-1).float()], -1)
 
 
-def mean_agreement(head, base, rows: list[Answer]) -> torch.Tensor:
-    """(3,): top-1, top-3 and the target's top-1 probability over every answer position of `rows`."""
+def mean_agreement(head, rows: list[Answer]) -> torch.Tensor:
+    """(2,): top-1 and top-3 over every answer position of `rows`."""
     was = head.training
     head.eval()
     try:
-        return torch.cat([agreement(head, base, r) for r in rows]).mean(0)
+        return torch.cat([agreement(head, r) for r in rows]).mean(0)
     finally:
         head.train(was)
 

@@ -328,7 +328,7 @@ def main(argv=None):
         print(f"saved {out}")
         return 0
     if dev:
-        a = mean_agreement(head, base, dev)
+        a = mean_agreement(head, dev)
         print(f"dev ({args.dev_prompts}) step-1 agreement at step {state['step']}: top-1 {a[0]:.4f}, top-3 {a[1]:.4f}")
     U = args.unroll
     rng = random.Random(args.seed + state["epoch"])
@@ -342,7 +342,7 @@ def main(argv=None):
         ev = evaluate(args.kind, head, data, X, held, norm, W_sub, args, U)
         score, best = sum(ev.values()) / len(ev), "best"
         if dev:                                                  # step-1 top-1 / top-3 on the dev answers
-            ev["dev1"], ev["dev3"] = (round(float(v), 4) for v in mean_agreement(head, base, dev)[:2])
+            ev["dev1"], ev["dev3"] = (round(float(v), 4) for v in mean_agreement(head, dev))
             score, best = ev["dev1"], "best_dev"
         state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
         print(f"\nheld-out agreement step {state['step']}: {ev}")

@@ -376,11 +376,9 @@ def main(argv=None):
     if args.resume:
         state = resume_state(ckpt, Path(args.out), model, opt, state)
         if state.get("head_size") != len(head_ids):   # the layers do not depend on the head: keep them,
-            state.pop("best", None)                   # but held-out scores change with it
-            state.pop("best_dev", None)
+            state.pop("best", None), state.pop("best_dev", None)   # but held-out scores change with it
         if args.extra_data:                           # new rows: a new held-out split, and a fresh
-            state.pop("best", None)                   # cosine schedule over --minutes on the grown data
-            state.pop("best_dev", None)
+            state.pop("best", None), state.pop("best_dev", None)   # cosine schedule over --minutes
             state["elapsed"] = 0.0
     state["head_size"] = len(head_ids)
 

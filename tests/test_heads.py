@@ -32,7 +32,7 @@ def heads(target):
     return (eagle.eval(), tok), (medusa.eval(), tok)
 
 
-CASES = [("eagle", 0, dict(budget=10, width=3, depth=4)), ("eagle-chain", 0, dict(k=4)),
+CASES = [("eagle", 0, dict(budget=10, width=3, depth=4)), ("eagle", 0, dict(threshold=0.3)), ("eagle-chain", 0, dict(k=4)),
          ("eagle-chain", 0, dict(schedule="heuristic")), ("medusa", 1, dict())]
 
 

@@ -1,5 +1,6 @@
 """Draft trees: shapes, records, and clear errors for bad trees."""
 import pytest
+import torch
 
 import speclab
 from speclab.decoding.speculative import Drafter
@@ -38,10 +39,40 @@ def test_dynamic_tree_respects_budget_and_order(target, draft):
 @pytest.mark.parametrize("params,words", [
     (dict(budget=0), "node budget must be an integer >= 1"),
     (dict(width=0), "width must be an integer >= 1"),
+    (dict(threshold=1.5), r"threshold must be in \(0, 1\)"),
 ])
 def test_dynamic_tree_bad_params(target, draft, params, words):
     with pytest.raises(ValueError, match=words):
         speclab.generate(target, PROMPT, "tree-dynamic", draft=draft, max_new_tokens=4, **params)
+
+
+def test_a_dynamic_tree_grows_only_as_deep_as_the_draft_is_sure():
+    """threshold: no draft forward past a depth whose best cumulative probability is below it."""
+    from speclab.decoding.drafters.trees import grow_dynamic
+    gen = torch.Generator().manual_seed(0)
+
+    def q_of(sure: float):                        # the draft's top choice has probability `sure` everywhere
+        calls = []
+
+        def q_at(tree):
+            calls.append(len(tree))
+            q = torch.rand(1 + len(tree), 50, generator=gen)
+            q[:, 0] = 0
+            q = q / q.sum(-1, keepdim=True) * (1 - sure)
+            q[:, 0] = sure
+            return q
+        return q_at, calls
+    q_at, calls = q_of(0.9)                       # 0.9, 0.81, 0.73: above 0.5 at every depth
+    sure = grow_dynamic(6, 3, 4, q_at, threshold=0.5)
+    assert len(calls) == 4 and sure.info["levels"] == 4
+    q_at, calls = q_of(0.6)                       # 0.6, then 0.36 < 0.5: the third forward is not run
+    mid = grow_dynamic(6, 3, 4, q_at, threshold=0.5)
+    assert len(calls) == 2 and mid.info["levels"] == 2 and len(mid) == 6
+    q_at, calls = q_of(0.3)                       # unsure from the root: only its top `width` children
+    flat = grow_dynamic(6, 3, 4, q_at, threshold=0.5)
+    assert len(calls) == 1 and flat.parents == [-1, -1, -1] and flat.tokens[0] == 0
+    q_at, calls = q_of(0.3)
+    assert grow_dynamic(6, 3, 4, q_at).info["levels"] == 4 and len(calls) == 4    # no threshold: always `depth`
 
 
 @pytest.mark.parametrize("paths,words", [([], "at least one path"), ([[0, 1]], "no parent path"), ([[-1]], "ranks >= 0")])

@@ -78,14 +78,14 @@ def _tree_static(target, draft, paths=None, backend="auto"):
     return StaticTreeDrafter(draft, paths=paths, backend=backend)
 
 
-def _tree_dynamic(target, draft, budget=10, width=3, depth=5, backend="auto"):
+def _tree_dynamic(target, draft, budget=10, width=3, depth=5, threshold=None, backend="auto"):
     from speclab.decoding.drafters.trees import DynamicTreeDrafter
-    return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth, backend=backend)
+    return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth, threshold=threshold, backend=backend)
 
 
-def _eagle(target, draft, budget=5, width=3, depth=3, vocab=None):   # sized for a CPU verify (BENCHMARKS.md, fifteenth stop)
+def _eagle(target, draft, budget=5, width=3, depth=3, vocab=None, threshold=None):   # sized for a CPU verify (BENCHMARKS.md, fifteenth stop)
     from speclab.decoding.drafters.heads import EagleDrafter
-    return EagleDrafter(target, draft, budget=budget, width=width, depth=depth, vocab=vocab)
+    return EagleDrafter(target, draft, budget=budget, width=width, depth=depth, vocab=vocab, threshold=threshold)
 
 
 def _eagle_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", vocab=None):

@@ -36,9 +36,11 @@ class Answer:
 
 
 @torch.no_grad()
-def answers(base, tok, prompts: str, layers: list[int] = (), limit: int = 20, tokens: int = 128) -> list[Answer]:
+def answers(base, tok, prompts: str, layers: list[int] = (), limit: int | None = None,
+            tokens: int = 128) -> list[Answer]:
     """The target's greedy answers (speclab's `ar`, as the bench writes them) to the first `limit`
-    items of a prompt set, with its hidden states after each of `layers`. base: the target (bf16)."""
+    items of a prompt set (all by default), with its hidden states after each of `layers`.
+    base: the target (bf16)."""
     import speclab
     from speclab.bench.prompts import encode, load_prompts
     rows, firsts = [], []

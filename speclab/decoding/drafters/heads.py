@@ -162,10 +162,10 @@ class EagleDrafter(EagleChainDrafter):
     name = "eagle"
 
     def __init__(self, target_model, head, budget: int = 5, width: int = 3, depth: int = 3,
-                 vocab: int | None = None):
-        check_budget(budget, width, depth)
+                 vocab: int | None = None, threshold: float | None = None):
+        check_budget(budget, width, depth, threshold)
         super().__init__(target_model, head, vocab=vocab, k=depth)
-        self.budget, self.width, self.depth = budget, width, depth
+        self.budget, self.width, self.depth, self.tree_threshold = budget, width, depth, threshold
 
     @torch.inference_mode()
     def propose(self, ctx: Context) -> DraftTree:
@@ -189,7 +189,8 @@ class EagleDrafter(EagleChainDrafter):
             out_of.update((i, out[i:i + 1]) for i in range(len(tree)))
             return torch.cat([root_q[0], logits.softmax(-1)])
         return grow_dynamic(self.budget, self.width, self.depth, q_at,
-                            label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}", ids=self.lm.head_ids)
+                            label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}", ids=self.lm.head_ids,
+                            threshold=self.tree_threshold)
 
 
 class MedusaDrafter(FeatureReader, Drafter):

@@ -115,14 +115,20 @@ def grow_static(paths: list[tuple[int, ...]], q_at, info: dict | None = None) ->
 
 
 def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"depth{d}",
-                 ids: torch.Tensor | None = None) -> DraftTree:
+                 ids: torch.Tensor | None = None, threshold: float | None = None) -> DraftTree:
     """EAGLE-2's tree: expand the `width` best nodes per depth by cumulative draft probability,
     then keep the `budget` best overall (ancestor-closed). q_at as in grow_static; with `ids` (N,)
-    its distributions are over those token ids only (a trimmed-vocabulary head)."""
+    its distributions are over those token ids only (a trimmed-vocabulary head).
+    threshold: stop growing once the best node of the last depth has a cumulative probability
+    below it. No deeper node can score higher, so by the draft's own estimate the next depth (one
+    more draft forward) would rarely be accepted: the tree grows as deep as the draft is sure,
+    shallow on open chat, deep on code."""
     grown = DraftTree()
     score: list[float] = []                                        # cumulative draft probability
-    frontier = [-1]
+    frontier, levels = [-1], 0
     for d in range(depth):
+        if d and threshold is not None and score[frontier[0]] < threshold:
+            break                                                  # frontier[0]: the best of depth d
         q = q_at(grown)
         cands = []
         top = q[[p + 1 for p in frontier]].topk(width, -1)          # (frontier, width): one call per depth
@@ -136,20 +142,24 @@ def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"de
         for s, parent, tok, prob in cands[:width]:                 # expand the best `width` per depth
             frontier.append(grown.add(tok, parent, prob, label(d + 1)))
             score.append(s)
+        levels = d + 1
     keep = sorted(range(len(grown)), key=lambda i: -score[i])[:budget]
     keep = sorted(_ancestor_closed(grown, keep))
-    tree = DraftTree(info={"shape": "dynamic", "budget": budget, "grown": len(grown)})
+    tree = DraftTree(info={"shape": "dynamic", "budget": budget, "grown": len(grown), "levels": levels})
     new_id = {-1: -1}
     for i in keep:
         new_id[i] = tree.add(grown.tokens[i], new_id[grown.parents[i]], grown.q_tok[i], grown.source[i])
     return tree
 
 
-def check_budget(budget, width, depth):
+def check_budget(budget, width, depth, threshold=None):
     if not isinstance(budget, int) or budget < 1:
         raise ValueError(f"node budget must be an integer >= 1, got {budget!r}")
     check_k(width, "width")
     check_k(depth, "depth")
+    if threshold is not None and not 0 < threshold < 1:
+        raise ValueError(f"threshold must be in (0, 1), got {threshold!r}: the cumulative draft probability below "
+                         f"which the tree stops growing")
 
 
 class StaticTreeDrafter(TreeDrafterBase):
@@ -166,13 +176,14 @@ class StaticTreeDrafter(TreeDrafterBase):
 class DynamicTreeDrafter(TreeDrafterBase):
     name = "tree-dynamic"
 
-    def __init__(self, draft_model, budget: int = 10, width: int = 3, depth: int = 5, backend: str = "auto"):
+    def __init__(self, draft_model, budget: int = 10, width: int = 3, depth: int = 5,
+                 threshold: float | None = None, backend: str = "auto"):
         super().__init__(draft_model, backend)
-        check_budget(budget, width, depth)
-        self.budget, self.width, self.depth = budget, width, depth
+        check_budget(budget, width, depth, threshold)
+        self.budget, self.width, self.depth, self.threshold = budget, width, depth, threshold
 
     def propose(self, ctx: Context) -> DraftTree:
-        return grow_dynamic(self.budget, self.width, self.depth, self.q_at(ctx))
+        return grow_dynamic(self.budget, self.width, self.depth, self.q_at(ctx), threshold=self.threshold)
 
 
 def _ancestor_closed(tree: DraftTree, nodes: list[int]) -> set[int]:

@@ -165,6 +165,7 @@ class EagleDrafter(EagleChainDrafter):
                  vocab: int | None = None, threshold: float | None = None):
         check_budget(budget, width, depth, threshold)
         super().__init__(target_model, head, vocab=vocab, k=depth)
+        # tree_threshold: where the tree stops growing (self.threshold is the chain drafter's, unused here)
         self.budget, self.width, self.depth, self.tree_threshold = budget, width, depth, threshold
 
     @torch.inference_mode()

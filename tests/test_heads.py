@@ -449,3 +449,36 @@ def test_dev_rows_are_the_targets_greedy_answers(target, heads, tmp_path):
         a = agreement(eagle, r)
         assert a.shape == (len(r.tokens) - r.first - 1, 2) and (a[:, 0] <= a[:, 1]).all()
     assert mean_agreement(eagle, rows).shape == (2,) and not eagle.training
+
+
+def test_a_head_started_from_another_is_saved_only_when_it_beats_it(target, heads, tmp_path, monkeypatch, capsys):
+    """`speclab train eagle --init-from DIR` with a dev set: the head started from is the score to
+    beat. A run that improves it writes --out; a run that does not (here: no step at all) writes
+    nothing, so a worse head never replaces a better one."""
+    import json
+    import re
+    from speclab.models.adapter import save_draft
+    from speclab.train.smollm2_data import Row, save_rows
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))     # the trainer's checkpoints go there
+    base, tok = target
+    (eagle, _), _ = heads
+    save_draft(eagle, tmp_path / "init", "code-target", kind="eagle")    # its fusion is untrained: dev top-1 ~0
+    text = [tok(p, add_special_tokens=False)["input_ids"] for p in ["def add(a, b):\n    return a + b\n"] * 12]
+    rows = [Row(t, [0] * len(t), torch.zeros(len(t), 8, dtype=torch.float16), torch.zeros(len(t), 8, dtype=torch.int32),
+                [0] * len(t), "chat") for t in text]
+    save_rows(rows, tmp_path / "set" / "rows.safetensors", {})
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def add(a, b):", "class Stack:"]))
+
+    def train(init, out, minutes):
+        argv = ["eagle", "--target", "code-target", "--data-dirs", str(tmp_path / "set"), "--out", str(out),
+                "--init-from", str(init), "--dev-prompts", str(dev), "--minutes", str(minutes), "--lr", "3e-3",
+                "--warmup", "1", "--seq-len", "32", "--batch", "2", "--threads", "1", "--held-frac", "0.2"]
+        assert th.main(argv) == 0
+        return capsys.readouterr().out
+    log = train(tmp_path / "init", tmp_path / "better", 0.1)
+    start = float(re.search(r"at step 0: top-1 ([0-9.]+)", log).group(1))
+    best = max(float(x) for x in re.findall(r"'dev1': ([0-9.]+)", log))
+    assert best > start and (tmp_path / "better" / "model.safetensors").exists(), log[-800:]
+    log = train(tmp_path / "better", tmp_path / "same", 0)
+    assert not (tmp_path / "same").exists() and "nothing saved" in log, log[-800:]

@@ -177,7 +177,8 @@ def get_args(argv):
                          "high fusion; default: the last layer only)")
     ap.add_argument("--init-from", default=None,
                     help="start from the head in this directory (its weights and trimmed vocabulary); weights "
-                         "it lacks (e.g. the layer fusion when --layers is new) keep their initialisation")
+                         "it lacks (e.g. the layer fusion when --layers is new) keep their initialisation. With a dev set, "
+                         "--out gets a head only when one beats this head's dev score")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -281,7 +282,8 @@ def main(argv=None):
     for p in base.parameters():
         p.requires_grad_(False)
     V = base.config.vocab_size
-    specials = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+    specials = [i for i in tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+                if i is not None and i != tok.unk_token_id]      # the chat template's, where the tokenizer has them
     train_rows, held_rows = split_rows(data, args.held_frac, args.seed)
     pos = torch.cat([torch.arange(int(data["offsets"][r]), int(data["offsets"][r + 1])) for r in train_rows])
     counts = torch.bincount(data["tokens"][pos].long(), minlength=V).float()
@@ -330,6 +332,8 @@ def main(argv=None):
     if dev:
         a = mean_agreement(head, dev)
         print(f"dev ({args.dev_prompts}) step-1 agreement at step {state['step']}: top-1 {a[0]:.4f}, top-3 {a[1]:.4f}")
+        if args.init_from and "init_dev" not in state:   # the head started from is the one to beat
+            state["init_dev"] = round(float(a[0]), 4)
     U = args.unroll
     rng = random.Random(args.seed + state["epoch"])
     order = list(range(len(spans)))
@@ -346,7 +350,7 @@ def main(argv=None):
             score, best = ev["dev1"], "best_dev"
         state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
         print(f"\nheld-out agreement step {state['step']}: {ev}")
-        if score >= state.get(best, -1.0):
+        if score >= state.get(best, -1.0) and score > state.get("init_dev", -1.0):
             state[best] = score
             if args.kind == "medusa":
                 print("rank accuracies per head:", head.config.medusa_rank_acc)
@@ -384,6 +388,9 @@ def main(argv=None):
     bar.close()
     save()
     (ckpt / "state.json").write_text(json.dumps(state, indent=2))
+    if not (out / "model.safetensors").exists():
+        print(f"no checkpoint beat {args.init_from} on {args.dev_prompts} (top-1 {state['init_dev']:.4f}): "
+              f"nothing saved to {out}")
     return 0
 
 

@@ -388,7 +388,7 @@ def main(argv=None):
     bar.close()
     save()
     (ckpt / "state.json").write_text(json.dumps(state, indent=2))
-    if not (out / "model.safetensors").exists():
+    if "init_dev" in state and not (out / "model.safetensors").exists():
         print(f"no checkpoint beat {args.init_from} on {args.dev_prompts} (top-1 {state['init_dev']:.4f}): "
               f"nothing saved to {out}")
     return 0

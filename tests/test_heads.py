@@ -32,8 +32,8 @@ def heads(target):
     return (eagle.eval(), tok), (medusa.eval(), tok)
 
 
-CASES = [("eagle", 0, dict(budget=10, width=3, depth=4)), ("eagle", 0, dict(threshold=0.3)), ("eagle-chain", 0, dict(k=4)),
-         ("eagle-chain", 0, dict(schedule="heuristic")), ("medusa", 1, dict())]
+CASES = [("eagle", 0, dict(budget=10, width=3, depth=4)), ("eagle", 0, dict(threshold=0.3)),
+         ("eagle-chain", 0, dict(k=4)), ("eagle-chain", 0, dict(schedule="heuristic")), ("medusa", 1, dict())]
 
 
 @pytest.mark.parametrize("method,which,params", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])

@@ -375,10 +375,12 @@ def main(argv=None):
     state = {"step": 0, "elapsed": 0.0, "epoch": 0, "pos": 0, "log": []}
     if args.resume:
         state = resume_state(ckpt, Path(args.out), model, opt, state)
-        if state.get("head_size") != len(head_ids):   # the layers do not depend on the head: keep them,
-            state.pop("best", None), state.pop("best_dev", None)   # but held-out scores change with it
-        if args.extra_data:                           # new rows: a new held-out split, and a fresh
-            state.pop("best", None), state.pop("best_dev", None)   # cosine schedule over --minutes
+        # the layers do not depend on the head, so a new head keeps them, but its held-out scores
+        # change with it; new rows (--extra-data) mean a new held-out split too
+        if state.get("head_size") != len(head_ids) or args.extra_data:
+            for key in ("best", "best_dev"):
+                state.pop(key, None)
+        if args.extra_data:                           # and a fresh cosine schedule over --minutes
             state["elapsed"] = 0.0
     state["head_size"] = len(head_ids)
 

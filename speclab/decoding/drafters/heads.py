@@ -162,7 +162,7 @@ class EagleDrafter(EagleChainDrafter):
     name = "eagle"
 
     def __init__(self, target_model, head, budget: int = 5, width: int = 3, depth: int = 3,
-                 vocab: int | None = None, threshold: float | None = None):
+                 vocab: int | None = None, threshold: float | None = 0.2):
         check_budget(budget, width, depth, threshold)
         super().__init__(target_model, head, vocab=vocab, k=depth)
         # tree_threshold: where the tree stops growing (self.threshold is the chain drafter's, unused here)

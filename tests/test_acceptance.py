@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from speclab.decoding.acceptance import (Sampler, accept_prob, greedy_chain, remove_token, residual,
+from speclab.decoding.acceptance import (Sampler, accept_prob, greedy_chain, greedy_ids, remove_token, residual,
                                          speculative_sampling_chain, walk_tree, warp)
 
 N_DRAWS = 100_000
@@ -24,6 +24,22 @@ def test_greedy_chain_exact():
     assert greedy_chain([5, 6, 7], [5, 6, 7, 8]) == (3, 8)      # all accepted: bonus
     assert greedy_chain([5, 9, 7], [5, 6, 7, 8]) == (1, 6)      # correction at the first mismatch
     assert greedy_chain([], [4]) == (0, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_greedy_ids_is_torch_argmax_with_ties_to_the_lowest_id(dtype):
+    g = torch.Generator().manual_seed(0)
+    for shape in [(49152,), (6, 49152), (2, 3, 7)]:
+        x = torch.randn(*shape, generator=g).to(dtype)
+        x[..., [6, 2, 4]] = 50.0                                # a three-way tie at the top
+        if x.dim() > 1:
+            x[0, ..., 3] = 60.0                                 # and rows with a single winner
+        with torch.inference_mode():
+            got = greedy_ids(x)
+        assert got.dtype == torch.int64 and got.shape == x.shape[:-1]
+        assert torch.equal(got, x.float().argmax(-1))
+        assert set(got.flatten().tolist()) <= {2, 3}
+    assert torch.equal(greedy_ids(x[..., ::2]), x[..., ::2].float().argmax(-1))     # a strided view
 
 
 def test_accept_prob_exact():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -38,10 +39,13 @@ class Sampler:
 
 
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim. bf16 / fp16 logits are widened first: exact (the same ids, ties to
-    the lowest id as before), and torch's half-precision argmax on a CPU is 4-6x slower than its
-    fp32 one (0.36 ms against 0.09 ms for SmolLM2's 49,152 logits, one thread)."""
-    return (logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits).argmax(-1)
+    """argmax over the last dim, ties to the lowest id. bf16 / fp16 logits are widened first (exact).
+    On a CPU numpy's vectorised argmax does it: torch's CPU argmax is scalar code, 50-65 us a row of
+    SmolLM2's 49,152 fp32 logits (one thread), numpy's 4 us; a verify over 6 rows saves ~0.3 ms."""
+    x = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.requires_grad:
+        return x.argmax(-1)
+    return torch.as_tensor(np.asarray(x.numpy().argmax(-1)))
 
 
 def warp(logits: torch.Tensor, s: Sampler) -> torch.Tensor:

@@ -33,6 +33,7 @@ def heads(target):
 
 
 CASES = [("eagle", 0, dict(budget=10, width=3, depth=4, threshold=None)), ("eagle", 0, dict()),
+         ("eagle", 0, dict(lookup=4)),
          ("eagle-chain", 0, dict(k=4)), ("eagle-chain", 0, dict(schedule="heuristic")), ("medusa", 1, dict())]
 
 
@@ -62,6 +63,7 @@ def test_provenance_and_coverage(target, heads, heldout_prompts):
     from speclab.figures.tree import source_text          # the tree view says it in words
     assert source_text(f"h{n_prompt - 1}+1").startswith(f"EAGLE head on the target's hidden state at position {n_prompt - 1}")
     assert source_text("medusa2@h7") == "Medusa head 2 on the target's hidden state at position 7"
+    assert source_text("3-gram@12") == "copied: what followed the last 3 tokens where they occurred at position 12"
     # a token outside the trimmed vocabulary can never be drafted: each one is recorded
     V = target[0].config.vocab_size
     for res in (r, m):
@@ -311,6 +313,34 @@ def test_adapter_round_trip_and_wrong_pairings(target, draft, heads, tmp_path):
         speclab.generate(target, "def f(x):", "eagle", draft=(other, tok))
     with pytest.raises(ValueError, match="at most 3 ranks"):
         speclab.generate(target, "def f(x):", "medusa", draft=heads[1], paths=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
+
+
+def test_graft_shares_the_nodes_the_tree_has():
+    from speclab.decoding.drafters.heads import graft
+    from speclab.decoding.tree import DraftTree
+    tree = DraftTree()
+    a = tree.add(5, -1, 0.6, "h3")
+    b = tree.add(6, a, 0.5, "h3+1")
+    tree.add(7, -1, 0.2, "h3")
+    graft(tree, DraftTree.chain([5, 6, 9, 1], source="2-gram@0"))     # shares 5 -> 6, adds 9 -> 1 below
+    assert tree.info["grafted"] == 2 and tree.tokens[3:] == [9, 1] and tree.parents[3:] == [b, 3]
+    assert tree.source[3] == "2-gram@0" and tree.q_tok[3] is None
+    graft(tree, DraftTree.chain([8], source="3-gram@1"))              # nothing shared: a new child of the root
+    assert tree.info["grafted"] == 1 and tree.parents[-1] == -1
+    graft(tree, DraftTree.chain([5, 6]))                               # already there: nothing added
+    assert tree.info["grafted"] == 0 and len(tree) == 6
+
+
+def test_eagle_with_lookup_grafts_copies_and_is_greedy_only(target, heads, heldout_prompts):
+    grafted = counted = 0
+    for prompt in heldout_prompts[:6]:
+        r = speclab.generate(target, prompt, "eagle", draft=heads[0], max_new_tokens=NEW, record="full", lookup=4)
+        grafted += sum("-gram@" in n.source for rnd in r.trace.rounds for n in rnd.nodes)
+        counted += sum(rnd.info.get("grafted", 0) for rnd in r.trace.rounds)
+    assert grafted == counted > 0                 # code repeats itself: copies reach the tree, each one recorded
+    with pytest.raises(ValueError, match="greedy decoding only"):
+        speclab.generate(target, heldout_prompts[0], "eagle", draft=heads[0], max_new_tokens=4, lookup=4,
+                         temperature=1.0)
 
 
 def test_per_position_of_a_tree_without_node_records(target, heads, heldout_prompts):

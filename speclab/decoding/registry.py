@@ -85,9 +85,10 @@ def _tree_dynamic(target, draft, budget=10, width=3, depth=5, threshold=None, ba
 
 # sized for a CPU verify (BENCHMARKS.md, fifteenth stop); threshold 0.2 drafts a fifth less and never
 # lost more than 0.01x in three runs (twenty-second stop)
-def _eagle(target, draft, budget=5, width=3, depth=3, vocab=None, threshold=0.2):
+def _eagle(target, draft, budget=5, width=3, depth=3, vocab=None, threshold=0.2, lookup=0, ngram=2):
     from speclab.decoding.drafters.heads import EagleDrafter
-    return EagleDrafter(target, draft, budget=budget, width=width, depth=depth, vocab=vocab, threshold=threshold)
+    return EagleDrafter(target, draft, budget=budget, width=width, depth=depth, vocab=vocab, threshold=threshold,
+                        lookup=lookup, ngram=ngram)
 
 
 def _eagle_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", vocab=None):

@@ -63,7 +63,8 @@ def tidy_layout(g: nx.DiGraph) -> dict:
 
 
 def source_text(source: str) -> str:
-    """A feature head's provenance in words (decoding/drafters/heads.py); other sources as they are."""
+    """A draft node's provenance in words: a feature head's (decoding/drafters/heads.py), a copy's
+    (prompt lookup, also grafted onto an eagle tree); other sources as they are."""
     import re
     m = re.fullmatch(r"h(\d+)(?:\+(\d+))?", source)
     if m:
@@ -73,6 +74,9 @@ def source_text(source: str) -> str:
     m = re.fullmatch(r"medusa(\d+)@h(\d+)", source)
     if m:
         return f"Medusa head {m[1]} on the target's hidden state at position {m[2]}"
+    m = re.fullmatch(r"(\d+)-gram@(\d+)", source)
+    if m:
+        return f"copied: what followed the last {m[1]} token{'s' * (m[1] != '1')} where they occurred at position {m[2]}"
     return source
 
 

@@ -8,6 +8,9 @@ drafting starts from the last committed position that has one.
 eagle-chain  k tokens, one EAGLE head step each (fixed, threshold or heuristic length).
 eagle        EAGLE-2: a dynamic tree grown by cumulative draft probability under a node budget; each
              depth is one head forward over the tree so far (tree attention in the head's cache).
+             With lookup=K, prompt lookup's copy (up to K tokens after an earlier occurrence of the
+             last n >= ngram tokens) is grafted onto the tree: the head for open text, the copy for
+             text that repeats, both in one verify (greedy only).
 medusa       Medusa-1: a static tree of top-k products, all K heads from one position, one call.
              Heads that carry their held-out rank accuracies (`medusa_rank_acc` in their config,
              written by `speclab train medusa`) get the paper's calibrated tree of `budget` nodes.
@@ -23,7 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from speclab.decoding.drafters.model import ChainDrafter, OwnDraftLM
+from speclab.decoding.drafters.lookup import PromptLookupDrafter
+from speclab.decoding.drafters.model import ChainDrafter, OwnDraftLM, check_k
 from speclab.decoding.drafters.trees import calibrated_paths, check_budget, check_paths, grow_dynamic
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
@@ -162,11 +166,24 @@ class EagleDrafter(EagleChainDrafter):
     name = "eagle"
 
     def __init__(self, target_model, head, budget: int = 5, width: int = 3, depth: int = 3,
-                 vocab: int | None = None, threshold: float | None = 0.2):
+                 vocab: int | None = None, threshold: float | None = 0.2, lookup: int = 0, ngram: int = 2):
         check_budget(budget, width, depth, threshold)
         super().__init__(target_model, head, vocab=vocab, k=depth)
         # tree_threshold: where the tree stops growing (self.threshold is the chain drafter's, unused here)
         self.budget, self.width, self.depth, self.tree_threshold = budget, width, depth, threshold
+        # lookup: up to this many tokens copied after an earlier occurrence of the last n >= ngram
+        # tokens, grafted onto the tree (a 1-token match is mostly chance: BENCHMARKS.md, 23rd stop)
+        self.lookup = None
+        if lookup:
+            check_k(lookup, "lookup")
+            check_k(ngram, "ngram")
+            self.lookup = PromptLookupDrafter(k=lookup, k_full=lookup, max_ngram=max(3, ngram), min_ngram=ngram)
+
+    def begin(self, ctx, target, sampler, gen, record="light"):
+        if self.lookup is not None and not sampler.greedy:
+            raise ValueError("eagle's lookup=K grafts copied tokens into the head's tree, which is lossless under "
+                             "greedy decoding only: use temperature 0, or lookup=0 to sample")
+        super().begin(ctx, target, sampler, gen, record)
 
     @torch.inference_mode()
     def propose(self, ctx: Context) -> DraftTree:
@@ -189,9 +206,25 @@ class EagleDrafter(EagleChainDrafter):
             self.lm.keep(self.fed)              # tree entries are never kept in the head's cache
             out_of.update((i, out[i:i + 1]) for i in range(len(tree)))
             return torch.cat([root_q[0], logits.softmax(-1)])
-        return grow_dynamic(self.budget, self.width, self.depth, q_at,
+        tree = grow_dynamic(self.budget, self.width, self.depth, q_at,
                             label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}", ids=self.lm.head_ids,
                             threshold=self.tree_threshold)
+        if self.lookup is not None:
+            graft(tree, self.lookup.propose(ctx))
+        return tree
+
+
+def graft(tree: DraftTree, chain: DraftTree):
+    """Add a chain as a path from the root, through the nodes `tree` already has for its first
+    tokens; info["grafted"]: how many nodes it added (greedy only: these nodes have no q)."""
+    kids, node, added = tree.children(), -1, 0
+    for tok, src in zip(chain.tokens, chain.source):
+        same = [c for c in kids.get(node, []) if tree.tokens[c] == tok]
+        if same:
+            node = same[0]
+        else:                                   # a new node has no children: the rest is new too
+            node, added = tree.add(tok, node, None, src), added + 1
+    tree.info["grafted"] = added
 
 
 class MedusaDrafter(FeatureReader, Drafter):

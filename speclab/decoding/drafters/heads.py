@@ -172,7 +172,7 @@ class EagleDrafter(EagleChainDrafter):
         # tree_threshold: where the tree stops growing (self.threshold is the chain drafter's, unused here)
         self.budget, self.width, self.depth, self.tree_threshold = budget, width, depth, threshold
         # lookup: up to this many tokens copied after an earlier occurrence of the last n >= ngram
-        # tokens, grafted onto the tree (a 1-token match is mostly chance: BENCHMARKS.md, 23rd stop)
+        # tokens, grafted onto the tree (a 1-token match is mostly chance: BENCHMARKS.md, twenty-third stop)
         self.lookup = None
         if lookup:
             check_k(lookup, "lookup")

@@ -3,8 +3,8 @@
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/profile_ar.py [--prompts 4] [--threads 2]
 
 Prints ms per token in the fused decoder-layer calls and in the LM head, the rest (outside the
-kernels), and each call's weight-read rate, beside a plain copy's rate on this machine. Needs a CPU
-with avx512_bf16 (where the kernel runs). BENCHMARKS.md, twenty-third stop.
+kernels), and each call's weight-read rate, beside the rates the bench's BandwidthProbe measures.
+Needs a CPU with avx512_bf16 (where the kernel runs). BENCHMARKS.md, twenty-third stop.
 """
 import argparse
 import time
@@ -12,6 +12,7 @@ import time
 import torch
 
 import speclab
+from speclab.bench.bandwidth import BandwidthProbe
 from speclab.bench.prompts import encode, load_prompts
 from speclab.models import kernels, zoo
 
@@ -65,13 +66,11 @@ def main():
         print(f"  {name:6} {c:6d} calls, {s / c * 1e3:.3f} ms a call ({mb:.2f} MB at {mb / (s / c) / 1e3:.1f} GB/s), "
               f"{s / n * 1e3:.2f} ms a token")
     print(f"  outside the kernels: {rest:.2f} ms a token")
-    x = torch.empty(256 * 2**20, dtype=torch.uint8)
-    y = torch.empty_like(x)
-    y.copy_(x)
-    t0 = time.perf_counter()
-    for _ in range(5):
-        y.copy_(x)
-    print(f"a plain copy reads {x.numel() * 5 / (time.perf_counter() - t0) / 1e9:.1f} GB/s (and writes as much)")
+    probe = BandwidthProbe()                 # the bench's own measure of the memory system
+    probe.sample(5)
+    rates = probe.summary()
+    print(f"the bench's probe: a streaming read {rates['stream']['median']} GB/s, "
+          f"a one-row product in the kernel {rates['gemv']['median']} GB/s (medians of 5)")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <atomic>
+#include <thread>
+#include <utility>
 #include <cmath>
 #include <vector>
 
@@ -68,6 +71,29 @@ static inline void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16*
                           (__m256i)_mm512_cvtneps_pbh(acc[t][g]));
 }
 
+// y[:, b0 * 64 : b1 * 64] for the packed blocks [b0, b1) of W: y (T, N) = x (T, K) @ W^T
+static void blocks(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat16* wp, int64_t K2, int64_t b0,
+                   int64_t b1, at::BFloat16* y, int64_t N) {
+  // rows in passes of at most TMAX, balanced (8 rows: 4 + 4, not 6 + 2: a pass of few rows
+  // leaves the dot-product units waiting on too few accumulators)
+  const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
+  for (int64_t b = b0; b < b1; ++b) {
+    const at::BFloat16* Wb = wp + b * K2 * 2 * B;
+    for (int64_t t0 = 0; t0 < T; t0 += per) {
+      const at::BFloat16* xt = x + t0 * K;
+      at::BFloat16* yt = y + t0 * N + b * B;
+      switch (std::min<int64_t>(per, T - t0)) {
+        case 6: block<6>(xt, K, Wb, K2, yt, N); break;
+        case 5: block<5>(xt, K, Wb, K2, yt, N); break;
+        case 4: block<4>(xt, K, Wb, K2, yt, N); break;
+        case 3: block<3>(xt, K, Wb, K2, yt, N); break;
+        case 2: block<2>(xt, K, Wb, K2, yt, N); break;
+        default: block<1>(xt, K, Wb, K2, yt, N);
+      }
+    }
+  }
+}
+
 // y (T, N) = x (T, K) @ W^T, W packed by pack(); bf16 in and out.
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor Wp) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
@@ -78,26 +104,7 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor Wp) {
   const auto* xp = x.data_ptr<at::BFloat16>();
   const auto* wp = Wp.data_ptr<at::BFloat16>();
   auto* yp = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const at::BFloat16* Wb = wp + b * K2 * 2 * B;
-      // rows in passes of at most TMAX, balanced (8 rows: 4 + 4, not 6 + 2: a pass of few rows
-      // leaves the dot-product units waiting on too few accumulators)
-      const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
-      for (int64_t t0 = 0; t0 < T; t0 += per) {
-        const at::BFloat16* xt = xp + t0 * K;
-        at::BFloat16* yt = yp + t0 * N + b * B;
-        switch (std::min<int64_t>(per, T - t0)) {
-          case 6: block<6>(xt, K, Wb, K2, yt, N); break;
-          case 5: block<5>(xt, K, Wb, K2, yt, N); break;
-          case 4: block<4>(xt, K, Wb, K2, yt, N); break;
-          case 3: block<3>(xt, K, Wb, K2, yt, N); break;
-          case 2: block<2>(xt, K, Wb, K2, yt, N); break;
-          default: block<1>(xt, K, Wb, K2, yt, N);
-        }
-      }
-    }
-  });
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) { blocks(xp, T, K, wp, K2, b0, b1, yp, N); });
   return y;
 }
 
@@ -265,93 +272,183 @@ static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t
   }
 }
 
-torch::Tensor layer(torch::Tensor x, torch::Tensor ln1, torch::Tensor wqkv, torch::Tensor wo,
-                    torch::Tensor ln2, torch::Tensor w13, torch::Tensor w2, torch::Tensor kc,
-                    torch::Tensor vc, torch::Tensor cos, torch::Tensor sin, torch::Tensor pos,
-                    int64_t past, torch::Tensor vis, int64_t Hq, int64_t Hkv, double eps) {
-  const int64_t T = x.size(0), C = x.size(1), D = kc.size(2), g = Hq / Hkv;
-  const int64_t S = past + T, I = w13.size(0) * B / 2;
-  TORCH_CHECK(kc.stride(2) == 1 && vc.stride(2) == 1 && kc.strides() == vc.strides(), "layer: cache layout");
-  const int64_t hs = kc.stride(0), ss = kc.stride(1);
-  bf16* K = kc.data_ptr<bf16>();
-  bf16* V = vc.data_ptr<bf16>();
+// ---------------------------------------------------------------------------------------------
+// All the layers of a forward in ONE parallel region. Measured (scripts/profile_ar.py): a layer
+// called as 5 parallel regions with serial steps between them (norms, RoPE, SiLU, residual adds on
+// one thread while the other waits) streamed its 7 MB at ~26 GB/s where a matrix alone reaches
+// ~36. Here each thread takes its share of every step, the steps separated by a spin barrier, and
+// the per-row arithmetic is exactly that of the one-layer path it replaces (the same roundings in
+// the same order), so the results are bit for bit the same.
+
+// A barrier for the W threads of one call (generation counting): spins briefly, then yields, so a
+// busy machine does not lose a time slice to a spinning thread.
+struct Team {
+  std::atomic<int64_t> chunk{0};
+  std::atomic<int> arrived{0};
+  std::atomic<int> phase{0};
+  void wait(int W) {
+    if (W == 1) return;
+    const int ph = phase.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) == W - 1) {
+      arrived.store(0, std::memory_order_relaxed);
+      phase.store(ph + 1, std::memory_order_release);
+      return;
+    }
+    for (int spin = 0; phase.load(std::memory_order_acquire) == ph; ++spin)
+      if (spin < 1 << 14) _mm_pause(); else std::this_thread::yield();
+  }
+};
+
+// run(me, W) on W threads at once, W = the threads torch uses (1 inside another parallel region).
+// at::parallel_for over one index per thread gives each thread of the OpenMP team one index; the
+// first thread's chunk tells every thread how many share the call, so no barrier can wait for a
+// thread that is not there.
+template <typename F>
+static void in_team(Team& team, const F& run) {
+#if AT_PARALLEL_OPENMP
+  const int64_t NT = std::max(1, at::get_num_threads());
+  at::parallel_for(0, NT, 1, [&](int64_t b0, int64_t b1) {
+    if (b0 == 0) team.chunk.store(b1, std::memory_order_release);
+    int64_t c;
+    while ((c = team.chunk.load(std::memory_order_acquire)) == 0) _mm_pause();
+    run((int)(b0 / c), (int)((NT + c - 1) / c));
+  });
+#else
+  run(0, 1);                                 // a task pool gives no guarantee that W threads run at once
+#endif
+}
+
+// [lo, hi) of n items for thread me of W
+static inline std::pair<int64_t, int64_t> share(int64_t n, int me, int W) {
+  return {n * me / W, n * (me + 1) / W};
+}
+
+torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> wqkv,
+                     std::vector<torch::Tensor> wo, std::vector<torch::Tensor> ln2,
+                     std::vector<torch::Tensor> w13, std::vector<torch::Tensor> w2, torch::Tensor kv,
+                     int64_t l0, torch::Tensor cos, torch::Tensor sin, torch::Tensor pos, int64_t past,
+                     torch::Tensor vis, int64_t Hq, int64_t Hkv, double eps) {
+  const int64_t L = (int64_t)wqkv.size(), T = x.size(0), C = x.size(1), D = kv.size(4), g = Hq / Hkv;
+  const int64_t S = past + T, W3 = (Hq + 2 * Hkv) * D, I = w13[0].size(0) * B / 2;
+  // every check before the parallel region: a thread must never leave it while the others wait
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() == 2, "layers: x must be contiguous (T, C) bf16");
+  TORCH_CHECK(kv.dim() == 5 && kv.is_contiguous() && kv.scalar_type() == at::kBFloat16 && kv.size(0) >= l0 + L &&
+              kv.size(2) == Hkv && kv.size(3) >= S, "layers: the cache must be a contiguous (layers, 2, Hkv, slots, D) bf16 tensor with room for ", S, " slots");
+  TORCH_CHECK(D == 32 || D == 64 || D == 128, "layers: head_dim must be 32, 64 or 128");
+  TORCH_CHECK(I % 16 == 0, "layers: the MLP width must be a multiple of 16");
+  TORCH_CHECK(pos.scalar_type() == at::kLong && pos.numel() == T, "layers: pos must hold T int64 positions");
+  TORCH_CHECK(!vis.numel() || (vis.scalar_type() == at::kBool && vis.is_contiguous() && vis.numel() == T * S),
+              "layers: vis must be a contiguous (T, past + T) bool mask, or empty for causal");
+  for (int64_t l = 0; l < L; ++l)
+    TORCH_CHECK(wqkv[l].size(0) * B == W3 && wqkv[l].size(1) * 2 == C && wo[l].size(0) * B == C &&
+                wo[l].size(1) * 2 == Hq * D && w13[l].size(1) * 2 == C && w13[l].size(0) * B == 2 * I &&
+                w2[l].size(0) * B == C && w2[l].size(1) * 2 == I, "layers: layer ", l, " has packed weights of other shapes");
+  const int64_t hs = kv.stride(2), ss = kv.stride(3);
+  bf16* KV = kv.data_ptr<bf16>();
   const int64_t* P = pos.data_ptr<int64_t>();
   const bool* M = vis.numel() ? vis.data_ptr<bool>() : nullptr;   // (T, S) or causal
   const bf16* cs = cos.data_ptr<bf16>();
   const bf16* sn = sin.data_ptr<bf16>();
-
-  auto h = torch::empty_like(x);
-  rms_rows(x.data_ptr<bf16>(), ln1.data_ptr<bf16>(), h.data_ptr<bf16>(), T, C, (float)eps);
-  auto qkv = packed_linear(h, wqkv);                                         // (T, (Hq + 2 Hkv) D)
-  const bf16* qp = qkv.data_ptr<bf16>();
-  const int64_t W = (Hq + 2 * Hkv) * D;
-  auto qf = torch::empty({T, Hq, D}, x.options().dtype(at::kFloat));
-  float* Q = qf.data_ptr<float>();
-  std::vector<bf16> tmp(D);
-  for (int64_t t = 0; t < T; ++t) {
-    const bf16* c = cs + P[t] * D;
-    const bf16* s = sn + P[t] * D;
-    for (int64_t hh = 0; hh < Hq; ++hh) {
-      rope(qp + t * W + hh * D, c, s, tmp.data(), D);
-      for (int64_t d = 0; d < D; ++d) Q[(t * Hq + hh) * D + d] = f32(tmp[d]);
-    }
-    for (int64_t hh = 0; hh < Hkv; ++hh) {
-      rope(qp + t * W + (Hq + hh) * D, c, s, K + hh * hs + (past + t) * ss, D);
-      std::copy(qp + t * W + (Hq + Hkv + hh) * D, qp + t * W + (Hq + Hkv + hh + 1) * D, V + hh * hs + (past + t) * ss);
-    }
-  }
-
-  auto attn = torch::empty({T, Hq * D}, x.options());
-  bf16* A = attn.data_ptr<bf16>();
   const float scale = 1.f / std::sqrt((float)D);
-  // one work item per (row, key/value head): its g query heads share each key's and value's
-  // bf16 -> fp32 conversion and the scan for the keys the row sees
-  at::parallel_for(0, T * Hkv, std::max<int64_t>(1, 65536 / (g * S * D + 1)), [&](int64_t i0, int64_t i1) {
+
+  const int64_t NT = std::max(1, at::get_num_threads());
+  auto bf = x.options();
+  torch::Tensor out[2] = {torch::empty_like(x), torch::empty_like(x)};
+  auto hbuf = torch::empty({NT, T, C}, bf);       // each thread's normed rows (each norms all rows itself)
+  auto x1buf = torch::empty({NT, T, C}, bf);      // each thread's x + attention output
+  auto qkv = torch::empty({T, W3}, bf);
+  auto qf = torch::empty({T, Hq, D}, bf.dtype(at::kFloat));
+  auto attn = torch::empty({T, Hq * D}, bf);
+  auto o = torch::empty({T, C}, bf);
+  auto gu = torch::empty({T, 2 * I}, bf);
+  auto mid = torch::empty({T, I}, bf);
+  auto dn = torch::empty({T, C}, bf);
+  bf16 *QKV = qkv.data_ptr<bf16>(), *A = attn.data_ptr<bf16>(), *O = o.data_ptr<bf16>();
+  bf16 *GU = gu.data_ptr<bf16>(), *Mi = mid.data_ptr<bf16>(), *DN = dn.data_ptr<bf16>();
+  float* Q = qf.data_ptr<float>();
+
+  Team team;
+  in_team(team, [&](int me, int W) {
+    bf16* h = hbuf.data_ptr<bf16>() + me * T * C;
+    bf16* x1 = x1buf.data_ptr<bf16>() + me * T * C;
     std::vector<float> p(4 * S);
     std::vector<int64_t> keys(S);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / Hkv, kvh = i % Hkv;
-      int64_t n = 0;
-      for (int64_t j = 0; j < S; ++j)
-        if (M ? M[t * S + j] : j <= past + t) keys[n++] = j;
-      const float* q = Q + (t * Hq + kvh * g) * D;
-      bf16* a = A + t * Hq * D + kvh * g * D;
-      switch (D / 16) {
-        case 2: attend_heads<2>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
-        case 4: attend_heads<4>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
-        case 8: attend_heads<8>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
-        default: TORCH_CHECK(false, "layer: head_dim must be 32, 64 or 128");
+    std::vector<bf16> tmp(D);
+    const int64_t items = T * Hkv;            // (row, key/value head): RoPE and attention
+    for (int64_t l = 0; l < L; ++l) {
+      const bf16* X = l == 0 ? x.data_ptr<bf16>() : out[(l - 1) % 2].data_ptr<bf16>();
+      bf16* Y = out[l % 2].data_ptr<bf16>();
+      bf16* K = KV + (l0 + l) * kv.stride(0);
+      bf16* V = K + kv.stride(1);
+
+      rms_rows(X, ln1[l].data_ptr<bf16>(), h, T, C, (float)eps);
+      auto [q0, q1] = share(wqkv[l].size(0), me, W);
+      blocks(h, T, C, wqkv[l].data_ptr<bf16>(), wqkv[l].size(1), q0, q1, QKV, W3);
+      team.wait(W);
+
+      for (int64_t i = me; i < items; i += W) {   // RoPE: q to fp32, k and v into the cache
+        const int64_t t = i / Hkv, kvh = i % Hkv;
+        const bf16* c = cs + P[t] * D;
+        const bf16* s = sn + P[t] * D;
+        for (int64_t hh = kvh * g; hh < (kvh + 1) * g; ++hh) {
+          rope(QKV + t * W3 + hh * D, c, s, tmp.data(), D);
+          for (int64_t d = 0; d < D; ++d) Q[(t * Hq + hh) * D + d] = f32(tmp[d]);
+        }
+        rope(QKV + t * W3 + (Hq + kvh) * D, c, s, K + kvh * hs + (past + t) * ss, D);
+        std::copy(QKV + t * W3 + (Hq + Hkv + kvh) * D, QKV + t * W3 + (Hq + Hkv + kvh + 1) * D,
+                  V + kvh * hs + (past + t) * ss);
       }
+      team.wait(W);
+
+      // attention, round robin over (row, key/value head): a causal prefill's rows grow in cost,
+      // so thread i takes rows i, i + W, ... rather than one contiguous run
+      for (int64_t i = me; i < items; i += W) {
+        const int64_t t = i / Hkv, kvh = i % Hkv;
+        int64_t n = 0;
+        for (int64_t j = 0; j < S; ++j)
+          if (M ? M[t * S + j] : j <= past + t) keys[n++] = j;
+        const float* q = Q + (t * Hq + kvh * g) * D;
+        bf16* a = A + t * Hq * D + kvh * g * D;
+        switch (D / 16) {
+          case 2: attend_heads<2>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
+          case 4: attend_heads<4>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
+          default: attend_heads<8>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a);
+        }
+      }
+      team.wait(W);
+
+      auto [o0, o1] = share(wo[l].size(0), me, W);
+      blocks(A, T, Hq * D, wo[l].data_ptr<bf16>(), wo[l].size(1), o0, o1, O, C);
+      team.wait(W);
+
+      add_rows(X, O, x1, T * C);                // every thread: x1 and its norm, for its own use
+      rms_rows(x1, ln2[l].data_ptr<bf16>(), h, T, C, (float)eps);
+      auto [m0, m1] = share(w13[l].size(0), me, W);
+      blocks(h, T, C, w13[l].data_ptr<bf16>(), w13[l].size(1), m0, m1, GU, 2 * I);
+      team.wait(W);
+
+      auto [c0, c1] = share(I / 16, me, W);     // bf16(bf16(silu(gate)) * up), as torch rounds it
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 16 * c0; c < 16 * c1; c += 16) {
+          const __m512 gv = load16(GU + t * 2 * I + c);
+          const __m512 sg = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+          store16(Mi + t * I + c, _mm512_mul_ps(round16(sg), load16(GU + t * 2 * I + I + c)));
+        }
+      team.wait(W);
+
+      auto [d0, d1] = share(w2[l].size(0), me, W);
+      blocks(Mi, T, I, w2[l].data_ptr<bf16>(), w2[l].size(1), d0, d1, DN, C);
+      for (int64_t t = 0; t < T; ++t)           // the residual, on this thread's output columns
+        add_rows(x1 + t * C + d0 * B, DN + t * C + d0 * B, Y + t * C + d0 * B, (d1 - d0) * B);
+      team.wait(W);
     }
   });
-
-  auto o = packed_linear(attn, wo);                                          // (T, C)
-  auto x1 = torch::empty_like(x);
-  bf16* X1 = x1.data_ptr<bf16>();
-  const bf16* X = x.data_ptr<bf16>();
-  const bf16* O = o.data_ptr<bf16>();
-  add_rows(X, O, X1, T * C);
-  rms_rows(X1, ln2.data_ptr<bf16>(), h.data_ptr<bf16>(), T, C, (float)eps);
-  auto gu = packed_linear(h, w13);                                           // (T, 2I): gate | up
-  auto mid = torch::empty({T, I}, x.options());
-  bf16* Mi = mid.data_ptr<bf16>();
-  const bf16* GU = gu.data_ptr<bf16>();
-  TORCH_CHECK(I % 16 == 0, "layer: the MLP width must be a multiple of 16");
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < I; c += 16) {           // bf16(bf16(silu(gate)) * up), as torch rounds it
-      const __m512 gv = load16(GU + t * 2 * I + c);
-      const __m512 sg = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-      store16(Mi + t * I + c, _mm512_mul_ps(round16(sg), load16(GU + t * 2 * I + I + c)));
-    }
-  auto dn = packed_linear(mid, w2);                                          // (T, C)
-  const bf16* DN = dn.data_ptr<bf16>();
-  add_rows(X1, DN, X1, T * C);
-  return x1;
+  return out[(L - 1) % 2];
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "LlamaRMSNorm of bf16 rows");
-  m.def("layer", &layer, "one Llama decoder layer over T bf16 rows, the KV cache written in place");
+  m.def("layers", &layers, "Llama decoder layers l0.. over T bf16 rows in one parallel region, the KV cache written in place");
   m.def("pack", &pack, "W (N, K) bf16 -> the kernel's packed layout (N/64, K/2, 64, 2)");
   m.def("linear", &packed_linear, "x (T, K) bf16 @ W^T with W packed -> (T, N) bf16");
 }

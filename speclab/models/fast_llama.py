@@ -141,19 +141,24 @@ class FastLlama:
         return self.final_norm_head(x, subset).float()
 
     def _fused_layers(self, x, use, pos, past: int, vis) -> torch.Tensor:
-        """The layers as one native call each (speclab.models.kernels): bf16 on a CPU with
-        AVX512-BF16. Every row is computed as a one-token forward would compute it (see
-        bf16_linear.cpp), so this path is exact without the exact backend's row-by-row cost."""
+        """The layers as native calls (speclab.models.kernels), one a run of layers up to each
+        captured layer: bf16 on a CPU with AVX512-BF16. Every row is computed as a one-token forward
+        would compute it (see bf16_linear.cpp), so this path is exact without the exact backend's
+        row-by-row cost."""
         T = x.shape[0]
         pos = torch.arange(past, past + T) if isinstance(pos, slice) else pos.cpu()
         vis = torch.empty(0, dtype=torch.bool) if vis is None else vis.contiguous()
-        layer = kernels.module().layer
-        for i, w in enumerate(use):
-            x = layer(x.contiguous(), w["ln1"], w["wqkv_k"].data, w["wo_k"].data, w["ln2"], w["w13_k"].data,
-                      w["w2_k"].data, self.kv[i, 0], self.kv[i, 1], self.cos, self.sin, pos, past, vis,
-                      self.Hq, self.Hkv, self.eps)
-            if i + 1 in self.capture_layers:
-                self.captured[i + 1] = x[None]
+        cuts = sorted({c for c in self.capture_layers if 0 < c < len(use)} | {len(use)})
+        start = 0
+        for stop in cuts:
+            ws = use[start:stop]
+            x = kernels.module().layers(
+                x.contiguous(), [w["ln1"] for w in ws], [w["wqkv_k"].data for w in ws], [w["wo_k"].data for w in ws],
+                [w["ln2"] for w in ws], [w["w13_k"].data for w in ws], [w["w2_k"].data for w in ws],
+                self.kv, start, self.cos, self.sin, pos, past, vis, self.Hq, self.Hkv, self.eps)
+            if stop in self.capture_layers:
+                self.captured[stop] = x[None]
+            start = stop
         return x
 
     def _layers(self, x, use, pos, past: int, n_prefix: int, mask, vis) -> torch.Tensor:

@@ -22,18 +22,53 @@ def _bf16_close(y, ref):
     return bool(((y.float() - ref).abs() <= tol).all())
 
 
-@pytest.mark.parametrize("N,K", [(64, 32), (960, 576), (576, 1536), (100, 33)])
-def test_packed_linear_is_accurate_and_row_count_invariant(N, K):
+HAS_AMX = bool(kernels._caps().get("amx_bf16"))
+
+
+@pytest.fixture(params=["avx512", "amx"])
+def loop(request):
+    """Each of the kernel's two loops in turn (AMX only where the CPU has it); the process's own
+    choice restored after."""
+    if request.param == "amx" and not HAS_AMX:
+        pytest.skip("this CPU has no AMX")
+    mod = kernels.module()
+    assert mod.use_amx(request.param == "amx") == (request.param == "amx")
+    yield request.param
+    mod.use_amx(kernels._amx)
+
+
+@pytest.mark.parametrize("N,K", [(64, 32), (960, 576), (576, 1536), (100, 33), (128, 40)])
+def test_packed_linear_is_accurate_and_row_count_invariant(N, K, loop):
+    """17 rows: the AMX loop's passes are 16 rows, the AVX-512 loop's 6 (K = 33 and 40 are not
+    multiples of 32: those take the AVX-512 loop on either setting)."""
     g = torch.Generator().manual_seed(N + K)
     W = torch.randn(N, K, generator=g).to(torch.bfloat16)
-    x = torch.randn(13, K, generator=g).to(torch.bfloat16)
+    x = torch.randn(17, K, generator=g).to(torch.bfloat16)
     lin = kernels.Packed(W)
     y = lin(x)
-    assert y.shape == (13, N) and y.dtype == torch.bfloat16
+    assert y.shape == (17, N) and y.dtype == torch.bfloat16
     assert _bf16_close(y, x.float() @ W.float().t())
-    for t in range(13):                                    # one row alone == that row in the batch
+    for t in range(17):                                    # one row alone == that row in the batch
         assert torch.equal(lin(x[t:t + 1]), y[t:t + 1])
-    assert torch.equal(lin(x[2:9]), y[2:9])
+    assert torch.equal(lin(x[2:9]), y[2:9]) and torch.equal(lin(x[1:17]), y[1:17])
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX")
+def test_the_two_loops_agree_to_rounding():
+    """The tiles sum in their own order: the same products, a few outputs one bf16 step apart."""
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(3072, 576, generator=g).to(torch.bfloat16)
+    x = torch.randn(6, 576, generator=g).to(torch.bfloat16)
+    lin, mod = kernels.Packed(W), kernels.module()
+    try:
+        mod.use_amx(False)
+        a = lin(x).float()
+        mod.use_amx(True)
+        b = lin(x).float()
+    finally:
+        mod.use_amx(kernels._amx)
+    step = a.abs() * 2 ** -7 + 1e-2
+    assert ((a - b).abs() <= step).all() and (a != b).float().mean() < 0.01
 
 
 def test_packed_linear_matches_f_linear_to_rounding():
@@ -77,7 +112,7 @@ def test_fused_layers_agree_with_the_torch_op_layers(llama):
     assert (a - b).abs().mean() < 0.05 and (a - ref).abs().mean() < 0.05
 
 
-def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama):
+def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama, loop):
     from speclab.models.fast_llama import FastLlama
     lm = FastLlama(llama)
     ids = torch.randint(0, 512, (20,), generator=torch.Generator().manual_seed(2))

@@ -79,17 +79,27 @@ def test_cli_bad_dtype_and_chat_without_template_are_one_line_errors(capsys):
 
 def test_lean_bf16_forward_matches_transformers(bf16, fp32):
     """The lean bf16 forward is as close to the fp32 model as transformers' own bf16 forward (its
-    attention sums in fp32, so it rounds differently from transformers' bf16 SDPA, not worse)."""
+    attention sums in fp32, so it rounds differently from transformers' bf16 SDPA, not worse).
+    Over both questions: on one prompt either can be the closer (measured, mean |error| 0.193 /
+    0.172 on the first, 0.172 / 0.191 on the second)."""
     from speclab.models.causal import make_lm
     model, tok = bf16
-    ids = torch.tensor(speclab.api.chat_prompt(tok, QUESTIONS[0]))
     lean = make_lm(model, "t", "fast")
     assert lean.dtype == torch.bfloat16
-    ours = lean.forward(ids)
-    with torch.inference_mode():
-        ref = model(ids[None]).logits[0].float()
-        exact = fp32[0](ids[None]).logits[0].float()
-    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.95
+    ours, ref, exact = [], [], []
+    for q in QUESTIONS:
+        ids = torch.tensor(speclab.api.chat_prompt(tok, q))
+        lean.reset()
+        ours.append(lean.forward(ids))
+        with torch.inference_mode():
+            ref.append(model(ids[None]).logits[0].float())
+            exact.append(fp32[0](ids[None]).logits[0].float())
+    ours, ref, exact = torch.cat(ours), torch.cat(ref), torch.cat(exact)
+    # the fp32 model's choices, as often as transformers' bf16 makes them, give or take one near-tie
+    # (the kernel's AMX loop agrees with fp32 more often than with transformers' bf16: 0.97 / 0.94)
+    agree = lambda a: (a.argmax(-1) == exact.argmax(-1)).float().mean().item()
+    assert agree(ours) >= agree(ref) - 1.5 / len(ours)
+    assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
     assert (ours - exact).abs().mean() <= 1.1 * (ref - exact).abs().mean()
     assert (ours - exact).abs().max() < 2.0          # a few bf16 steps at logits of 10-30
 

@@ -9,6 +9,10 @@ It is built on first use with torch's C++ extension loader (g++ and ninja, ~30 s
 torch's extensions directory) and used only on CPUs that report avx512_bf16. Anywhere else, or if
 the build fails, `available()` is False and the lean forward keeps F.linear. SPECLAB_KERNELS=0 turns
 it off.
+
+On CPUs with AMX (Intel Sapphire Rapids and later) the product runs on AMX tiles instead: the
+AVX-512 loop is bound by its dot-product instructions from 2 rows on (a 6-token verify of SmolLM2
+cost 1.3-1.6x one token), the tiles are not (1.0x; 16 tokens 1.3x). SPECLAB_AMX=0 keeps the loop.
 """
 from __future__ import annotations
 
@@ -26,12 +30,16 @@ NAME = "speclab_bf16_linear"
 _SOURCE = Path(__file__).with_name("bf16_linear.cpp")
 _lock = threading.Lock()
 _module = None                # the built extension, False once a build failed
+_amx = False                  # its products run on AMX tiles (chosen once, when it is built)
+
+
+def _caps() -> dict:
+    return torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
 
 
 def cpu_has_bf16() -> bool:
     """The CPU has the AVX512-BF16 instructions the kernel is written in (torch's own report)."""
-    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
-    return bool(caps.get("avx512_bf16"))
+    return bool(_caps().get("avx512_bf16"))
 
 
 def _build():
@@ -47,7 +55,7 @@ def _build():
 
 def module():
     """The built extension, or None where it cannot run here."""
-    global _module
+    global _module, _amx
     if _module is None:
         with _lock:
             if _module is None:
@@ -56,11 +64,21 @@ def module():
                 else:
                     try:
                         _module = _build()
+                        # AMX tiles where the CPU has them (Sapphire Rapids on): a verify of up to 16
+                        # rows then costs about one row. Chosen once per process: every product of a
+                        # run must take the same loop, or a verify would not match one-token forwards.
+                        amx = bool(_caps().get("amx_bf16")) and os.environ.get("SPECLAB_AMX", "1") != "0"
+                        _amx = _module.use_amx(amx)
                     except Exception as e:     # no compiler, no ninja, an old toolchain: fall back
                         warnings.warn(f"speclab's bf16 CPU kernel did not build ({str(e).splitlines()[0][:200]}); "
                                       "using F.linear (slower). Install g++ and ninja to get it.")
                         _module = False
     return _module or None
+
+
+def uses_amx() -> bool:
+    """The kernel's products run on AMX tiles in this process."""
+    return module() is not None and _amx
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:

@@ -142,3 +142,13 @@ def test_speclab_kernels_0_falls_back_to_f_linear():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "torch.Size([3, 64])" in out.stdout and "building" not in out.stderr
+
+
+def test_stream_read_reads_every_byte():
+    """The bench's bandwidth probe: the OR of all the buffer's 64-bit words, so nothing is skipped."""
+    buf = torch.zeros(1 << 20, dtype=torch.int64)
+    assert kernels.module().stream_read(buf) == 0
+    buf[-1] = 12345
+    assert kernels.module().stream_read(buf) == 12345
+    buf[7] = 1 << 40
+    assert kernels.module().stream_read(buf) == 12345 + (1 << 40)

@@ -55,11 +55,17 @@ class BandwidthProbe:
             self.mm, self.kernel = kernels.Packed(w), "speclab bf16 kernel"
         else:
             self.mm, self.kernel = (lambda v: torch.nn.functional.linear(v, w)), "F.linear"
+        # the plain read: speclab's native one where it runs (nothing but loads), else torch's fp32
+        # sum over the same bytes. Not a bf16 sum: measured here, that one is bound by its own
+        # arithmetic (13-17 GB/s where a plain read reached 29 and the fp32 sum 28)
+        native = kernels.module() if self.device.type == "cpu" else None
+        flat = self.x.view(torch.float32)
+        self.read = (lambda: native.stream_read(self.x)) if native else flat.sum
         self.stream: list[float] = []           # bytes per second, one per sample
         self.gemv: list[float] = []
         self.pairs: list[tuple[float, float]] = []   # (ar tokens/s, stream bytes/s sampled right after)
         with torch.inference_mode():            # fault the pages in, warm the kernel
-            self.x.sum()
+            self.read()
             self.mm(self.v)
 
     def _timed(self, fn) -> float:
@@ -76,7 +82,7 @@ class BandwidthProbe:
         """n samples of each rate; ar_tokens_per_s: the rate of the ar run just before, paired with
         this stream sample (paired_share)."""
         for _ in range(n):
-            self.stream.append(self.x.numel() * self.x.element_size() / self._timed(self.x.sum))
+            self.stream.append(self.x.numel() * self.x.element_size() / self._timed(self.read))
             self.gemv.append(self.w_bytes / self._timed(lambda: self.mm(self.v)))
         if ar_tokens_per_s is not None:
             self.pairs.append((ar_tokens_per_s, self.stream[-1]))

@@ -107,15 +107,20 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
 static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat16* wp, int64_t K2,
                        int64_t b0, int64_t b1, at::BFloat16* y, int64_t N) {
   alignas(64) float c[16 * B];               // one block's outputs for up to 16 rows
-  for (int64_t t0 = 0; t0 < T; t0 += 16) {
-    const int R = (int)std::min<int64_t>(16, T - t0);
-    TileConfig cfg;
-    for (int i = 0; i < 5; ++i) cfg.rows[i] = R, cfg.colsb[i] = 64;   // tiles 0-3: C (R, 16) fp32; 4: A (R, 32) bf16
-    for (int i = 5; i < 7; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;  // tiles 5, 6: B, 16 k-pairs x 16 columns
-    _tile_loadconfig(&cfg);
-    const at::BFloat16* xt = x + t0 * K;
-    for (int64_t b = b0; b < b1; ++b) {
-      const at::BFloat16* Wb = wp + b * K2 * 2 * B;
+  int configured = 0;                        // the rows the tiles are configured for
+  for (int64_t b = b0; b < b1; ++b) {
+    const at::BFloat16* Wb = wp + b * K2 * 2 * B;
+    // passes of 16 rows inside the block: a second pass reads the block from cache, not memory
+    for (int64_t t0 = 0; t0 < T; t0 += 16) {
+      const int R = (int)std::min<int64_t>(16, T - t0);
+      if (R != configured) {
+        TileConfig cfg;
+        for (int i = 0; i < 5; ++i) cfg.rows[i] = R, cfg.colsb[i] = 64;   // tiles 0-3: C (R, 16) fp32; 4: A (R, 32) bf16
+        for (int i = 5; i < 7; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;  // tiles 5, 6: B, 16 k-pairs x 16 columns
+        _tile_loadconfig(&cfg);
+        configured = R;
+      }
+      const at::BFloat16* xt = x + t0 * K;
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       for (int64_t kc = 0; kc < K / 32; ++kc) {
         const at::BFloat16* w = Wb + kc * 16 * 2 * B;                  // 16 k-pairs of 64 rows: 4 KB
@@ -224,8 +229,16 @@ static void add_rows(const bf16* a, const bf16* b, bf16* out, int64_t n) {
 static void rms_rows(const bf16* x, const bf16* w, bf16* out, int64_t T, int64_t C, float eps) {
   for (int64_t t = 0; t < T; ++t) {
     const bf16* xr = x + t * C;
-    float ss = 0.f;
-    for (int64_t c = 0; c < C; ++c) ss += f32(xr[c]) * f32(xr[c]);
+    // the sum of squares in 16 lanes (one chain of C adds took ~1 us a row: 2 norms x T rows a
+    // layer, the same on every thread), lanes summed in a fixed tree, the tail after them
+    __m512 acc = _mm512_setzero_ps();
+    int64_t c0 = 0;
+    for (; c0 + 16 <= C; c0 += 16) {
+      const __m512 v = load16(xr + c0);
+      acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    float ss = _mm512_reduce_add_ps(acc);
+    for (; c0 < C; ++c0) ss += f32(xr[c0]) * f32(xr[c0]);
     const float r = 1.f / std::sqrt(ss / C + eps);
     const __m512 vr = _mm512_set1_ps(r);
     int64_t c = 0;
@@ -272,6 +285,24 @@ static inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// r[j] = the sum of v[j]'s 16 lanes, for 16 vectors at once: halves, quarters, pairs, then
+// neighbours added, each level one shuffle pair and an add. Every vector's sum takes the same tree
+// (lane i + lane i ^ 8, then ^ 4, ^ 2, ^ 1), wherever it sits among the 16.
+static inline __m512 hsum16(const __m512 v[16]) {
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)      // [a's 8 | b's 8]
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)      // [a's 4 | b's 4 | c's 4 | d's 4]
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)      // per 128-bit lane q: v[8i + q]'s 2, v[8i + 4 + q]'s 2
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44), _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
+  // lane q: the sums of v[q], v[4 + q], v[8 + q], v[12 + q]; put back in order
+  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
 // One row's attention for GG query heads q (GG, D) fp32 sharing one key/value head: the n keys it
 // sees (slots keys[0..n), in cache order) of Kc / Vc (slot stride ss, bf16). p: scratch (GG, S).
 // Scores are one fp32 dot per key (16-lane partial sums over D, then summed across lanes), softmax
@@ -285,22 +316,37 @@ static void attend(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, c
   __m512 qh[GG][NCH];
   for (int h = 0; h < GG; ++h)
     for (int c = 0; c < NCH; ++c) qh[h][c] = _mm512_loadu_ps(q + h * D + 16 * c);
-  for (int64_t j = 0; j < n; ++j) {                          // scores (GG, n)
-    const bf16* k = Kc + keys[j] * ss;
-    __m512 kf[NCH];
-    for (int c = 0; c < NCH; ++c) kf[c] = load16(k + 16 * c);
+  // scores (GG, n), 16 keys at a time: each key's 16-lane partial dot product, then one
+  // transpose-and-add tree for the 16 (hsum16; measured: a 6-token verify's attention at 300 keys
+  // took ~1.9 ms of the forward with one horizontal sum per key and head)
+  alignas(64) float kb[16][D];
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int m = (int)std::min<int64_t>(16, n - j0);
+    for (int j = 0; j < m; ++j) {
+      const bf16* k = Kc + keys[j0 + j] * ss;
+      for (int c = 0; c < NCH; ++c) _mm512_store_ps(kb[j] + 16 * c, load16(k + 16 * c));
+    }
     for (int h = 0; h < GG; ++h) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int c = 0; c < NCH; ++c) acc = _mm512_fmadd_ps(qh[h][c], kf[c], acc);
-      p[h * S + j] = _mm512_reduce_add_ps(acc) * scale;
+      __m512 acc[16];
+      for (int j = 0; j < 16; ++j) {
+        acc[j] = _mm512_setzero_ps();
+        if (j < m)
+          for (int c = 0; c < NCH; ++c) acc[j] = _mm512_fmadd_ps(qh[h][c], _mm512_load_ps(kb[j] + 16 * c), acc[j]);
+      }
+      _mm512_mask_storeu_ps(p + h * S + j0, m == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << m) - 1),
+                            _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale)));
     }
   }
   for (int h = 0; h < GG; ++h) {
     // softmax: exp in 16-wide chunks, summed lane-wise then across lanes (a fixed order for n keys),
     // then each weight divided by the sum
     float* ph = p + h * S;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) m = std::max(m, ph[j]);
+    __m512 vmax = _mm512_set1_ps(-INFINITY);     // the max, 16 lanes at a time (exact in any order)
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k16, ph + j));
+    }
+    const float m = _mm512_reduce_max_ps(vmax);
     __m512 vs = _mm512_setzero_ps();
     const __m512 vm = _mm512_set1_ps(m);
     for (int64_t j = 0; j < n; j += 16) {
@@ -309,8 +355,11 @@ static void attend(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, c
       _mm512_mask_storeu_ps(ph + j, k16, e);
       vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
     }
-    const float total = _mm512_reduce_add_ps(vs);
-    for (int64_t j = 0; j < n; ++j) ph[j] = ph[j] / total;
+    const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(vs));
+    for (int64_t j = 0; j < n; j += 16) {        // IEEE division, 16 at a time: the scalar one's results
+      const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+      _mm512_mask_storeu_ps(ph + j, k16, _mm512_div_ps(_mm512_maskz_loadu_ps(k16, ph + j), total));
+    }
   }
   __m512 o[GG][NCH];                                         // o (GG, D) = softmax(p) @ V
   for (int h = 0; h < GG; ++h)
@@ -518,7 +567,31 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   return out[(L - 1) % 2];
 }
 
+// A plain streaming read of a buffer (no arithmetic to wait on: 64-byte loads OR-ed together),
+// split over the threads: the rate the memory system gives a reader, for the bench's bandwidth
+// limit (torch's reductions can be bound by their own arithmetic: a bf16 sum read 13 GB/s on a
+// machine where this read 30).
+int64_t stream_read(torch::Tensor buf) {
+  TORCH_CHECK(buf.is_contiguous() && buf.nbytes() % 256 == 0, "stream_read: a contiguous buffer of a multiple of 256 bytes");
+  const char* p = static_cast<const char*>(buf.data_ptr());
+  const int64_t n = buf.nbytes() / 256;
+  std::atomic<int64_t> sink{0};
+  at::parallel_for(0, n, 1024, [&](int64_t i0, int64_t i1) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = i0; i < i1; ++i) {
+      const char* q = p + i * 256;
+      a0 = _mm512_or_si512(a0, _mm512_loadu_si512(q));
+      a1 = _mm512_or_si512(a1, _mm512_loadu_si512(q + 64));
+      a2 = _mm512_or_si512(a2, _mm512_loadu_si512(q + 128));
+      a3 = _mm512_or_si512(a3, _mm512_loadu_si512(q + 192));
+    }
+    sink += _mm512_reduce_or_epi64(_mm512_or_si512(_mm512_or_si512(a0, a1), _mm512_or_si512(a2, a3)));
+  });
+  return sink.load();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("stream_read", &stream_read, "read a buffer once, as fast as the memory system gives it (the bench's bandwidth probe)");
   m.def("rms_norm", &rms_norm, "LlamaRMSNorm of bf16 rows");
   m.def("layers", &layers, "Llama decoder layers l0.. over T bf16 rows in one parallel region, the KV cache written in place");
   m.def("use_amx", &use_amx, "the product on AMX tiles from now on (True if the OS granted them)");

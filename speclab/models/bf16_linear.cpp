@@ -285,24 +285,6 @@ static inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// r[j] = the sum of v[j]'s 16 lanes, for 16 vectors at once: halves, quarters, pairs, then
-// neighbours added, each level one shuffle pair and an add. Every vector's sum takes the same tree
-// (lane i + lane i ^ 8, then ^ 4, ^ 2, ^ 1), wherever it sits among the 16.
-static inline __m512 hsum16(const __m512 v[16]) {
-  __m512 t[8], u[4], w[2];
-  for (int i = 0; i < 8; ++i)      // [a's 8 | b's 8]
-    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-  for (int i = 0; i < 4; ++i)      // [a's 4 | b's 4 | c's 4 | d's 4]
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i)      // per 128-bit lane q: v[8i + q]'s 2, v[8i + 4 + q]'s 2
-    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44), _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
-  // lane q: the sums of v[q], v[4 + q], v[8 + q], v[12 + q]; put back in order
-  const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
-}
-
 // One row's attention for GG query heads q (GG, D) fp32 sharing one key/value head: the n keys it
 // sees (slots keys[0..n), in cache order) of Kc / Vc (slot stride ss, bf16). p: scratch (GG, S).
 // Scores are one fp32 dot per key (16-lane partial sums over D, then summed across lanes), softmax
@@ -316,32 +298,23 @@ static void attend(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, c
   __m512 qh[GG][NCH];
   for (int h = 0; h < GG; ++h)
     for (int c = 0; c < NCH; ++c) qh[h][c] = _mm512_loadu_ps(q + h * D + 16 * c);
-  // scores (GG, n), 16 keys at a time: each key's 16-lane partial dot product, then one
-  // transpose-and-add tree for the 16 (hsum16; measured: a 6-token verify's attention at 300 keys
-  // took ~1.9 ms of the forward with one horizontal sum per key and head)
-  alignas(64) float kb[16][D];
-  for (int64_t j0 = 0; j0 < n; j0 += 16) {
-    const int m = (int)std::min<int64_t>(16, n - j0);
-    for (int j = 0; j < m; ++j) {
-      const bf16* k = Kc + keys[j0 + j] * ss;
-      for (int c = 0; c < NCH; ++c) _mm512_store_ps(kb[j] + 16 * c, load16(k + 16 * c));
-    }
+  for (int64_t j = 0; j < n; ++j) {                          // scores (GG, n)
+    const bf16* k = Kc + keys[j] * ss;
+    __m512 kf[NCH];
+    for (int c = 0; c < NCH; ++c) kf[c] = load16(k + 16 * c);
     for (int h = 0; h < GG; ++h) {
-      __m512 acc[16];
-      for (int j = 0; j < 16; ++j) {
-        acc[j] = _mm512_setzero_ps();
-        if (j < m)
-          for (int c = 0; c < NCH; ++c) acc[j] = _mm512_fmadd_ps(qh[h][c], _mm512_load_ps(kb[j] + 16 * c), acc[j]);
-      }
-      _mm512_mask_storeu_ps(p + h * S + j0, m == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << m) - 1),
-                            _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale)));
+      __m512 acc = _mm512_setzero_ps();
+      for (int c = 0; c < NCH; ++c) acc = _mm512_fmadd_ps(qh[h][c], kf[c], acc);
+      p[h * S + j] = _mm512_reduce_add_ps(acc) * scale;
     }
   }
   for (int h = 0; h < GG; ++h) {
     // softmax: exp in 16-wide chunks, summed lane-wise then across lanes (a fixed order for n keys),
     // then each weight divided by the sum
     float* ph = p + h * S;
-    __m512 vmax = _mm512_set1_ps(-INFINITY);     // the max, 16 lanes at a time (exact in any order)
+    // the max 16 lanes at a time (exact in any order; a scalar chain of maxes, 4 cycles a key, was
+    // 31% of attention by perf)
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
       vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k16, ph + j));

@@ -2,7 +2,7 @@
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/profile_ar.py [--prompts 4] [--threads 2]
 
-Prints ms per token in the fused decoder-layer calls and in the LM head, the rest (outside the
+Prints ms per token in the fused call of all the decoder layers and in the LM head, the rest (outside the
 kernels), and each call's weight-read rate, beside the rates the bench's BandwidthProbe measures.
 Needs a CPU with avx512_bf16 (where the kernel runs). BENCHMARKS.md, twenty-third stop.
 """
@@ -18,10 +18,10 @@ from speclab.models import kernels, zoo
 
 
 class Timed:
-    """The kernel module with `layer` and `linear` timed (seconds, calls)."""
+    """The kernel module with `layers` and `linear` timed (seconds, calls)."""
 
     def __init__(self, mod):
-        self.mod, self.t = mod, {"layer": [0.0, 0], "linear": [0.0, 0]}
+        self.mod, self.t = mod, {"layers": [0.0, 0], "linear": [0.0, 0]}
 
     def __getattr__(self, name):
         f = getattr(self.mod, name)
@@ -56,11 +56,11 @@ def main():
         n += speclab.generate((base, tok), encode(tok, it, 128, None), "ar", max_new_tokens=128,
                               record=None).stats["new_tokens"]
     ms = (time.perf_counter() - t0) / n * 1e3
-    layer_mb = sum(p.numel() * p.element_size() for p in base.model.layers[0].parameters()) / 1e6
+    layers_mb = sum(p.numel() * p.element_size() for p in base.model.layers.parameters()) / 1e6
     head_mb = base.lm_head.weight.numel() * base.lm_head.weight.element_size() / 1e6
     print(f"{n} tokens: {ms:.2f} ms a token")
     rest = ms
-    for name, mb in (("layer", layer_mb), ("linear", head_mb)):
+    for name, mb in (("layers", layers_mb), ("linear", head_mb)):
         s, c = timed.t[name]
         rest -= s / n * 1e3
         print(f"  {name:6} {c:6d} calls, {s / c * 1e3:.3f} ms a call ({mb:.2f} MB at {mb / (s / c) / 1e3:.1f} GB/s), "

@@ -56,7 +56,7 @@ class FastLlama:
         else:
             self.layout = "out_in" if self.dtype != torch.float32 else ("dual" if self.device.type == "cpu" else "in_out")
         self.layers, self.head = _packed(model, self.layout, exact)
-        # whole layers in one native call each where every matrix packs without padding
+        # all the layers in one native call where every matrix packs without padding
         self.fused = self.layout == "packed" and self.D in (32, 64, 128) and not any(
             w[n].padded for w in self.layers for n in ("wqkv_k", "wo_k", "w13_k", "w2_k"))
         # a trimmed-vocabulary head (speclab.models.adapter.SubsetHead) scores only head_ids

@@ -3,6 +3,7 @@ targets, and one-line errors. Speed is not asserted here (that is BENCHMARKS.md'
 import json
 
 import pytest
+import torch
 
 from speclab.bench.runner import parse_methods
 from speclab.bench.whatif import simulate_tau
@@ -47,6 +48,32 @@ def test_paired_share_pairs_each_run_with_its_sample():
     from speclab.bench.bandwidth import paired_share
     p = paired_share([(100, 50), (100, 25), (200, 100)], 250_000_000)
     assert (p["min"], p["median"], p["max"], p["prompts"]) == (0.5, 0.5, 1.0, 3)
+
+
+def test_probe_reads_the_models_own_packed_weights():
+    """Beside the 512 MiB read, the probe reads the very matrices a bf16 decode step reads (built
+    and cached by the lean forward), from wherever they live; the limit and ar's share follow."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from speclab.bench.bandwidth import BandwidthProbe, bandwidth_limit, packed_weights
+    from speclab.models import kernels
+    from speclab.models.fast_llama import FastLlama
+    if not kernels.available("cpu", torch.bfloat16):
+        pytest.skip("needs speclab's bf16 kernel (a CPU with AVX512-BF16)")
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).to(torch.bfloat16)
+    assert packed_weights(model) == []                     # nothing built yet: nothing to read
+    FastLlama(model).forward(torch.tensor([1, 2, 3]))
+    own = packed_weights(model)
+    assert len(own) == 2 * 4 + 1                           # qkv, o, gate|up, down a layer; the head
+    assert sum(t.numel() for t in own) == sum(p.numel() for n, p in model.named_parameters()
+                                              if n.endswith("proj.weight") or n == "lm_head.weight")
+    probe = BandwidthProbe(mib_stream=8, mib_gemv=4, model=model)
+    probe.sample(2, ar_tokens_per_s=50.0)
+    m = probe.summary()
+    assert m["own"]["samples"] == 2 and m["own"]["median"] > 0 and len(m["own_pairs"]) == 1
+    b = bandwidth_limit(model, m)
+    assert b["own_limit_tokens_per_s"] > 0 and b["own_range_gb_s"][0] <= b["own_read_gb_s"] <= b["own_range_gb_s"][1]
 
 
 def test_whatif_at_the_recorded_k_reproduces_the_run():

@@ -150,7 +150,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     if base == "ar" and batch_size == 1 and hasattr(model, "get_input_embeddings"):
         from speclab.bench.bandwidth import BandwidthProbe
         p = next(model.parameters())
-        probe = BandwidthProbe(p.device, p.dtype)
+        probe = BandwidthProbe(p.device, p.dtype, model=model)
     bar = tqdm(total=repeats * len(prompts) * len(ours), desc=f"bench {prompt_set}", disable=not progress)
     for rep in range(repeats):
         # suffix's history: this pass's earlier prompts under this method, never the last pass's

@@ -5,6 +5,11 @@ beside it), so tokens/s cannot exceed  streaming bandwidth / weight bytes per to
 measured in the same process as the bench: the bandwidth sampled beside `ar`'s own runs
 (BandwidthProbe), the bytes from the parameters a forward reads (the embedding contributes one row
 per token, not the matrix; a tied LM head is read once, as the head).
+
+The streaming read is of a buffer larger than the caches. Where speclab's bf16 kernel runs, the
+probe also reads the model's own packed matrices, the bytes a decode step reads: on a CPU whose
+L3 holds the weights (a 300 MiB L3, SmolLM2's 269 MB) they come faster than from memory, and `ar`
+ran at 1.13-1.25 of the big buffer's "limit"; against its own weights' read it stays below 1.
 """
 from __future__ import annotations
 

@@ -114,10 +114,11 @@ def cmd_bench(a):
             print(f"  prompt by prompt (each ar run against the stream sampled right after it): median "
                   f"{p['median']:.2f} of the limit ({p['min']:.2f}-{p['max']:.2f}, {p['prompts']} prompts)")
         if "own_read_gb_s" in b:
-            p, (lo, hi) = b["ar_share_of_own_read_paired"], b["own_range_gb_s"]
+            lo, hi = b["own_range_gb_s"]
+            p = b.get("ar_share_of_own_read_paired")
             print(f"  against reading its own packed weights (the same bytes, wherever they live): {b['own_read_gb_s']} "
-                  f"GB/s ({lo}-{hi}) -> limit {b['own_limit_tokens_per_s']} tok/s, ar at {b['ar_share_of_own_read']:.2f}; "
-                  f"prompt by prompt median {p['median']:.2f} ({p['min']:.2f}-{p['max']:.2f})")
+                  f"GB/s ({lo}-{hi}) -> limit {b['own_limit_tokens_per_s']} tok/s, ar at {b['ar_share_of_own_read']:.2f}"
+                  + (f"; prompt by prompt median {p['median']:.2f} ({p['min']:.2f}-{p['max']:.2f})" if p else ""))
     for k_, c in res.get("forward_costs", {}).items():
         print(f"bare forward ms (k={k_}): target(1) {c['c_target1']}, verify(k+1) {c['c_verify']}, draft {c.get('c_draft')}")
     if "verify_cost" in res:
@@ -155,7 +156,9 @@ def add_bandwidth(res: dict, target_model, measured: dict):
             b["ar_share_paired"] = paired_share(pairs, weight_bytes_per_token(target_model))
         if "own_limit_tokens_per_s" in b:
             b["ar_share_of_own_read"] = round(row["tokens_per_s"] / b["own_limit_tokens_per_s"], 3)
-            b["ar_share_of_own_read_paired"] = paired_share(measured[name]["own_pairs"], weight_bytes_per_token(target_model))
+            if measured[name].get("own_pairs"):
+                b["ar_share_of_own_read_paired"] = paired_share(measured[name]["own_pairs"],
+                                                                weight_bytes_per_token(target_model))
         per_set[name] = b
     best = max(per_set, key=lambda n: per_set[n]["ar_share_of_limit"])
     res["bandwidth"] = dict(per_set[best], prompt_set=best, per_set=per_set)

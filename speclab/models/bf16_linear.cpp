@@ -25,6 +25,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 constexpr int64_t B = 64;      // output rows per packed block: 4 vectors of 16 fp32 lanes
@@ -461,12 +462,17 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   bf16 *GU = gu.data_ptr<bf16>(), *Mi = mid.data_ptr<bf16>(), *DN = dn.data_ptr<bf16>();
   float* Q = qf.data_ptr<float>();
 
+  // a causal row t sees slots 0..past+t: one shared list, its prefix, for every row, layer and head
+  // (a mask's rows are listed per item below)
+  std::vector<int64_t> causal(M ? 0 : S);
+  std::iota(causal.begin(), causal.end(), 0);
+
   Team team;
   in_team(team, [&](int me, int W) {
     bf16* h = hbuf.data_ptr<bf16>() + me * T * C;
     bf16* x1 = x1buf.data_ptr<bf16>() + me * T * C;
     std::vector<float> p(4 * S);
-    std::vector<int64_t> keys(S);
+    std::vector<int64_t> keys(M ? S : 0);
     std::vector<bf16> tmp(D);
     const int64_t items = T * Hkv;            // (row, key/value head): RoPE and attention
     for (int64_t l = 0; l < L; ++l) {
@@ -498,15 +504,20 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
       // so thread i takes rows i, i + W, ... rather than one contiguous run
       for (int64_t i = me; i < items; i += W) {
         const int64_t t = i / Hkv, kvh = i % Hkv;
-        int64_t n = 0;
-        for (int64_t j = 0; j < S; ++j)
-          if (M ? M[t * S + j] : j <= past + t) keys[n++] = j;
+        int64_t n = past + t + 1;
+        const int64_t* seen = causal.data();
+        if (M) {
+          n = 0;
+          for (int64_t j = 0; j < S; ++j)
+            if (M[t * S + j]) keys[n++] = j;
+          seen = keys.data();
+        }
         const float* q = Q + (t * Hq + kvh * g) * D;
         bf16* a = A + t * Hq * D + kvh * g * D;
         switch (D / 16) {
-          case 2: attend_heads<2>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
-          case 4: attend_heads<4>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a); break;
-          default: attend_heads<8>(q, K + kvh * hs, V + kvh * hs, ss, keys.data(), n, g, S, scale, p.data(), a);
+          case 2: attend_heads<2>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a); break;
+          case 4: attend_heads<4>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a); break;
+          default: attend_heads<8>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a);
         }
       }
       team.wait(W);

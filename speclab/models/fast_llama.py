@@ -75,6 +75,7 @@ class FastLlama:
         # (see _attend_rows), so a verify gives each position the logits `ar` gives it, bit for bit
         self.exact = exact
         self.capture_layers: tuple[int, ...] = ()
+        self._spans: dict[tuple[int, int], tuple] = {}      # (first, stop) layer -> the fused call's weights
         self.captured: dict[int, torch.Tensor] = {}
 
     @property
@@ -151,11 +152,13 @@ class FastLlama:
         cuts = sorted({c for c in self.capture_layers if 0 < c < len(use)} | {len(use)})
         start = 0
         for stop in cuts:
-            ws = use[start:stop]
-            x = kernels.module().layers(
-                x.contiguous(), [w["ln1"] for w in ws], [w["wqkv_k"].data for w in ws], [w["wo_k"].data for w in ws],
-                [w["ln2"] for w in ws], [w["w13_k"].data for w in ws], [w["w2_k"].data for w in ws],
-                self.kv, start, self.cos, self.sin, pos, past, vis, self.Hq, self.Hkv, self.eps)
+            if (start, stop) not in self._spans:            # the weights' lists, built once per span
+                ws = self.layers[start:stop]
+                self._spans[start, stop] = ([w["ln1"] for w in ws], [w["wqkv_k"].data for w in ws],
+                                            [w["wo_k"].data for w in ws], [w["ln2"] for w in ws],
+                                            [w["w13_k"].data for w in ws], [w["w2_k"].data for w in ws])
+            x = kernels.module().layers(x.contiguous(), *self._spans[start, stop], self.kv, start, self.cos,
+                                        self.sin, pos, past, vis, self.Hq, self.Hkv, self.eps)
             if stop in self.capture_layers:
                 self.captured[stop] = x[None]
             start = stop

@@ -18,17 +18,7 @@ import time
 
 import torch
 
-
-def packed_weights(model) -> list[torch.Tensor]:
-    """The packed matrices speclab's bf16 kernel reads for a decode step of `model` (its layers'
-    four and the LM head), as the lean forward built and cached them; [] where the kernel does not
-    run or no forward has built them yet."""
-    from speclab.models import kernels
-    built = model.__dict__.get("_speclab_packed", {}).get(("packed", False))
-    if built is None:
-        return []
-    layers, head = built[1]
-    return [w.data for d in layers + [head] for w in d.values() if isinstance(w, kernels.Packed)]
+from speclab.models.fast_llama import packed_matrices
 
 
 def weight_bytes_per_token(model) -> int:
@@ -108,7 +98,7 @@ class BandwidthProbe:
         for _ in range(n):
             self.stream.append(self.x.numel() * self.x.element_size() / self._timed(self.read))
             self.gemv.append(self.w_bytes / self._timed(lambda: self.mm(self.v)))
-            own = packed_weights(self.model) if self.model is not None and self.native else []
+            own = packed_matrices(self.model) if self.model is not None and self.native else []
             if own:
                 nbytes = sum(t.numel() * t.element_size() for t in own)
                 self.own.append(nbytes / self._timed(lambda: [self.native.stream_read(t) for t in own]))

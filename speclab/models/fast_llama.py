@@ -332,6 +332,16 @@ def _packed(model, layout: str, exact: bool = False):
     return layers, head
 
 
+def packed_matrices(model) -> list[torch.Tensor]:
+    """The packed matrices speclab's bf16 kernel reads for a decode step of `model` (each layer's
+    four and the LM head), as _packed built and cached them; [] if no forward has built them."""
+    built = model.__dict__.get("_speclab_packed", {}).get(("packed", False))
+    if built is None:
+        return []
+    layers, head = built[1]
+    return [w.data for d in layers + [head] for w in d.values() if isinstance(w, kernels.Packed)]
+
+
 # Measured on this CPU (torch 2.13, oneDNN): a bf16 F.linear gives every row the same result
 # whatever the number of rows while the inner dimension is <= 768; at 1536 (SmolLM2's MLP down
 # projection) rows of a 2+ row call round differently from a 1-row call. The exact mode splits such

@@ -116,7 +116,7 @@ def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama, 
     from speclab.models.fast_llama import FastLlama
     lm = FastLlama(llama)
     ids = torch.randint(0, 512, (20,), generator=torch.Generator().manual_seed(2))
-    cont = [5, 77, 300, 12, 9, 41]
+    cont = [5, 77, 300, 12, 9, 41, 8, 250, 3, 19, 400, 66, 7, 180, 2, 90, 501, 33]   # 18: three groups of AMX rows
     one = [lm.forward(ids)[-1]] + [lm.forward(torch.tensor([t]))[-1] for t in cont]   # ar, token by token
     lm.keep(len(ids))
     chain = lm.forward(torch.tensor(cont))

@@ -286,15 +286,16 @@ static inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// One row's attention for GG query heads q (GG, D) fp32 sharing one key/value head: the n keys it
-// sees (slots keys[0..n), in cache order) of Kc / Vc (slot stride ss, bf16). p: scratch (GG, S).
-// Scores are one fp32 dot per key (16-lane partial sums over D, then summed across lanes), softmax
-// per head, output summed over the keys in order: the arithmetic of a row depends only on its own
-// query and the keys it sees, never on the other rows of the call. Each key and value is converted
-// to fp32 once for the GG heads. NCH = D / 16.
+// One row's attention for GG query heads sharing one key/value head, in two parts.
+// scores: q (GG, D) fp32 against the n keys the row sees (slots keys[0..n), in cache order) of Kc
+// (slot stride ss, bf16) -> p (GG, S) scaled scores: one fp32 dot per key (16-lane partial sums over
+// D, then summed across lanes), each key converted to fp32 once for the GG heads.
+// softmax_pv: p's scores -> weights (softmax per head) -> a (GG, D) = weights @ V, summed over the
+// keys in order. The arithmetic of a row depends only on its own query and the keys it sees, never
+// on the other rows of the call. NCH = D / 16.
 template <int NCH, int GG>
-static void attend(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, const int64_t* keys, int64_t n,
-                   int64_t S, float scale, float* p, bf16* a) {
+static void scores(const float* q, const bf16* Kc, int64_t ss, const int64_t* keys, int64_t n, int64_t S,
+                   float scale, float* p) {
   constexpr int D = 16 * NCH;
   __m512 qh[GG][NCH];
   for (int h = 0; h < GG; ++h)
@@ -309,6 +310,11 @@ static void attend(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, c
       p[h * S + j] = _mm512_reduce_add_ps(acc) * scale;
     }
   }
+}
+
+template <int NCH, int GG>
+static void softmax_pv(const bf16* Vc, int64_t ss, const int64_t* keys, int64_t n, int64_t S, float* p, bf16* a) {
+  constexpr int D = 16 * NCH;
   for (int h = 0; h < GG; ++h) {
     // softmax: exp in 16-wide chunks, summed lane-wise then across lanes (a fixed order for n keys),
     // then each weight divided by the sum
@@ -351,20 +357,91 @@ static void attend(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, c
     for (int c = 0; c < NCH; ++c) store16(a + h * D + 16 * c, o[h][c]);
 }
 
-// the query heads of one key/value head in groups of at most 4 (their vectors stay in registers)
+// the g query heads of one key/value head, in groups of at most 4 (their vectors stay in
+// registers); q == nullptr: p already holds their scores (the AMX path below)
 template <int NCH>
 static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, const int64_t* keys,
                          int64_t n, int64_t g, int64_t S, float scale, float* p, bf16* a) {
   for (int64_t h0 = 0; h0 < g; h0 += 4) {
-    const float* qq = q + h0 * 16 * NCH;
+    const float* qq = q ? q + h0 * 16 * NCH : nullptr;
+    float* ph = p + h0 * S;
     bf16* aa = a + h0 * 16 * NCH;
     switch (std::min<int64_t>(4, g - h0)) {
-      case 4: attend<NCH, 4>(qq, Kc, Vc, ss, keys, n, S, scale, p, aa); break;
-      case 3: attend<NCH, 3>(qq, Kc, Vc, ss, keys, n, S, scale, p, aa); break;
-      case 2: attend<NCH, 2>(qq, Kc, Vc, ss, keys, n, S, scale, p, aa); break;
-      default: attend<NCH, 1>(qq, Kc, Vc, ss, keys, n, S, scale, p, aa);
+      case 4: if (qq) scores<NCH, 4>(qq, Kc, ss, keys, n, S, scale, ph); softmax_pv<NCH, 4>(Vc, ss, keys, n, S, ph, aa); break;
+      case 3: if (qq) scores<NCH, 3>(qq, Kc, ss, keys, n, S, scale, ph); softmax_pv<NCH, 3>(Vc, ss, keys, n, S, ph, aa); break;
+      case 2: if (qq) scores<NCH, 2>(qq, Kc, ss, keys, n, S, scale, ph); softmax_pv<NCH, 2>(Vc, ss, keys, n, S, ph, aa); break;
+      default: if (qq) scores<NCH, 1>(qq, Kc, ss, keys, n, S, scale, ph); softmax_pv<NCH, 1>(Vc, ss, keys, n, S, ph, aa);
     }
   }
+}
+
+// The scores on AMX tiles: the 16 x 16 dot products of 16 queries and 16 keys are one TDPBF16PS per
+// 32 of D, whatever the number of queries, where the loop above spends a horizontal sum on each.
+// Measured (SmolLM2, 12 rows after 600 tokens): the scores loop was ~2/3 of attention, attention
+// 29% of the forward.
+//
+// A (16, 32) tile = 16 queries' bf16 vectors (q is bf16 before it is widened); B (16, 16 x 2) =
+// 16 keys in the pair-interleaved layout, i.e. the 32-bit transpose of their cache rows, built per
+// block of 16 keys. Numerics: each score is the tile unit's fp32 sum over D (its own order), times
+// the scale; it depends on its query and key only, never on the other rows of the call, so rows
+// still agree bit for bit with one-token forwards. Softmax and the weighted sum of V are the loop
+// above's.
+
+// rows r[0..15] of 16 dwords -> r[i] = column i
+static inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {                  // row pairs, dwords interleaved
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {                  // row quads, qwords interleaved
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {                  // 128-bit lanes across quads
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+}
+
+// sc (16, ld) fp32 = qa (16, D) bf16 @ K[0..n)^T for slots 0..n of Kc (slot stride ss), n rounded
+// up to 16 (the keys past n read as zeros, never past the cache's `slots`). D = 32, 64 or 128.
+__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
+static void scores_amx(const bf16* qa, int64_t D, const bf16* Kc, int64_t ss, int64_t n, float* sc, int64_t ld) {
+  const int NC = (int)(D / 32);
+  TileConfig cfg;
+  for (int i = 0; i < 7; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;   // 0: C; 1-4: A, 32 of D each; 5, 6: B
+  _tile_loadconfig(&cfg);
+  _tile_loadd(1, qa, D * 2);
+  if (NC > 1) _tile_loadd(2, qa + 32, D * 2);
+  if (NC > 2) { _tile_loadd(3, qa + 64, D * 2); _tile_loadd(4, qa + 96, D * 2); }
+  alignas(64) int32_t bt[4][16 * 16];          // B tiles: 16 key pairs x 16 keys, per 32 of D
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    for (int c = 0; c < NC; ++c) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = j0 + i < n ? _mm512_loadu_si512(Kc + (j0 + i) * ss + 32 * c) : _mm512_setzero_si512();
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_store_si512(bt[c] + 16 * i, r[i]);
+    }
+    _tile_zero(0);
+    _tile_loadd(5, bt[0], 64);
+    _tile_dpbf16ps(0, 1, 5);
+    if (NC > 1) { _tile_loadd(6, bt[1], 64); _tile_dpbf16ps(0, 2, 6); }
+    if (NC > 2) { _tile_loadd(5, bt[2], 64); _tile_dpbf16ps(0, 3, 5); _tile_loadd(6, bt[3], 64); _tile_dpbf16ps(0, 4, 6); }
+    _tile_stored(0, sc + j0, ld * 4);
+  }
+  _tile_release();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,6 +530,7 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   auto x1buf = torch::empty({NT, T, C}, bf);      // each thread's x + attention output
   auto qkv = torch::empty({T, W3}, bf);
   auto qf = torch::empty({T, Hq, D}, bf.dtype(at::kFloat));
+  auto qb = torch::empty({T, Hq, D}, bf);          // the same queries in bf16 (exact), for AMX tiles
   auto attn = torch::empty({T, Hq * D}, bf);
   auto o = torch::empty({T, C}, bf);
   auto gu = torch::empty({T, 2 * I}, bf);
@@ -461,6 +539,11 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   bf16 *QKV = qkv.data_ptr<bf16>(), *A = attn.data_ptr<bf16>(), *O = o.data_ptr<bf16>();
   bf16 *GU = gu.data_ptr<bf16>(), *Mi = mid.data_ptr<bf16>(), *DN = dn.data_ptr<bf16>();
   float* Q = qf.data_ptr<float>();
+  bf16* Qb = qb.data_ptr<bf16>();
+  // the scores on AMX tiles where the products run on them: groups of R rows whose g queries
+  // per key/value head fill one tile's 16 rows
+  const bool tiles = amx_on && D % 32 == 0 && g <= 16;
+  const int64_t R = tiles ? 16 / g : 1, groups = (T + R - 1) / R, ld = (S + 15) / 16 * 16;
 
   // a causal row t sees slots 0..past+t: one shared list, its prefix, for every row, layer and head
   // (a mask's rows are listed per item below)
@@ -471,9 +554,10 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   in_team(team, [&](int me, int W) {
     bf16* h = hbuf.data_ptr<bf16>() + me * T * C;
     bf16* x1 = x1buf.data_ptr<bf16>() + me * T * C;
-    std::vector<float> p(4 * S);
+    std::vector<float> p(std::max<int64_t>(4, g) * S);
+    std::vector<float> sc(tiles ? 16 * ld : 0);        // a group's scores (16 queries, ld slots)
+    std::vector<bf16> qa(tiles ? 16 * D : 0);          // its queries, the A tile
     std::vector<int64_t> keys(M ? S : 0);
-    std::vector<bf16> tmp(D);
     const int64_t items = T * Hkv;            // (row, key/value head): RoPE and attention
     for (int64_t l = 0; l < L; ++l) {
       const bf16* X = l == 0 ? x.data_ptr<bf16>() : out[(l - 1) % 2].data_ptr<bf16>();
@@ -491,8 +575,9 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
         const bf16* c = cs + P[t] * D;
         const bf16* s = sn + P[t] * D;
         for (int64_t hh = kvh * g; hh < (kvh + 1) * g; ++hh) {
-          rope(QKV + t * W3 + hh * D, c, s, tmp.data(), D);
-          for (int64_t d = 0; d < D; ++d) Q[(t * Hq + hh) * D + d] = f32(tmp[d]);
+          bf16* qr = Qb + (t * Hq + hh) * D;
+          rope(QKV + t * W3 + hh * D, c, s, qr, D);
+          for (int64_t d = 0; d < D; ++d) Q[(t * Hq + hh) * D + d] = f32(qr[d]);
         }
         rope(QKV + t * W3 + (Hq + kvh) * D, c, s, K + kvh * hs + (past + t) * ss, D);
         std::copy(QKV + t * W3 + (Hq + Hkv + kvh) * D, QKV + t * W3 + (Hq + Hkv + kvh + 1) * D,
@@ -500,24 +585,38 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
       }
       team.wait(W);
 
-      // attention, round robin over (row, key/value head): a causal prefill's rows grow in cost,
-      // so thread i takes rows i, i + W, ... rather than one contiguous run
-      for (int64_t i = me; i < items; i += W) {
-        const int64_t t = i / Hkv, kvh = i % Hkv;
-        int64_t n = past + t + 1;
-        const int64_t* seen = causal.data();
-        if (M) {
-          n = 0;
-          for (int64_t j = 0; j < S; ++j)
-            if (M[t * S + j]) keys[n++] = j;
-          seen = keys.data();
+      // attention, round robin over (row group, key/value head): a causal prefill's rows grow in
+      // cost, so thread i takes items i, i + W, ... rather than one contiguous run
+      for (int64_t i = me; i < groups * Hkv; i += W) {
+        const int64_t kvh = i % Hkv, t0 = i / Hkv * R, t1 = std::min(T, t0 + R);
+        if (tiles) {                            // the group's scores, every slot its rows may see
+          std::fill(qa.begin(), qa.end(), bf16(0.f));
+          for (int64_t t = t0; t < t1; ++t)
+            std::copy(Qb + (t * Hq + kvh * g) * D, Qb + (t * Hq + (kvh + 1) * g) * D, qa.data() + (t - t0) * g * D);
+          scores_amx(qa.data(), D, K + kvh * hs, ss, M ? S : past + t1, sc.data(), ld);
         }
-        const float* q = Q + (t * Hq + kvh * g) * D;
-        bf16* a = A + t * Hq * D + kvh * g * D;
-        switch (D / 16) {
-          case 2: attend_heads<2>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a); break;
-          case 4: attend_heads<4>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a); break;
-          default: attend_heads<8>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a);
+        for (int64_t t = t0; t < t1; ++t) {
+          int64_t n = past + t + 1;
+          const int64_t* seen = causal.data();
+          if (M) {
+            n = 0;
+            for (int64_t j = 0; j < S; ++j)
+              if (M[t * S + j]) keys[n++] = j;
+            seen = keys.data();
+          }
+          const float* q = tiles ? nullptr : Q + (t * Hq + kvh * g) * D;
+          if (tiles)                            // the row's scores, in the order of the keys it sees
+            for (int64_t h = 0; h < g; ++h) {
+              const float* sr = sc.data() + ((t - t0) * g + h) * ld;
+              float* ph = p.data() + h * S;
+              for (int64_t j = 0; j < n; ++j) ph[j] = sr[seen[j]] * scale;
+            }
+          bf16* a = A + t * Hq * D + kvh * g * D;
+          switch (D / 16) {
+            case 2: attend_heads<2>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a); break;
+            case 4: attend_heads<4>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a); break;
+            default: attend_heads<8>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a);
+          }
         }
       }
       team.wait(W);

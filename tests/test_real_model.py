@@ -79,28 +79,33 @@ def test_cli_bad_dtype_and_chat_without_template_are_one_line_errors(capsys):
 
 def test_lean_bf16_forward_matches_transformers(bf16, fp32):
     """The lean bf16 forward is as close to the fp32 model as transformers' own bf16 forward (its
-    attention sums in fp32, so it rounds differently from transformers' bf16 SDPA, not worse).
-    Over both questions: on one prompt either can be the closer (measured, mean |error| 0.193 /
-    0.172 on the first, 0.172 / 0.191 on the second)."""
+    attention sums in fp32, so it rounds differently from transformers' bf16 SDPA, not worse), over
+    both questions and 8 bench prompts (754 positions). Both measures are sums of roundings through
+    30 layers: any change of rounding moves them either way. Measured on these prompts, five
+    variants of the kernel (AVX-512 or AMX loops, scores and weighted sums on tiles or not) chose
+    the fp32 model's token at 0.959-0.973 of positions with mean |error| 0.115-0.130, transformers'
+    bf16 at 0.968 with 0.125; a wrong attention or norm is far outside that (below 0.9, 2x)."""
+    from speclab.bench.prompts import encode, load_prompts
     from speclab.models.causal import make_lm
     model, tok = bf16
     lean = make_lm(model, "t", "fast")
     assert lean.dtype == torch.bfloat16
+    prompts = [speclab.api.chat_prompt(tok, q) for q in QUESTIONS]
+    prompts += [encode(tok, it, 128, None) for s in ("chat", "code-edit") for it in load_prompts(s, 4)]
     ours, ref, exact = [], [], []
-    for q in QUESTIONS:
-        ids = torch.tensor(speclab.api.chat_prompt(tok, q))
+    for p in prompts:
+        ids = torch.tensor(p)
         lean.reset()
         ours.append(lean.forward(ids))
         with torch.inference_mode():
             ref.append(model(ids[None]).logits[0].float())
             exact.append(fp32[0](ids[None]).logits[0].float())
     ours, ref, exact = torch.cat(ours), torch.cat(ref), torch.cat(exact)
-    # the fp32 model's choices, as often as transformers' bf16 makes them, give or take one near-tie
-    # (the kernel's AMX loop agrees with fp32 more often than with transformers' bf16: 0.97 / 0.94)
+    # the fp32 model's choices about as often as transformers' bf16 makes them, and as close
     agree = lambda a: (a.argmax(-1) == exact.argmax(-1)).float().mean().item()
-    assert agree(ours) >= agree(ref) - 1.5 / len(ours)
+    assert agree(ours) >= agree(ref) - 0.015
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
-    assert (ours - exact).abs().mean() <= 1.1 * (ref - exact).abs().mean()
+    assert (ours - exact).abs().mean() <= 1.15 * (ref - exact).abs().mean()
     assert (ours - exact).abs().max() < 2.0          # a few bf16 steps at logits of 10-30
 
 

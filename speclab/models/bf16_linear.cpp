@@ -25,6 +25,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -104,6 +105,13 @@ struct TileConfig {                          // the LDTILECFG memory layout (pal
   uint8_t rows[16] = {};
 };
 
+// GCC 12's _tile_loadconfig and _tile_loadd tell the compiler they read 8 bytes and nothing, so it
+// may drop or delay the stores that fill a config or a tile's source (it dropped a config's rows
+// and columns here): both as asm that reads memory.
+#define TILE_CONFIG(cfg) __asm__ volatile("ldtilecfg %0" :: "m"(cfg) : "memory")
+#define TILE_LOAD(dst, base, stride) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #dst :: "r"((const void*)(base)), "r"((long)(stride)) : "memory")
+
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
 static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat16* wp, int64_t K2,
                        int64_t b0, int64_t b1, at::BFloat16* y, int64_t N) {
@@ -118,7 +126,7 @@ static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BF
         TileConfig cfg;
         for (int i = 0; i < 5; ++i) cfg.rows[i] = R, cfg.colsb[i] = 64;   // tiles 0-3: C (R, 16) fp32; 4: A (R, 32) bf16
         for (int i = 5; i < 7; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;  // tiles 5, 6: B, 16 k-pairs x 16 columns
-        _tile_loadconfig(&cfg);
+        TILE_CONFIG(cfg);
         configured = R;
       }
       const at::BFloat16* xt = x + t0 * K;
@@ -127,14 +135,14 @@ static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BF
         const at::BFloat16* w = Wb + kc * 16 * 2 * B;                  // 16 k-pairs of 64 rows: 4 KB
         const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
         for (int i = 0; i < 4096; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
-        _tile_loadd(4, xt + kc * 32, K * 2);
-        _tile_loadd(5, w, 4 * B);
+        TILE_LOAD(4, xt + kc * 32, K * 2);
+        TILE_LOAD(5, w, 4 * B);
         _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, w + 32, 4 * B);
+        TILE_LOAD(6, w + 32, 4 * B);
         _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(5, w + 64, 4 * B);
+        TILE_LOAD(5, w + 64, 4 * B);
         _tile_dpbf16ps(2, 4, 5);
-        _tile_loadd(6, w + 96, 4 * B);
+        TILE_LOAD(6, w + 96, 4 * B);
         _tile_dpbf16ps(3, 4, 6);
       }
       _tile_stored(0, c, 4 * B); _tile_stored(1, c + 16, 4 * B);
@@ -312,35 +320,36 @@ static void scores(const float* q, const bf16* Kc, int64_t ss, const int64_t* ke
   }
 }
 
+// p[0..n) scores -> softmax weights, in place: exp in 16-wide chunks, summed lane-wise then across
+// lanes (a fixed order for n keys), then each weight divided by the sum
+static void softmax_row(float* ph, int64_t n) {
+  // the max 16 lanes at a time (exact in any order; a scalar chain of maxes, 4 cycles a key, was
+  // 31% of attention by perf)
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k16, ph + j));
+  }
+  const float m = _mm512_reduce_max_ps(vmax);
+  __m512 vs = _mm512_setzero_ps();
+  const __m512 vm = _mm512_set1_ps(m);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k16, ph + j), vm));
+    _mm512_mask_storeu_ps(ph + j, k16, e);
+    vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
+  }
+  const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(vs));
+  for (int64_t j = 0; j < n; j += 16) {        // IEEE division, 16 at a time: the scalar one's results
+    const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+    _mm512_mask_storeu_ps(ph + j, k16, _mm512_div_ps(_mm512_maskz_loadu_ps(k16, ph + j), total));
+  }
+}
+
 template <int NCH, int GG>
 static void softmax_pv(const bf16* Vc, int64_t ss, const int64_t* keys, int64_t n, int64_t S, float* p, bf16* a) {
   constexpr int D = 16 * NCH;
-  for (int h = 0; h < GG; ++h) {
-    // softmax: exp in 16-wide chunks, summed lane-wise then across lanes (a fixed order for n keys),
-    // then each weight divided by the sum
-    float* ph = p + h * S;
-    // the max 16 lanes at a time (exact in any order; a scalar chain of maxes, 4 cycles a key, was
-    // 31% of attention by perf)
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k16, ph + j));
-    }
-    const float m = _mm512_reduce_max_ps(vmax);
-    __m512 vs = _mm512_setzero_ps();
-    const __m512 vm = _mm512_set1_ps(m);
-    for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k16, ph + j), vm));
-      _mm512_mask_storeu_ps(ph + j, k16, e);
-      vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
-    }
-    const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(vs));
-    for (int64_t j = 0; j < n; j += 16) {        // IEEE division, 16 at a time: the scalar one's results
-      const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-      _mm512_mask_storeu_ps(ph + j, k16, _mm512_div_ps(_mm512_maskz_loadu_ps(k16, ph + j), total));
-    }
-  }
+  for (int h = 0; h < GG; ++h) softmax_row(p + h * S, n);
   __m512 o[GG][NCH];                                         // o (GG, D) = softmax(p) @ V
   for (int h = 0; h < GG; ++h)
     for (int c = 0; c < NCH; ++c) o[h][c] = _mm512_setzero_ps();
@@ -357,35 +366,62 @@ static void softmax_pv(const bf16* Vc, int64_t ss, const int64_t* keys, int64_t 
     for (int c = 0; c < NCH; ++c) store16(a + h * D + 16 * c, o[h][c]);
 }
 
-// the g query heads of one key/value head, in groups of at most 4 (their vectors stay in
-// registers); q == nullptr: p already holds their scores (the AMX path below)
+// the g query heads of one key/value head, in groups of at most 4 (their vectors stay in registers)
 template <int NCH>
 static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, const int64_t* keys,
                          int64_t n, int64_t g, int64_t S, float scale, float* p, bf16* a) {
   for (int64_t h0 = 0; h0 < g; h0 += 4) {
-    const float* qq = q ? q + h0 * 16 * NCH : nullptr;
-    float* ph = p + h0 * S;
+    const float* qq = q + h0 * 16 * NCH;
     bf16* aa = a + h0 * 16 * NCH;
     switch (std::min<int64_t>(4, g - h0)) {
-      case 4: if (qq) scores<NCH, 4>(qq, Kc, ss, keys, n, S, scale, ph); softmax_pv<NCH, 4>(Vc, ss, keys, n, S, ph, aa); break;
-      case 3: if (qq) scores<NCH, 3>(qq, Kc, ss, keys, n, S, scale, ph); softmax_pv<NCH, 3>(Vc, ss, keys, n, S, ph, aa); break;
-      case 2: if (qq) scores<NCH, 2>(qq, Kc, ss, keys, n, S, scale, ph); softmax_pv<NCH, 2>(Vc, ss, keys, n, S, ph, aa); break;
-      default: if (qq) scores<NCH, 1>(qq, Kc, ss, keys, n, S, scale, ph); softmax_pv<NCH, 1>(Vc, ss, keys, n, S, ph, aa);
+      case 4: scores<NCH, 4>(qq, Kc, ss, keys, n, S, scale, p); softmax_pv<NCH, 4>(Vc, ss, keys, n, S, p, aa); break;
+      case 3: scores<NCH, 3>(qq, Kc, ss, keys, n, S, scale, p); softmax_pv<NCH, 3>(Vc, ss, keys, n, S, p, aa); break;
+      case 2: scores<NCH, 2>(qq, Kc, ss, keys, n, S, scale, p); softmax_pv<NCH, 2>(Vc, ss, keys, n, S, p, aa); break;
+      default: scores<NCH, 1>(qq, Kc, ss, keys, n, S, scale, p); softmax_pv<NCH, 1>(Vc, ss, keys, n, S, p, aa);
     }
   }
 }
 
-// The scores on AMX tiles: the 16 x 16 dot products of 16 queries and 16 keys are one TDPBF16PS per
-// 32 of D, whatever the number of queries, where the loop above spends a horizontal sum on each.
-// Measured (SmolLM2, 12 rows after 600 tokens): the scores loop was ~2/3 of attention, attention
-// 29% of the forward.
-//
-// A (16, 32) tile = 16 queries' bf16 vectors (q is bf16 before it is widened); B (16, 16 x 2) =
-// 16 keys in the pair-interleaved layout, i.e. the 32-bit transpose of their cache rows, built per
-// block of 16 keys. Numerics: each score is the tile unit's fp32 sum over D (its own order), times
-// the scale; it depends on its query and key only, never on the other rows of the call, so rows
-// still agree bit for bit with one-token forwards. Softmax and the weighted sum of V are the loop
-// above's.
+// The same attention on AMX tiles, a group of rows at a time: the g query heads of one key/value
+// head for R = 16 / g rows fill a tile's 16 rows.
+// Why: the loop above spends a horizontal sum on every (query, key) score and 4 FMAs on every
+// (query, key) weight of V; measured (SmolLM2, 12 rows after 600 tokens) attention was 29% of the
+// forward, the scores 2/3 of it. On tiles, 16 queries x 16 keys of scores, or 16 queries x 32 keys
+// x 16 of D of the weighted sum, are one TDPBF16PS.
+//  - scores: A = the queries (bf16: q is rounded to bf16 before it is widened), B = 16 keys in the
+//    pair-interleaved layout (the 32-bit transpose of their cache rows), for every slot a row of the
+//    group may see; each row's own keys' scores are then gathered in cache order.
+//  - softmax: the loop's, per query, on those gathered scores.
+//  - weights @ V: 32 keys a step, A = the weights, B = V in the pair layout. The weights are split
+//    into bf16 hi + lo parts (two products, ~16 bits of each weight's 24; the sum stays fp32).
+// Numerics: each score is the tile unit's fp32 sum over D, each output its fp32 sum over the row's
+// keys in cache order, 32 at a step. A row's k-th key lands in step k / 32 whatever the other rows
+// of the group see: the rows of a group that read different keys in one step (siblings in a draft
+// tree) get a product each, with the other rows' weights zero there (adding +0). So a row's
+// arithmetic depends only on its query and the keys it sees, and a verify still agrees bit for bit
+// with one-token forwards.
+
+struct TileScratch {                 // one thread's buffers for attend_amx
+  std::vector<float> sc;             // (16, ld) the group's scores, then each query's weights
+  std::vector<bf16> qa, phi, plo;    // (16, D) the queries; (16, ld) weights, hi and lo parts
+  std::vector<bf16> ahi, alo;        // (16, 32) one step's weights for a subset of the rows
+  std::vector<int64_t> keys, n;      // (16, S) each row's keys (a mask), (16,) how many
+  std::vector<int> set_of;           // (16,) which key set a row reads in the current step
+  alignas(64) int32_t bt[4][256];    // B tiles: 16 key pairs or 16 keys x 16 columns
+  alignas(64) float cb[16 * 64];     // C tiles stored
+  TileScratch(int64_t ld, int64_t D, int64_t S, bool masked)
+      : sc(16 * ld), qa(16 * D), phi(16 * ld), plo(16 * ld), ahi(16 * 32), alo(16 * 32),
+        keys(masked ? 16 * S : 0), n(16), set_of(16) {}
+};
+
+__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
+static void tiles_on() {
+  TileConfig cfg;
+  for (int i = 0; i < 8; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;   // every tile (16, 64 bytes)
+  TILE_CONFIG(cfg);
+}
+
+__attribute__((target("amx-tile"))) static void tiles_off() { _tile_release(); }
 
 // rows r[0..15] of 16 dwords -> r[i] = column i
 static inline void transpose16(__m512i r[16]) {
@@ -414,34 +450,135 @@ static inline void transpose16(__m512i r[16]) {
   }
 }
 
-// sc (16, ld) fp32 = qa (16, D) bf16 @ K[0..n)^T for slots 0..n of Kc (slot stride ss), n rounded
-// up to 16 (the keys past n read as zeros, never past the cache's `slots`). D = 32, 64 or 128.
-__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
-static void scores_amx(const bf16* qa, int64_t D, const bf16* Kc, int64_t ss, int64_t n, float* sc, int64_t ld) {
-  const int NC = (int)(D / 32);
-  TileConfig cfg;
-  for (int i = 0; i < 7; ++i) cfg.rows[i] = 16, cfg.colsb[i] = 64;   // 0: C; 1-4: A, 32 of D each; 5, 6: B
-  _tile_loadconfig(&cfg);
-  _tile_loadd(1, qa, D * 2);
-  if (NC > 1) _tile_loadd(2, qa + 32, D * 2);
-  if (NC > 2) { _tile_loadd(3, qa + 64, D * 2); _tile_loadd(4, qa + 96, D * 2); }
-  alignas(64) int32_t bt[4][16 * 16];          // B tiles: 16 key pairs x 16 keys, per 32 of D
-  for (int64_t j0 = 0; j0 < n; j0 += 16) {
-    for (int c = 0; c < NC; ++c) {
+// rows [t0, t1) x the g heads of key/value head kvh: queries Qb (T, Hq, D) bf16, keys / values Kc,
+// Vc (slot stride ss), mask M (T, S) or causal -> A (T, Hq * D). The tiles are configured (tiles_on).
+__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64_t t0, int64_t t1, int64_t D,
+                       const bf16* Kc, const bf16* Vc, int64_t ss, int64_t past, const bool* M, int64_t S,
+                       float scale, int64_t ld, TileScratch& w, bf16* A) {
+  const int64_t R = t1 - t0, nq = R * g, NC = D / 32;
+  int64_t nmax = 0;                            // the keys of each row, in cache order
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = t0 + r;
+    if (M) {
+      int64_t k = 0;
+      for (int64_t j = 0; j < S; ++j)
+        if (M[t * S + j]) w.keys[r * S + k++] = j;
+      w.n[r] = k;
+    } else {
+      w.n[r] = past + t + 1;
+    }
+    nmax = std::max(nmax, w.n[r]);
+  }
+  const int64_t* keys = w.keys.data();
+  auto key = [&](int64_t r, int64_t i) { return M ? keys[r * S + i] : i; };
+
+  // scores: every slot a row of the group may see
+  std::fill(w.qa.begin(), w.qa.end(), bf16(0.f));
+  for (int64_t t = t0; t < t1; ++t)
+    std::copy(Qb + (t * Hq + kvh * g) * D, Qb + (t * Hq + (kvh + 1) * g) * D, w.qa.data() + (t - t0) * g * D);
+  TILE_LOAD(1, w.qa.data(), D * 2);
+  if (NC > 1) TILE_LOAD(2, w.qa.data() + 32, D * 2);
+  if (NC > 2) { TILE_LOAD(3, w.qa.data() + 64, D * 2); TILE_LOAD(4, w.qa.data() + 96, D * 2); }
+  const int64_t span = M ? S : past + t1;
+  for (int64_t j0 = 0; j0 < span; j0 += 16) {
+    for (int64_t c = 0; c < NC; ++c) {
       __m512i r[16];
       for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < n ? _mm512_loadu_si512(Kc + (j0 + i) * ss + 32 * c) : _mm512_setzero_si512();
+        r[i] = j0 + i < span ? _mm512_loadu_si512(Kc + (j0 + i) * ss + 32 * c) : _mm512_setzero_si512();
       transpose16(r);
-      for (int i = 0; i < 16; ++i) _mm512_store_si512(bt[c] + 16 * i, r[i]);
+      for (int i = 0; i < 16; ++i) _mm512_store_si512(w.bt[c] + 16 * i, r[i]);
     }
     _tile_zero(0);
-    _tile_loadd(5, bt[0], 64);
+    TILE_LOAD(5, w.bt[0], 64);
     _tile_dpbf16ps(0, 1, 5);
-    if (NC > 1) { _tile_loadd(6, bt[1], 64); _tile_dpbf16ps(0, 2, 6); }
-    if (NC > 2) { _tile_loadd(5, bt[2], 64); _tile_dpbf16ps(0, 3, 5); _tile_loadd(6, bt[3], 64); _tile_dpbf16ps(0, 4, 6); }
-    _tile_stored(0, sc + j0, ld * 4);
+    if (NC > 1) { TILE_LOAD(6, w.bt[1], 64); _tile_dpbf16ps(0, 2, 6); }
+    if (NC > 2) { TILE_LOAD(5, w.bt[2], 64); _tile_dpbf16ps(0, 3, 5); TILE_LOAD(6, w.bt[3], 64); _tile_dpbf16ps(0, 4, 6); }
+    _tile_stored(0, w.sc.data() + j0, ld * 4);
   }
-  _tile_release();
+
+  // each query's weights over its own keys (gathered in place: key(r, j) >= j), split hi + lo
+  const int64_t steps = (nmax + 31) / 32;
+  for (int64_t q = 0; q < 16; ++q) {
+    float* ph = w.sc.data() + q * ld;
+    const int64_t r = q / g, n = q < nq ? w.n[r] : 0;
+    for (int64_t j = 0; j < n; ++j) ph[j] = ph[key(r, j)] * scale;
+    if (n) softmax_row(ph, n);
+    for (int64_t j = 0; j < steps * 32; j += 16) {
+      const __mmask16 k16 = j >= n ? 0 : n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(k16, ph + j);
+      const __m256i hi = (__m256i)_mm512_cvtneps_pbh(v);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.phi.data() + q * ld + j), hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.plo.data() + q * ld + j),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, widen16(hi))));
+    }
+  }
+
+  // weights @ V, 32 keys a step, 64 of D a pass: C tiles 0-3 (16 queries, 16 of D each)
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    const int NT = (int)std::min<int64_t>(4, (D - d0) / 16);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t st = 0; st < steps; ++st) {
+      // the rows' key lists in this step, in sets that agree (a causal group: one set)
+      int nsets = 0;
+      int64_t rep[16], len[16];
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t lr = std::min<int64_t>(w.n[r] - 32 * st, 32);
+        w.set_of[r] = -1;
+        if (lr <= 0) continue;
+        for (int k = 0; k < nsets && w.set_of[r] < 0; ++k) {
+          const int64_t m = std::min(lr, len[k]);
+          bool same = !M;
+          if (M) same = std::equal(keys + r * S + 32 * st, keys + r * S + 32 * st + m, keys + rep[k] * S + 32 * st);
+          if (same) {
+            w.set_of[r] = k;
+            if (lr > len[k]) rep[k] = r, len[k] = lr;
+          }
+        }
+        if (w.set_of[r] < 0) w.set_of[r] = nsets, rep[nsets] = r, len[nsets] = lr, ++nsets;
+      }
+      for (int k = 0; k < nsets; ++k) {
+        for (int64_t i = 0; i < 16; ++i) {       // B: key pair i of the set's list, 16 of D per tile
+          const int64_t a = 32 * st + 2 * i, b = a + 1;
+          const bf16* va = a - 32 * st < len[k] ? Vc + key(rep[k], a) * ss + d0 : nullptr;
+          const bf16* vb = b - 32 * st < len[k] ? Vc + key(rep[k], b) * ss + d0 : nullptr;
+          for (int j = 0; j < NT; ++j) {
+            const __m256i x = va ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(va + 16 * j)) : _mm256_setzero_si256();
+            const __m256i y = vb ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + 16 * j)) : _mm256_setzero_si256();
+            _mm512_store_si512(w.bt[j] + 16 * i, _mm512_permutexvar_epi16(pairs, _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1)));
+          }
+        }
+        if (nsets == 1) {                        // A: the weights of this step (rows past their keys hold 0)
+          TILE_LOAD(4, w.phi.data() + 32 * st, ld * 2);
+          TILE_LOAD(5, w.plo.data() + 32 * st, ld * 2);
+        } else {                                 // only this set's rows
+          for (int64_t q = 0; q < 16; ++q) {
+            const bool in = q < nq && w.set_of[q / g] == k;
+            for (int64_t i = 0; i < 32; ++i) {
+              w.ahi[q * 32 + i] = in ? w.phi[q * ld + 32 * st + i] : bf16(0.f);
+              w.alo[q * 32 + i] = in ? w.plo[q * ld + 32 * st + i] : bf16(0.f);
+            }
+          }
+          TILE_LOAD(4, w.ahi.data(), 64);
+          TILE_LOAD(5, w.alo.data(), 64);
+        }
+        TILE_LOAD(6, w.bt[0], 64); _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(0, 5, 6);
+        if (NT > 1) { TILE_LOAD(7, w.bt[1], 64); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(1, 5, 7); }
+        if (NT > 2) { TILE_LOAD(6, w.bt[2], 64); _tile_dpbf16ps(2, 4, 6); _tile_dpbf16ps(2, 5, 6); }
+        if (NT > 3) { TILE_LOAD(7, w.bt[3], 64); _tile_dpbf16ps(3, 4, 7); _tile_dpbf16ps(3, 5, 7); }
+      }
+    }
+    _tile_stored(0, w.cb, 256);
+    if (NT > 1) _tile_stored(1, w.cb + 16, 256);
+    if (NT > 2) _tile_stored(2, w.cb + 32, 256);
+    if (NT > 3) _tile_stored(3, w.cb + 48, 256);
+    for (int64_t q = 0; q < nq; ++q) {
+      bf16* a = A + (t0 + q / g) * Hq * D + (kvh * g + q % g) * D + d0;
+      for (int j = 0; j < NT; ++j) store16(a + 16 * j, _mm512_load_ps(w.cb + q * 64 + 16 * j));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -543,7 +680,7 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   // the scores on AMX tiles where the products run on them: groups of R rows whose g queries
   // per key/value head fill one tile's 16 rows
   const bool tiles = amx_on && D % 32 == 0 && g <= 16;
-  const int64_t R = tiles ? 16 / g : 1, groups = (T + R - 1) / R, ld = (S + 15) / 16 * 16;
+  const int64_t R = tiles ? 16 / g : 1, groups = (T + R - 1) / R, ld = (S + 31) / 32 * 32;
 
   // a causal row t sees slots 0..past+t: one shared list, its prefix, for every row, layer and head
   // (a mask's rows are listed per item below)
@@ -554,9 +691,8 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   in_team(team, [&](int me, int W) {
     bf16* h = hbuf.data_ptr<bf16>() + me * T * C;
     bf16* x1 = x1buf.data_ptr<bf16>() + me * T * C;
-    std::vector<float> p(std::max<int64_t>(4, g) * S);
-    std::vector<float> sc(tiles ? 16 * ld : 0);        // a group's scores (16 queries, ld slots)
-    std::vector<bf16> qa(tiles ? 16 * D : 0);          // its queries, the A tile
+    std::vector<float> p(tiles ? 0 : 4 * S);
+    std::unique_ptr<TileScratch> tw(tiles ? new TileScratch(ld, D, S, M != nullptr) : nullptr);
     std::vector<int64_t> keys(M ? S : 0);
     const int64_t items = T * Hkv;            // (row, key/value head): RoPE and attention
     for (int64_t l = 0; l < L; ++l) {
@@ -587,13 +723,12 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
 
       // attention, round robin over (row group, key/value head): a causal prefill's rows grow in
       // cost, so thread i takes items i, i + W, ... rather than one contiguous run
+      if (tiles) tiles_on();
       for (int64_t i = me; i < groups * Hkv; i += W) {
         const int64_t kvh = i % Hkv, t0 = i / Hkv * R, t1 = std::min(T, t0 + R);
-        if (tiles) {                            // the group's scores, every slot its rows may see
-          std::fill(qa.begin(), qa.end(), bf16(0.f));
-          for (int64_t t = t0; t < t1; ++t)
-            std::copy(Qb + (t * Hq + kvh * g) * D, Qb + (t * Hq + (kvh + 1) * g) * D, qa.data() + (t - t0) * g * D);
-          scores_amx(qa.data(), D, K + kvh * hs, ss, M ? S : past + t1, sc.data(), ld);
+        if (tiles) {
+          attend_amx(Qb, Hq, g, kvh, t0, t1, D, K + kvh * hs, V + kvh * hs, ss, past, M, S, scale, ld, *tw, A);
+          continue;
         }
         for (int64_t t = t0; t < t1; ++t) {
           int64_t n = past + t + 1;
@@ -604,13 +739,7 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
               if (M[t * S + j]) keys[n++] = j;
             seen = keys.data();
           }
-          const float* q = tiles ? nullptr : Q + (t * Hq + kvh * g) * D;
-          if (tiles)                            // the row's scores, in the order of the keys it sees
-            for (int64_t h = 0; h < g; ++h) {
-              const float* sr = sc.data() + ((t - t0) * g + h) * ld;
-              float* ph = p.data() + h * S;
-              for (int64_t j = 0; j < n; ++j) ph[j] = sr[seen[j]] * scale;
-            }
+          const float* q = Q + (t * Hq + kvh * g) * D;
           bf16* a = A + t * Hq * D + kvh * g * D;
           switch (D / 16) {
             case 2: attend_heads<2>(q, K + kvh * hs, V + kvh * hs, ss, seen, n, g, S, scale, p.data(), a); break;
@@ -619,6 +748,7 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
           }
         }
       }
+      if (tiles) tiles_off();
       team.wait(W);
 
       auto [o0, o1] = share(wo[l].size(0), me, W);

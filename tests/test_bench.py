@@ -76,6 +76,20 @@ def test_probe_reads_the_models_own_packed_weights():
     assert b["own_limit_tokens_per_s"] > 0 and b["own_range_gb_s"][0] <= b["own_read_gb_s"] <= b["own_range_gb_s"][1]
 
 
+def test_every_shipped_prompt_set_loads_and_the_long_edits_keep_their_file():
+    """code-edit-long: each item is a held-out function with at least 2,500 characters of its module
+    before it, then the near-duplicate's first line (the original def line is in the context)."""
+    from speclab.bench.prompts import SETS, load_prompts
+    assert all(load_prompts(name) for name in SETS)
+    long = load_prompts("code-edit-long")
+    assert len(long) == 20 and len(set(long)) == 20
+    for row in long:
+        context, last = row.rsplit("\n", 1)
+        assert last.lstrip().startswith("def copy_of_") and last.endswith(":")
+        assert last.replace("def copy_of_", "def ", 1) + "\n" in context
+        assert context.index(last.replace("def copy_of_", "def ", 1)) >= 2500
+
+
 def test_whatif_at_the_recorded_k_reproduces_the_run():
     """Replaying a trace at the k it ran with must give back its own tau."""
     import speclab

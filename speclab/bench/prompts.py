@@ -5,6 +5,9 @@ zoo never trained on) and committed as JSONL, so every machine benchmarks the sa
   code-edit      a held-out function, then a near-duplicate's first line: the continuation
                  mostly repeats material already in the prompt (prompt lookup's home ground)
   code-mixed     alternating items of the two
+  code-edit-long code-edit's task inside its file: the function follows up to ~5,000 characters of
+                 the module before it (prompts of ~900-1,500 tokens), so a verify attends over a
+                 context like an editor's, not a snippet's
   chat           questions for an instruction-tuned model ({"chat": "..."} rows: the model's chat
                  template wraps each one), written by hand, so no draft trained on them
   chat-dev       60 more such questions, on other topics: the development split, to steer training
@@ -28,7 +31,7 @@ import re
 from pathlib import Path
 
 PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
-SETS = ("code-complete", "code-edit", "code-mixed", "chat", "chat-dev")
+SETS = ("code-complete", "code-edit", "code-mixed", "chat", "chat-dev", "code-edit-long")
 DEF_RE = re.compile(r"^( *)def \w+\(.*\):\s*$", re.M)
 
 
@@ -97,12 +100,38 @@ def build(n: int = 40, seed: int = 0, max_chars: int = 700):
             first = fn.splitlines()[0]
             edit.append(fn + first.replace("def ", "def copy_of_", 1))
     mixed = [x for pair in zip(complete, edit) for x in pair][:n]
-    PROMPT_DIR.mkdir(exist_ok=True)
     for name, rows in zip(SETS, (complete, edit, mixed)):
-        with open(PROMPT_DIR / f"{name}.jsonl", "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps({"prompt": r}) + "\n")
+        _write(name, rows)
+
+
+def build_long(n: int = 20, seed: int = 1, context_chars: int = 5000, max_chars: int = 700):
+    """code-edit-long: a held-out function after the module's text before it (from a line start,
+    at most context_chars), then the near-duplicate's first line, as in code-edit."""
+    from speclab.train.corpus import read_text, source_files
+    rng = random.Random(seed)
+    texts = [read_text(f.path) for f in source_files("heldout")]
+    rows = []
+    while len(rows) < n:
+        t = rng.choice(texts)
+        fns = [(s, e) for s, e in _functions(t) if s >= context_chars // 2 and e - s < max_chars - 100]
+        if not fns:
+            continue
+        s, e = rng.choice(fns)
+        start = 0 if s <= context_chars else t.index("\n", s - context_chars) + 1
+        fn = t[s:e].rstrip() + "\n\n"
+        row = t[start:s] + fn + fn.splitlines()[0].replace("def ", "def copy_of_", 1)
+        if row not in rows:
+            rows.append(row)
+    _write("code-edit-long", rows)
+
+
+def _write(name: str, rows: list[str]):
+    PROMPT_DIR.mkdir(exist_ok=True)
+    with open(PROMPT_DIR / f"{name}.jsonl", "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps({"prompt": r}) + "\n")
 
 
 if __name__ == "__main__":
     build()
+    build_long()

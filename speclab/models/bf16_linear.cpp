@@ -677,8 +677,8 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   bf16 *GU = gu.data_ptr<bf16>(), *Mi = mid.data_ptr<bf16>(), *DN = dn.data_ptr<bf16>();
   float* Q = qf.data_ptr<float>();
   bf16* Qb = qb.data_ptr<bf16>();
-  // the scores on AMX tiles where the products run on them: groups of R rows whose g queries
-  // per key/value head fill one tile's 16 rows
+  // attention on AMX tiles where the products run on them (attend_amx): groups of R rows whose g
+  // queries per key/value head fill one tile's 16 rows
   const bool tiles = amx_on && D % 32 == 0 && g <= 16;
   const int64_t R = tiles ? 16 / g : 1, groups = (T + R - 1) / R, ld = (S + 31) / 32 * 32;
 
@@ -693,7 +693,7 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
     bf16* x1 = x1buf.data_ptr<bf16>() + me * T * C;
     std::vector<float> p(tiles ? 0 : 4 * S);
     std::unique_ptr<TileScratch> tw(tiles ? new TileScratch(ld, D, S, M != nullptr) : nullptr);
-    std::vector<int64_t> keys(M ? S : 0);
+    std::vector<int64_t> keys(M && !tiles ? S : 0);
     const int64_t items = T * Hkv;            // (row, key/value head): RoPE and attention
     for (int64_t l = 0; l < L; ++l) {
       const bf16* X = l == 0 ? x.data_ptr<bf16>() : out[(l - 1) % 2].data_ptr<bf16>();

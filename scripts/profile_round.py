@@ -17,7 +17,10 @@ import speclab
 from speclab.bench.prompts import encode, load_prompts
 from speclab.bench.runner import parse_methods
 from speclab.decoding import speculative
-from speclab.decoding.drafters import heads, lookup, model as draft_model
+import speclab.decoding.drafters.heads  # noqa: F401  (every drafter class defined before they are wrapped)
+import speclab.decoding.drafters.lookahead  # noqa: F401
+import speclab.decoding.drafters.recycling  # noqa: F401
+import speclab.decoding.drafters.trees  # noqa: F401
 from speclab.models import kernels, zoo
 from speclab.models.fast_llama import FastLlama
 
@@ -35,6 +38,8 @@ class Profile:
 
         def timed(*a, **k):
             lab = label() if callable(label) else label
+            if lab == self.stack[-1]:           # a subclass's stage calling its base's: counted once
+                return f(*a, **k)
             self.stack.append(lab)
             t0 = time.perf_counter()
             try:
@@ -60,6 +65,14 @@ class Profile:
                     return out
                 return timed
         return Timed()
+
+
+def drafters(cls) -> set:
+    """Every drafter class speclab defines (their own propose / observe are timed)."""
+    out = set()
+    for sub in cls.__subclasses__():
+        out |= {sub} | drafters(sub)
+    return out
 
 
 def main():
@@ -90,8 +103,7 @@ def main():
     p.wrap(FastLlama, "forward", lambda: "verify" if p.stack[-1] == "round" else p.stack[-1] + ": forward")
     p.wrap(FastLlama, "_fused_layers", below(": layers"))
     p.wrap(FastLlama, "final_norm_head", below(": head"))
-    for cls in (heads.EagleDrafter, heads.EagleChainDrafter, heads.MedusaDrafter, draft_model.ChainDrafter,
-                lookup.PromptLookupDrafter):
+    for cls in drafters(speculative.Drafter):
         for name in ("propose", "observe"):
             if name in cls.__dict__:
                 p.wrap(cls, name, "draft" if name == "propose" else "read features")

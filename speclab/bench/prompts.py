@@ -6,7 +6,7 @@ zoo never trained on) and committed as JSONL, so every machine benchmarks the sa
                  mostly repeats material already in the prompt (prompt lookup's home ground)
   code-mixed     alternating items of the two
   code-edit-long code-edit's task inside its file: the function follows up to ~5,000 characters of
-                 the module before it (prompts of ~900-1,500 tokens), so a verify attends over a
+                 the module before it (prompts of 752-1,631 tokens), so a verify attends over a
                  context like an editor's, not a snippet's
   chat           questions for an instruction-tuned model ({"chat": "..."} rows: the model's chat
                  template wraps each one), written by hand, so no draft trained on them
@@ -26,6 +26,7 @@ object per line.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -126,10 +127,12 @@ def build_long(n: int = 20, seed: int = 1, context_chars: int = 5000, max_chars:
 
 
 def _write(name: str, rows: list[str]):
+    """One set's JSONL, written whole or not at all."""
     PROMPT_DIR.mkdir(exist_ok=True)
-    with open(PROMPT_DIR / f"{name}.jsonl", "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps({"prompt": r}) + "\n")
+    out = PROMPT_DIR / f"{name}.jsonl"
+    tmp = out.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps({"prompt": r}) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, out)
 
 
 if __name__ == "__main__":

@@ -112,13 +112,18 @@ struct TileConfig {                          // the LDTILECFG memory layout (pal
 #define TILE_LOAD(dst, base, stride) \
   __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #dst :: "r"((const void*)(base)), "r"((long)(stride)) : "memory")
 
+// Work is shared out in columns of 16 outputs (one tile's), not blocks of 64: SmolLM2's 576-wide
+// matrices are 9 blocks, which two threads split 5 / 4 (measured: 6% of a one-row forward was one
+// thread waiting at the barrier); in columns they split 18 / 18. A column's arithmetic is the same
+// whichever thread computes it.
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
 static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat16* wp, int64_t K2,
-                       int64_t b0, int64_t b1, at::BFloat16* y, int64_t N) {
+                       int64_t g0, int64_t g1, at::BFloat16* y, int64_t N) {
   alignas(64) float c[16 * B];               // one block's outputs for up to 16 rows
   int configured = 0;                        // the rows the tiles are configured for
-  for (int64_t b = b0; b < b1; ++b) {
+  for (int64_t b = g0 / 4; b * 4 < g1; ++b) {
     const at::BFloat16* Wb = wp + b * K2 * 2 * B;
+    const int j0 = (int)std::max<int64_t>(g0 - 4 * b, 0), j1 = (int)std::min<int64_t>(g1 - 4 * b, 4);
     // passes of 16 rows inside the block: a second pass reads the block from cache, not memory
     for (int64_t t0 = 0; t0 < T; t0 += 16) {
       const int R = (int)std::min<int64_t>(16, T - t0);
@@ -134,21 +139,18 @@ static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BF
       for (int64_t kc = 0; kc < K / 32; ++kc) {
         const at::BFloat16* w = Wb + kc * 16 * 2 * B;                  // 16 k-pairs of 64 rows: 4 KB
         const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
-        for (int i = 0; i < 4096; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
+        for (int i = 0; i < 4096; i += 256)      // this thread's columns: 64 bytes of each 256
+          for (int j = j0; j < j1; ++j) _mm_prefetch(ahead + i + 64 * j, _MM_HINT_T0);
         TILE_LOAD(4, xt + kc * 32, K * 2);
-        TILE_LOAD(5, w, 4 * B);
-        _tile_dpbf16ps(0, 4, 5);
-        TILE_LOAD(6, w + 32, 4 * B);
-        _tile_dpbf16ps(1, 4, 6);
-        TILE_LOAD(5, w + 64, 4 * B);
-        _tile_dpbf16ps(2, 4, 5);
-        TILE_LOAD(6, w + 96, 4 * B);
-        _tile_dpbf16ps(3, 4, 6);
+        if (j0 <= 0 && 0 < j1) { TILE_LOAD(5, w, 4 * B); _tile_dpbf16ps(0, 4, 5); }
+        if (j0 <= 1 && 1 < j1) { TILE_LOAD(6, w + 32, 4 * B); _tile_dpbf16ps(1, 4, 6); }
+        if (j0 <= 2 && 2 < j1) { TILE_LOAD(5, w + 64, 4 * B); _tile_dpbf16ps(2, 4, 5); }
+        if (j0 <= 3 && 3 < j1) { TILE_LOAD(6, w + 96, 4 * B); _tile_dpbf16ps(3, 4, 6); }
       }
       _tile_stored(0, c, 4 * B); _tile_stored(1, c + 16, 4 * B);
       _tile_stored(2, c + 32, 4 * B); _tile_stored(3, c + 48, 4 * B);
       for (int r = 0; r < R; ++r)
-        for (int g = 0; g < 4; ++g)
+        for (int g = j0; g < j1; ++g)
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (t0 + r) * N + b * B + g * 16),
                               (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + r * B + g * 16)));
     }
@@ -156,10 +158,12 @@ static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BF
   _tile_release();
 }
 
-// y[:, b0 * 64 : b1 * 64] for the packed blocks [b0, b1) of W: y (T, N) = x (T, K) @ W^T
-static void blocks(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat16* wp, int64_t K2, int64_t b0,
-                   int64_t b1, at::BFloat16* y, int64_t N) {
-  if (amx_on && K % 32 == 0) return blocks_amx(x, T, K, wp, K2, b0, b1, y, N);
+// y[:, 16 g0 : 16 g1] for the columns [g0, g1) of 16 outputs of packed W: y (T, N) = x (T, K) @ W^T.
+// The AVX-512 loop takes whole blocks (g0, g1 multiples of 4: cols() shares them so).
+static void blocks(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat16* wp, int64_t K2, int64_t g0,
+                   int64_t g1, at::BFloat16* y, int64_t N) {
+  if (amx_on && K % 32 == 0) return blocks_amx(x, T, K, wp, K2, g0, g1, y, N);
+  const int64_t b0 = g0 / 4, b1 = g1 / 4;
   // rows in passes of at most TMAX, balanced (8 rows: 4 + 4, not 6 + 2: a pass of few rows
   // leaves the dot-product units waiting on too few accumulators)
   const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
@@ -190,7 +194,7 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor Wp) {
   const auto* xp = x.data_ptr<at::BFloat16>();
   const auto* wp = Wp.data_ptr<at::BFloat16>();
   auto* yp = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) { blocks(xp, T, K, wp, K2, b0, b1, yp, N); });
+  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) { blocks(xp, T, K, wp, K2, 4 * b0, 4 * b1, yp, N); });
   return y;
 }
 
@@ -632,6 +636,14 @@ static inline std::pair<int64_t, int64_t> share(int64_t n, int me, int W) {
   return {n * me / W, n * (me + 1) / W};
 }
 
+// thread me's columns of 16 outputs of a packed matrix of nb blocks with K inputs, for blocks():
+// any 16 on AMX tiles, whole blocks of 64 for the AVX-512 loop
+static inline std::pair<int64_t, int64_t> cols(int64_t nb, int64_t K, int me, int W) {
+  if (amx_on && K % 32 == 0) return share(4 * nb, me, W);
+  auto [b0, b1] = share(nb, me, W);
+  return {4 * b0, 4 * b1};
+}
+
 torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> wqkv,
                      std::vector<torch::Tensor> wo, std::vector<torch::Tensor> ln2,
                      std::vector<torch::Tensor> w13, std::vector<torch::Tensor> w2, torch::Tensor kv,
@@ -702,7 +714,7 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
       bf16* V = K + kv.stride(1);
 
       rms_rows(X, ln1[l].data_ptr<bf16>(), h, T, C, (float)eps);
-      auto [q0, q1] = share(wqkv[l].size(0), me, W);
+      auto [q0, q1] = cols(wqkv[l].size(0), C, me, W);
       blocks(h, T, C, wqkv[l].data_ptr<bf16>(), wqkv[l].size(1), q0, q1, QKV, W3);
       team.wait(W);
 
@@ -751,13 +763,13 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
       if (tiles) tiles_off();
       team.wait(W);
 
-      auto [o0, o1] = share(wo[l].size(0), me, W);
+      auto [o0, o1] = cols(wo[l].size(0), Hq * D, me, W);
       blocks(A, T, Hq * D, wo[l].data_ptr<bf16>(), wo[l].size(1), o0, o1, O, C);
       team.wait(W);
 
       add_rows(X, O, x1, T * C);                // every thread: x1 and its norm, for its own use
       rms_rows(x1, ln2[l].data_ptr<bf16>(), h, T, C, (float)eps);
-      auto [m0, m1] = share(w13[l].size(0), me, W);
+      auto [m0, m1] = cols(w13[l].size(0), C, me, W);
       blocks(h, T, C, w13[l].data_ptr<bf16>(), w13[l].size(1), m0, m1, GU, 2 * I);
       team.wait(W);
 
@@ -770,10 +782,10 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
         }
       team.wait(W);
 
-      auto [d0, d1] = share(w2[l].size(0), me, W);
+      auto [d0, d1] = cols(w2[l].size(0), I, me, W);
       blocks(Mi, T, I, w2[l].data_ptr<bf16>(), w2[l].size(1), d0, d1, DN, C);
       for (int64_t t = 0; t < T; ++t)           // the residual, on this thread's output columns
-        add_rows(x1 + t * C + d0 * B, DN + t * C + d0 * B, Y + t * C + d0 * B, (d1 - d0) * B);
+        add_rows(x1 + t * C + d0 * 16, DN + t * C + d0 * 16, Y + t * C + d0 * 16, (d1 - d0) * 16);
       team.wait(W);
     }
   });

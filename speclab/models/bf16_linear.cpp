@@ -99,6 +99,9 @@ bool use_amx(bool on) {
   return amx_on;
 }
 
+// a product with K inputs runs on the tiles (a tile row holds 32 of K), else in the AVX-512 loop
+static inline bool on_tiles(int64_t K) { return amx_on && K % 32 == 0; }
+
 struct TileConfig {                          // the LDTILECFG memory layout (palette 1)
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
@@ -162,7 +165,7 @@ static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BF
 // The AVX-512 loop takes whole blocks (g0, g1 multiples of 4: cols() shares them so).
 static void blocks(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat16* wp, int64_t K2, int64_t g0,
                    int64_t g1, at::BFloat16* y, int64_t N) {
-  if (amx_on && K % 32 == 0) return blocks_amx(x, T, K, wp, K2, g0, g1, y, N);
+  if (on_tiles(K)) return blocks_amx(x, T, K, wp, K2, g0, g1, y, N);
   const int64_t b0 = g0 / 4, b1 = g1 / 4;
   // rows in passes of at most TMAX, balanced (8 rows: 4 + 4, not 6 + 2: a pass of few rows
   // leaves the dot-product units waiting on too few accumulators)
@@ -639,7 +642,7 @@ static inline std::pair<int64_t, int64_t> share(int64_t n, int me, int W) {
 // thread me's columns of 16 outputs of a packed matrix of nb blocks with K inputs, for blocks():
 // any 16 on AMX tiles, whole blocks of 64 for the AVX-512 loop
 static inline std::pair<int64_t, int64_t> cols(int64_t nb, int64_t K, int me, int W) {
-  if (amx_on && K % 32 == 0) return share(4 * nb, me, W);
+  if (on_tiles(K)) return share(4 * nb, me, W);
   auto [b0, b1] = share(nb, me, W);
   return {4 * b0, 4 * b1};
 }
@@ -691,7 +694,7 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   bf16* Qb = qb.data_ptr<bf16>();
   // attention on AMX tiles where the products run on them (attend_amx): groups of R rows whose g
   // queries per key/value head fill one tile's 16 rows
-  const bool tiles = amx_on && D % 32 == 0 && g <= 16;
+  const bool tiles = on_tiles(D) && g <= 16;
   const int64_t R = tiles ? 16 / g : 1, groups = (T + R - 1) / R, ld = (S + 31) / 32 * 32;
 
   // a causal row t sees slots 0..past+t: one shared list, its prefix, for every row, layer and head

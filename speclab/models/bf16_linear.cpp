@@ -408,17 +408,45 @@ static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t
 // arithmetic depends only on its query and the keys it sees, and a verify still agrees bit for bit
 // with one-token forwards.
 
+// Which slots each row of a forward reads, in cache order: built once a forward, before the
+// parallel region. common(a, b): how many first keys rows a and b of one group of R rows share (a
+// draft tree's rows share the cache and the prefix, then part ways), so attend_amx tells which rows
+// read the same keys in a step by one comparison. Measured (SmolLM2, old / new in one process): a
+// mask's rows scanned for every layer and key/value head and compared key by key at every step had
+// cost a 6-node tree verify 0.15-0.2 ms and a 12-node one 0.25 ms, after 200 or 1,000 tokens.
+struct KeyLists {
+  const bool* M;                     // (T, S) mask, or nullptr: row t sees slots 0..past+t
+  int64_t S, R;
+  std::vector<int64_t> list, n, lcp; // (T, S) a mask's rows' keys ((S,) 0..S-1 if causal), (T,), (T, R)
+  KeyLists(const bool* M, int64_t T, int64_t S, int64_t past, int64_t R)
+      : M(M), S(S), R(R), list(M ? T * S : S), n(T), lcp(M ? T * R : 0) {
+    if (!M) std::iota(list.begin(), list.end(), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      if (!M) { n[t] = past + t + 1; continue; }
+      int64_t k = 0;
+      for (int64_t j = 0; j < S; ++j)
+        if (M[t * S + j]) list[t * S + k++] = j;
+      n[t] = k;
+    }
+    for (int64_t t = 0; M && t < T; ++t)        // against each row of its own group
+      for (int64_t u = t / R * R; u < std::min(T, t / R * R + R); ++u) {
+        const int64_t m = std::min(n[t], n[u]);
+        lcp[t * R + u % R] = std::mismatch(of(t), of(t) + m, of(u)).first - of(t);
+      }
+  }
+  const int64_t* of(int64_t t) const { return list.data() + (M ? t * S : 0); }
+  int64_t common(int64_t t, int64_t u) const { return M ? lcp[t * R + u % R] : std::min(n[t], n[u]); }
+};
+
 struct TileScratch {                 // one thread's buffers for attend_amx
   std::vector<float> sc;             // (16, ld) the group's scores, then each query's weights
   std::vector<bf16> qa, phi, plo;    // (16, D) the queries; (16, ld) weights, hi and lo parts
   std::vector<bf16> ahi, alo;        // (16, 32) one step's weights for a subset of the rows
-  std::vector<int64_t> keys, n;      // (16, S) each row's keys (a mask), (16,) how many
   std::vector<int> set_of;           // (16,) which key set a row reads in the current step
   alignas(64) int32_t bt[4][256];    // B tiles: 16 key pairs or 16 keys x 16 columns
   alignas(64) float cb[16 * 64];     // C tiles stored
-  TileScratch(int64_t ld, int64_t D, int64_t S, bool masked)
-      : sc(16 * ld), qa(16 * D), phi(16 * ld), plo(16 * ld), ahi(16 * 32), alo(16 * 32),
-        keys(masked ? 16 * S : 0), n(16), set_of(16) {}
+  TileScratch(int64_t ld, int64_t D)
+      : sc(16 * ld), qa(16 * D), phi(16 * ld), plo(16 * ld), ahi(16 * 32), alo(16 * 32), set_of(16) {}
 };
 
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
@@ -457,28 +485,46 @@ static inline void transpose16(__m512i r[16]) {
   }
 }
 
+// B tile of keys j0..j0+15 (slots from `span` on zero), dims 32c..32c+31: their rows transposed
+// into the pair layout, dst (16, 16) dwords
+__attribute__((target("avx512f,avx512bw")))
+static inline void k_tile(const bf16* Kc, int64_t ss, int64_t j0, int64_t span, int64_t c, int32_t* dst) {
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = j0 + i < span ? _mm512_loadu_si512(Kc + (j0 + i) * ss + 32 * c) : _mm512_setzero_si512();
+  transpose16(r);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + 16 * i, r[i]);
+}
+
+// NT B tiles of 32 keys' values (slots keys[0..len), the rest zero), dims d0 + 16j.. in tile j:
+// key pair i interleaved in row i, dst (NT, 16, 16) dwords
+__attribute__((target("avx512f,avx512bw")))
+static inline void v_tiles(const bf16* Vc, int64_t ss, const int64_t* keys, int64_t len, int64_t d0, int NT,
+                           int32_t* dst) {
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t i = 0; i < 16; ++i) {
+    const bf16* va = 2 * i < len ? Vc + keys[2 * i] * ss + d0 : nullptr;
+    const bf16* vb = 2 * i + 1 < len ? Vc + keys[2 * i + 1] * ss + d0 : nullptr;
+    for (int j = 0; j < NT; ++j) {
+      const __m256i x = va ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(va + 16 * j)) : _mm256_setzero_si256();
+      const __m256i y = vb ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + 16 * j)) : _mm256_setzero_si256();
+      _mm512_storeu_si512(dst + 256 * j + 16 * i, _mm512_permutexvar_epi16(pairs, _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1)));
+    }
+  }
+}
+
 // rows [t0, t1) x the g heads of key/value head kvh: queries Qb (T, Hq, D) bf16, keys / values Kc,
-// Vc (slot stride ss), mask M (T, S) or causal -> A (T, Hq * D). The tiles are configured (tiles_on).
+// Vc (slot stride ss), the rows' key lists ks -> A (T, Hq * D). The tiles are configured (tiles_on).
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
 static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64_t t0, int64_t t1, int64_t D,
-                       const bf16* Kc, const bf16* Vc, int64_t ss, int64_t past, const bool* M, int64_t S,
+                       const bf16* Kc, const bf16* Vc, int64_t ss, const KeyLists& ks,
                        float scale, int64_t ld, TileScratch& w, bf16* A) {
   const int64_t R = t1 - t0, nq = R * g, NC = D / 32;
-  int64_t nmax = 0;                            // the keys of each row, in cache order
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t t = t0 + r;
-    if (M) {
-      int64_t k = 0;
-      for (int64_t j = 0; j < S; ++j)
-        if (M[t * S + j]) w.keys[r * S + k++] = j;
-      w.n[r] = k;
-    } else {
-      w.n[r] = past + t + 1;
-    }
-    nmax = std::max(nmax, w.n[r]);
-  }
-  const int64_t* keys = w.keys.data();
-  auto key = [&](int64_t r, int64_t i) { return M ? keys[r * S + i] : i; };
+  int64_t nmax = 0, span = 0;                  // the most keys of a row; the slots any row sees
+  for (int64_t t = t0; t < t1; ++t)
+    if (ks.n[t]) nmax = std::max(nmax, ks.n[t]), span = std::max(span, ks.of(t)[ks.n[t] - 1] + 1);
+  auto key = [&](int64_t r, int64_t i) { return ks.of(t0 + r)[i]; };
 
   // scores: every slot a row of the group may see
   std::fill(w.qa.begin(), w.qa.end(), bf16(0.f));
@@ -487,15 +533,8 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
   TILE_LOAD(1, w.qa.data(), D * 2);
   if (NC > 1) TILE_LOAD(2, w.qa.data() + 32, D * 2);
   if (NC > 2) { TILE_LOAD(3, w.qa.data() + 64, D * 2); TILE_LOAD(4, w.qa.data() + 96, D * 2); }
-  const int64_t span = M ? S : past + t1;
   for (int64_t j0 = 0; j0 < span; j0 += 16) {
-    for (int64_t c = 0; c < NC; ++c) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i)
-        r[i] = j0 + i < span ? _mm512_loadu_si512(Kc + (j0 + i) * ss + 32 * c) : _mm512_setzero_si512();
-      transpose16(r);
-      for (int i = 0; i < 16; ++i) _mm512_store_si512(w.bt[c] + 16 * i, r[i]);
-    }
+    for (int64_t c = 0; c < NC; ++c) k_tile(Kc, ss, j0, span, c, w.bt[c]);
     _tile_zero(0);
     TILE_LOAD(5, w.bt[0], 64);
     _tile_dpbf16ps(0, 1, 5);
@@ -508,7 +547,7 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
   const int64_t steps = (nmax + 31) / 32;
   for (int64_t q = 0; q < 16; ++q) {
     float* ph = w.sc.data() + q * ld;
-    const int64_t r = q / g, n = q < nq ? w.n[r] : 0;
+    const int64_t r = q / g, n = q < nq ? ks.n[t0 + r] : 0;
     for (int64_t j = 0; j < n; ++j) ph[j] = ph[key(r, j)] * scale;
     if (n) softmax_row(ph, n);
     for (int64_t j = 0; j < steps * 32; j += 16) {
@@ -522,8 +561,6 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
   }
 
   // weights @ V, 32 keys a step, 64 of D a pass: C tiles 0-3 (16 queries, 16 of D each)
-  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     const int NT = (int)std::min<int64_t>(4, (D - d0) / 16);
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
@@ -532,14 +569,11 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
       int nsets = 0;
       int64_t rep[16], len[16];
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t lr = std::min<int64_t>(w.n[r] - 32 * st, 32);
+        const int64_t lr = std::min<int64_t>(ks.n[t0 + r] - 32 * st, 32);
         w.set_of[r] = -1;
         if (lr <= 0) continue;
         for (int k = 0; k < nsets && w.set_of[r] < 0; ++k) {
-          const int64_t m = std::min(lr, len[k]);
-          bool same = !M;
-          if (M) same = std::equal(keys + r * S + 32 * st, keys + r * S + 32 * st + m, keys + rep[k] * S + 32 * st);
-          if (same) {
+          if (ks.common(t0 + r, t0 + rep[k]) >= 32 * st + std::min(lr, len[k])) {
             w.set_of[r] = k;
             if (lr > len[k]) rep[k] = r, len[k] = lr;
           }
@@ -547,16 +581,7 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
         if (w.set_of[r] < 0) w.set_of[r] = nsets, rep[nsets] = r, len[nsets] = lr, ++nsets;
       }
       for (int k = 0; k < nsets; ++k) {
-        for (int64_t i = 0; i < 16; ++i) {       // B: key pair i of the set's list, 16 of D per tile
-          const int64_t a = 32 * st + 2 * i, b = a + 1;
-          const bf16* va = a - 32 * st < len[k] ? Vc + key(rep[k], a) * ss + d0 : nullptr;
-          const bf16* vb = b - 32 * st < len[k] ? Vc + key(rep[k], b) * ss + d0 : nullptr;
-          for (int j = 0; j < NT; ++j) {
-            const __m256i x = va ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(va + 16 * j)) : _mm256_setzero_si256();
-            const __m256i y = vb ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + 16 * j)) : _mm256_setzero_si256();
-            _mm512_store_si512(w.bt[j] + 16 * i, _mm512_permutexvar_epi16(pairs, _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1)));
-          }
-        }
+        v_tiles(Vc, ss, ks.of(t0 + rep[k]) + 32 * st, len[k], d0, NT, w.bt[0]);   // B: the set's 32 keys
         if (nsets == 1) {                        // A: the weights of this step (rows past their keys hold 0)
           TILE_LOAD(4, w.phi.data() + 32 * st, ld * 2);
           TILE_LOAD(5, w.plo.data() + 32 * st, ld * 2);
@@ -697,18 +722,14 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   const bool tiles = on_tiles(D) && g <= 16;
   const int64_t R = tiles ? 16 / g : 1, groups = (T + R - 1) / R, ld = (S + 31) / 32 * 32;
 
-  // a causal row t sees slots 0..past+t: one shared list, its prefix, for every row, layer and head
-  // (a mask's rows are listed per item below)
-  std::vector<int64_t> causal(M ? 0 : S);
-  std::iota(causal.begin(), causal.end(), 0);
+  const KeyLists ks(M, T, S, past, R);          // which slots each row reads, for every layer and head
 
   Team team;
   in_team(team, [&](int me, int W) {
     bf16* h = hbuf.data_ptr<bf16>() + me * T * C;
     bf16* x1 = x1buf.data_ptr<bf16>() + me * T * C;
     std::vector<float> p(tiles ? 0 : 4 * S);
-    std::unique_ptr<TileScratch> tw(tiles ? new TileScratch(ld, D, S, M != nullptr) : nullptr);
-    std::vector<int64_t> keys(M && !tiles ? S : 0);
+    std::unique_ptr<TileScratch> tw(tiles ? new TileScratch(ld, D) : nullptr);
     const int64_t items = T * Hkv;            // (row, key/value head): RoPE and attention
     for (int64_t l = 0; l < L; ++l) {
       const bf16* X = l == 0 ? x.data_ptr<bf16>() : out[(l - 1) % 2].data_ptr<bf16>();
@@ -742,18 +763,12 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
       for (int64_t i = me; i < groups * Hkv; i += W) {
         const int64_t kvh = i % Hkv, t0 = i / Hkv * R, t1 = std::min(T, t0 + R);
         if (tiles) {
-          attend_amx(Qb, Hq, g, kvh, t0, t1, D, K + kvh * hs, V + kvh * hs, ss, past, M, S, scale, ld, *tw, A);
+          attend_amx(Qb, Hq, g, kvh, t0, t1, D, K + kvh * hs, V + kvh * hs, ss, ks, scale, ld, *tw, A);
           continue;
         }
         for (int64_t t = t0; t < t1; ++t) {
-          int64_t n = past + t + 1;
-          const int64_t* seen = causal.data();
-          if (M) {
-            n = 0;
-            for (int64_t j = 0; j < S; ++j)
-              if (M[t * S + j]) keys[n++] = j;
-            seen = keys.data();
-          }
+          const int64_t n = ks.n[t];
+          const int64_t* seen = ks.of(t);
           const float* q = Q + (t * Hq + kvh * g) * D;
           bf16* a = A + t * Hq * D + kvh * g * D;
           switch (D / 16) {

@@ -71,10 +71,10 @@ def test_trace_is_faithful_fast_backend(method, params, target, draft, heldout_p
     calls = {"target": 0, "draft": 0}
     real = FastLlama.forward
 
-    def counted(self, ids, parents=None, n_prefix=0, last_only=False, n_layers=None):
+    def counted(self, ids, parents=None, n_prefix=0, logits_to_keep=0, n_layers=None):
         full_target = self.name == "target" and n_layers is None
         calls["target" if full_target else "draft"] += 1
-        return real(self, ids, parents, n_prefix, last_only, n_layers)
+        return real(self, ids, parents, n_prefix, logits_to_keep, n_layers)
 
     monkeypatch.setattr(FastLlama, "forward", counted)
     r = speclab.generate(target, heldout_prompts[1], method, draft=draft, max_new_tokens=48, record="full", **params)
@@ -148,6 +148,32 @@ def test_a_drafter_must_leave_the_target_cache_as_it_found_it(target):
 
     with pytest.raises(AssertionError, match="changed the target cache"):
         speclab.generate(target, "def f(x):", Sloppy(), max_new_tokens=4)
+
+
+@pytest.mark.parametrize("all_rows", [False, True])
+def test_the_verify_scores_the_rows_its_drafter_reads(target, all_rows):
+    """The verify's LM head runs on the last pending token and the draft nodes only, unless the
+    drafter reads every row (recycling learns the prompt's successors): the prompt's rows are most of
+    a prefill's head work. Whatever rows it keeps, they are the full forward's, row for row."""
+    from speclab.decoding.drafters.lookup import PromptLookupDrafter
+    from speclab.decoding.speculative import Outcome
+
+    seen = []
+
+    class Watch(PromptLookupDrafter):
+        def observe(self, out: Outcome):
+            seen.append((len(out.inputs), out.n_pending, out.logits_from, out.logits.clone()))
+            super().observe(out)
+
+    d = Watch()
+    d.all_rows = all_rows
+    prompt = "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return add(a, b) + c\n\ndef add"
+    r = speclab.generate(target, prompt, d, max_new_tokens=24)
+    assert r.ids == speclab.generate(target, prompt, "prompt-lookup", max_new_tokens=24).ids
+    n_in, n_pending, first, logits = seen[0]
+    assert n_pending > 8 and first == (0 if all_rows else n_pending - 1) and len(logits) == n_in - first
+    ref = target[0](input_ids=torch.tensor([r.trace.prompt_ids])).logits[0, -1].float()
+    assert (logits[n_pending - 1 - first] - ref).abs().max() < 1e-3   # the last prompt token's row
 
 
 def test_a_bare_model_is_a_one_line_error_that_says_to_pass_the_pair(target):

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclab.decoding.acceptance import Sampler, greedy_ids, walk_tree
-from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, commit_round, record_round, trace_of
+from speclab.decoding.acceptance import Sampler, greedy_ids
+from speclab.decoding.speculative import (Context, Drafter, Outcome, RunState, accept, commit_round, record_round,
+                                         trace_of)
 from speclab.models.causal import BatchSlots, make_batch_lm
 from speclab.trace import Round, Totals, Trace
 
@@ -69,7 +70,8 @@ def batch_round(lm: BatchSlots, lanes: list[Lane]) -> list[tuple[Round, list[int
         t2 = time.perf_counter()
         s, P = lane.s, len(pend)
         rows = logits[b, : P + len(tree)]                                          # (P+N, V) this lane's
-        (path, emitted, dist, tries), p_at = accept(s, tree, rows, P, top[b] if greedy else None)  # 3. accept
+        (path, emitted, dist, tries), p_at = accept(s, tree, rows[P - 1:],          # 3. accept
+                                                    top[b][P - 1: P + len(tree)] if greedy else None)
         lm.keep(b, P, path)                                                         # 4. commit
         out = Outcome(tree, path, emitted, len(lane.ctx.ids), rows, pend + tree.tokens, P)
         t3 = time.perf_counter()
@@ -79,17 +81,6 @@ def batch_round(lm: BatchSlots, lanes: list[Lane]) -> list[tuple[Round, list[int
         rnd.draft_s, rnd.verify_s = draft_s[b] + (t4 - t3), verify_s + (t3 - t2)
         results.append((rnd, out.accepted_tokens + [emitted]))
     return results
-
-
-def accept(s: RunState, tree, rows: torch.Tensor, P: int, top: list[int] | None):
-    """The rule of a single run on one lane's verify rows (P+N, V): row P-1 holds the target after
-    the last pending token, row P+i after draft node i. top: those rows' argmax (greedy only).
-    Returns walk_tree's (path, emitted, dist, tries) and p_at, for the record."""
-    row = lambda node: P - 1 + (node + 1 if node >= 0 else 0)
-    p_at = lambda node: rows[row(node)]
-    argmax_at = (lambda node: top[row(node)]) if top is not None else None
-    draw = lambda: torch.rand((), generator=s.gen, device=s.gen.device).item()
-    return walk_tree(tree.children(), tree.tokens, tree.q_map(), p_at, s.sampler, s.gen, draw, argmax_at), p_at
 
 
 def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], max_new_tokens: int,

@@ -43,6 +43,10 @@ class CostGate(Drafter):
     def forwards(self):
         return self.inner.forwards
 
+    @property
+    def all_rows(self):
+        return self.inner.all_rows
+
     @forwards.setter
     def forwards(self, v):
         pass

@@ -41,13 +41,18 @@ class Outcome:
     path: list[int]                     # accepted node ids, in order
     emitted: int
     prefix_len: int                     # committed tokens before this round
-    logits: torch.Tensor                # (P+N, V) target logits of this round's forward
+    logits: torch.Tensor                # (P+N - logits_from, V) target logits at inputs[logits_from:]
     inputs: list[int]                   # the P+N tokens that forward ran on
     n_pending: int
+    logits_from: int = 0                # P - 1 unless the drafter reads every row (Drafter.all_rows)
 
     @property
     def accepted_tokens(self) -> list[int]:
         return [self.tree.tokens[i] for i in self.path]
+
+    def logits_at(self, rows: list[int]) -> torch.Tensor:
+        """(len(rows), V) the target's logits after the inputs at `rows` (indices into inputs)."""
+        return self.logits[[r - self.logits_from for r in rows]]
 
 
 class Drafter:
@@ -66,8 +71,13 @@ class Drafter:
       end()                       once, after the last round: release hooks; hand what outlives
             the request to an object its caller owns (never to a module or class attribute).
       forwards                    the draft model calls made so far (0 for model-free drafters).
+      all_rows                    observe reads the target's logits after every input token: the
+            prompt's too in the first round. Otherwise the verify scores only the last pending
+            token and the draft nodes, the rows acceptance reads (a prompt's rows are most of a
+            prefill's LM-head work).
     """
     name = "none"
+    all_rows = False
 
     def __init__(self):
         self.forwards = 0               # draft model calls (0 for model-free drafters)
@@ -109,25 +119,30 @@ def speculative_round(s: RunState, ctx: Context) -> tuple[Round, list[int]]:
     pending = ctx.ids[len(ctx.ids) - ctx.pending:]
     inputs = pending + tree.tokens
     logits = s.target.forward(torch.tensor(inputs, device=ctx.device),               # 2. verify
-                              parents=tree.parents, n_prefix=len(pending))          # (P+N, V)
-    row0 = len(pending) - 1
-    row = lambda node: row0 + (node + 1 if node >= 0 else 0)
-    p_at = lambda node: logits[row(node)]
-    draw = lambda: torch.rand((), generator=s.gen, device=s.gen.device).item()
-    argmax_at = None
-    if s.sampler.greedy:                      # one host transfer per round, not one per node
-        top = greedy_ids(logits[row0:]).tolist()
-        argmax_at = lambda node: top[row(node) - row0]
-    path, emitted, dist, tries = walk_tree(tree.children(), tree.tokens, tree.q_map(), p_at,  # 3. accept
-                                           s.sampler, s.gen, draw, argmax_at)
+                              parents=tree.parents, n_prefix=len(pending),          # (1+N, V) or
+                              logits_to_keep=0 if s.drafter.all_rows else 1 + len(tree))  # (P+N, V)
+    first = len(inputs) - len(logits)                                               # logits[0]'s input row
+    rows = logits[len(pending) - 1 - first:]                                        # (1+N, V)
+    top = greedy_ids(rows).tolist() if s.sampler.greedy else None   # one host transfer per round
+    (path, emitted, dist, tries), p_at = accept(s, tree, rows, top)                 # 3. accept
     s.target.keep_positions(base + len(pending), path)                              # 4. commit
-    out = Outcome(tree, path, emitted, len(ctx.ids) - ctx.pending + len(pending), logits, inputs, len(pending))
+    out = Outcome(tree, path, emitted, len(ctx.ids) - ctx.pending + len(pending), logits, inputs, len(pending), first)
     t2 = time.perf_counter()
     s.drafter.observe(out)
     t3 = time.perf_counter()
     rnd = record_round(s, out, tries, dist, p_at)                                   # 5. record
     rnd.draft_s, rnd.verify_s = (t1 - t0) + (t3 - t2), t2 - t1
     return rnd, out.accepted_tokens + [emitted]
+
+
+def accept(s: RunState, tree: DraftTree, rows: torch.Tensor, top: list[int] | None):
+    """The acceptance rule on one verify's rows (1+N, V): rows[0] holds the target after the last
+    pending token, rows[1+i] after draft node i; top: their argmax (greedy only). Returns
+    walk_tree's (path, emitted, dist, tries) and p_at (node -> its parent's row), for the record."""
+    p_at = lambda node: rows[node + 1]                   # node -1: the root, row 0
+    argmax_at = (lambda node: top[node + 1]) if top is not None else None
+    draw = lambda: torch.rand((), generator=s.gen, device=s.gen.device).item()
+    return walk_tree(tree.children(), tree.tokens, tree.q_map(), p_at, s.sampler, s.gen, draw, argmax_at), p_at
 
 
 def record_round(s: RunState, out: Outcome, tries, dist, p_at) -> Round:

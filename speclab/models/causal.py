@@ -72,8 +72,9 @@ class CausalLM:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, parents: list[int] | None = None, n_prefix: int = 0,
-                last_only: bool = False) -> torch.Tensor:
-        """Run `ids` (T,) after the cached tokens; returns logits (T, V), or (1, V) if last_only.
+                logits_to_keep: int = 0) -> torch.Tensor:
+        """Run `ids` (T,) after the cached tokens; returns logits (T, V), or those of the last
+        logits_to_keep rows (transformers' convention: 0 keeps all).
 
         With `parents` (one per token after the first `n_prefix`, -1 = child of the last prefix
         token), the tokens form a tree: each sees the cache, the prefix and its own ancestors, at
@@ -93,7 +94,7 @@ class CausalLM:
         try:
             out = self.model(input_ids=ids.view(1, T), position_ids=pos.view(1, T),
                              past_key_values=self.cache, use_cache=True,
-                             logits_to_keep=1 if last_only else 0, **kw)
+                             logits_to_keep=logits_to_keep, **kw)
         finally:
             self._capturing = False
         self.forwards += 1

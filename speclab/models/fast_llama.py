@@ -96,9 +96,10 @@ class FastLlama:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor | None, parents: list[int] | None = None, n_prefix: int = 0,
-                last_only: bool = False, n_layers: int | None = None,
+                logits_to_keep: int = 0, n_layers: int | None = None,
                 embeds: torch.Tensor | None = None, subset: bool = False) -> torch.Tensor:
-        """Logits (T, V) for ids (T,) after the first `self.n` cached tokens (see CausalLM.forward).
+        """Logits (T, V) for ids (T,) after the first `self.n` cached tokens, or of the last
+        logits_to_keep rows only (see CausalLM.forward).
         n_layers < all: an early exit through the shared final norm and head. embeds (T, C): the
         input vectors instead of ids' embeddings (an EAGLE head's fused feature + token input).
         subset: a trimmed-vocabulary head's logits (T, N) over its own `head_ids`, not spread to V."""
@@ -112,7 +113,7 @@ class FastLlama:
             mask = vis.to(self.device)                                        # (T, past+T) bool
         else:
             pos = slice(past, past + T)                       # a chain: causal (the mask built where needed)
-        return self._run(ids, embeds, pos, past, n_prefix, mask, vis, last_only, n_layers, subset)
+        return self._run(ids, embeds, pos, past, n_prefix, mask, vis, logits_to_keep, n_layers, subset)
 
     @torch.inference_mode()
     def forward_rows(self, ids: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
@@ -123,9 +124,9 @@ class FastLlama:
         if past + T > self.max_len:
             raise ValueError(f"{past + T} cache slots exceed the cache of {self.max_len}")
         vis = vis.to(self.device)
-        return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, False, None)
+        return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, 0, None)
 
-    def _run(self, ids, embeds, pos, past: int, n_prefix: int, mask, vis, last_only: bool, n_layers,
+    def _run(self, ids, embeds, pos, past: int, n_prefix: int, mask, vis, logits_to_keep: int, n_layers,
              subset: bool = False) -> torch.Tensor:
         T = (ids if embeds is None else embeds).shape[0]
         x = F.embedding(ids, self.embed) if embeds is None else embeds.to(self.dtype)  # (T, C)
@@ -135,8 +136,8 @@ class FastLlama:
             x = self._fused_layers(x, use, pos, past, vis)
         else:
             x = self._layers(x, use, pos, past, n_prefix, mask, vis)
-        if last_only:
-            x = x[-1:]
+        if logits_to_keep:              # the head only where logits are read: a prompt's rows are not
+            x = x[-logits_to_keep:]     # (1,200 of them cost a quarter of the prefill)
         self.n = past + T
         self.forwards += 1
         return self.final_norm_head(x, subset).float()
@@ -302,10 +303,10 @@ class _ExitLM:
     def length(self):
         return self.base.n
 
-    def forward(self, ids, parents=None, n_prefix=0, last_only=False):
+    def forward(self, ids, parents=None, n_prefix=0, logits_to_keep=0):
         self.forwards += 1
         saved = self.base.forwards
-        out = self.base.forward(ids, parents, n_prefix, last_only, n_layers=self.n_layers)
+        out = self.base.forward(ids, parents, n_prefix, logits_to_keep, n_layers=self.n_layers)
         self.base.forwards = saved      # a draft forward, not a target forward
         return out
 

@@ -67,7 +67,7 @@ class LookaheadDrafter(Drafter):
     def observe(self, out: Outcome):
         # next Jacobi iterate: argmax after the root, then after each window node but the last
         rows = [out.n_pending - 1] + [out.n_pending + i for i in self.window_nodes[:-1]]
-        new = greedy_ids(out.logits[rows]).tolist()
+        new = greedy_ids(out.logits_at(rows)).tolist()
         self.levels.append(new)
         if len(self.levels) == self.N - 1:                       # diagonals -> n-grams
             lv = list(self.levels)

@@ -85,8 +85,8 @@ class ChainDrafter(Drafter):
         """The step of a causal LM with its own cache: run the given ids, logits of the last
         (subset: over its trimmed head's own ids only)."""
         if subset:
-            return lambda inp: lm.forward(inp, last_only=True, subset=True)[-1]
-        return lambda inp: lm.forward(inp, last_only=True)[-1]
+            return lambda inp: lm.forward(inp, logits_to_keep=1, subset=True)[-1]
+        return lambda inp: lm.forward(inp, logits_to_keep=1)[-1]
 
     def subset_ids(self, lm) -> torch.Tensor | None:
         """The ids of lm's trimmed head when drafting can score only those: greedy (the argmax of

@@ -13,6 +13,7 @@ from speclab.decoding.tree import DraftTree
 
 class RecyclingDrafter(Drafter):
     name = "recycling"
+    all_rows = True                 # the prompt's rows too: its successors seed the matrix
 
     def __init__(self, k: int = 6, topk: int = 8, width: int = 1, budget: int | None = None):
         super().__init__()
@@ -45,8 +46,8 @@ class RecyclingDrafter(Drafter):
         return tree
 
     def observe(self, out: Outcome):
-        # every row of the verify forward: input token -> its top-k next tokens
+        # every row of the verify forward (all_rows): input token -> its top-k next tokens
         top = out.logits.topk(self.topk, dim=-1).indices.cpu()      # (P+N, topk)
-        rows = torch.tensor(out.inputs)
+        rows = torch.tensor(out.inputs[out.logits_from:])
         self.succ[rows] = top
         self.known[rows] = True

@@ -294,11 +294,16 @@ class BatchCausalLM(BatchSlots):
         return self.width > COMPACT_AT * max(map(len, self.slots)) + 64
 
     @torch.inference_mode()
-    def forward(self, rows: list[tuple[list[int], list[int] | None, int]]) -> torch.Tensor:
+    def forward(self, rows: list[tuple[list[int], list[int] | None, int]],
+                keep: list[int] | None = None) -> torch.Tensor:
         """rows[b] = (ids, parents, n_prefix) as in CausalLM.forward, one per cache row, each after
-        that row's committed tokens. Returns logits (B, T, V); row b's first len(ids) are its own."""
+        that row's committed tokens. Returns logits (B, T', V): row b's first k_b are the logits after
+        its last k_b inputs, k_b = keep[b] (0 or no keep: all len(ids) of them)."""
         B, S = len(rows), self.width
         T = max(len(ids) for ids, _, _ in rows)
+        ks = [k or len(ids) for k, (ids, _, _) in zip(keep or [0] * B, rows)]
+        # the positions any row scores (the head on those only): row b's are n_b - k_b .. n_b - 1
+        at = sorted({i for k, (ids, _, _) in zip(ks, rows) for i in range(len(ids) - k, len(ids))})
         inp = torch.zeros(B, T, dtype=torch.long)
         pos = torch.zeros(B, T, dtype=torch.long)
         vis = torch.zeros(B, T, S + T, dtype=torch.bool)       # True = may attend
@@ -314,10 +319,14 @@ class BatchCausalLM(BatchSlots):
             vis[b, pad, S + pad] = True     # a padding row sees only itself: no empty softmax, no NaN
         mask = torch.zeros(B, 1, T, S + T, dtype=self.dtype).masked_fill(~vis[:, None], torch.finfo(self.dtype).min)
         out = self.model(input_ids=inp.to(self.device), position_ids=pos.to(self.device),
-                         attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True)
+                         attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=torch.tensor(at, device=self.device))
         self.first = [S] * B
         self.forwards += 1
-        return out.logits.float()
+        col = {i: c for c, i in enumerate(at)}                  # position -> column of out.logits
+        idx = torch.tensor([[col[len(ids) - k + j] if j < k else 0 for j in range(max(ks))]
+                            for k, (ids, _, _) in zip(ks, rows)], device=self.device)   # (B, T')
+        return out.logits.gather(1, idx[..., None].expand(-1, -1, out.logits.shape[-1])).float()
 
     def compact(self):
         """Gather each row's committed slots to the front; the rest of the cache is dropped."""

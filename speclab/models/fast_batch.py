@@ -8,8 +8,8 @@ visibility mask). Sequence b's committed slots stay in the order it wrote them, 
 bf16 kernel (row by row, every row's keys summed in cache order) a sequence decoded in a batch gets
 bit for bit the logits it gets decoded alone, whatever the other sequences do.
 
-Same interface as BatchCausalLM (both are BatchSlots): forward(rows) -> (B, T, V), keep, retain,
-compact, crowded.
+Same interface as BatchCausalLM (both are BatchSlots): forward(rows, keep) -> (B, T, V), keep,
+retain, compact, crowded.
 """
 from __future__ import annotations
 
@@ -36,10 +36,13 @@ class FastBatchLM(BatchSlots):
         return self.width > causal.COMPACT_AT * sum(map(len, self.slots)) + 64
 
     @torch.inference_mode()
-    def forward(self, rows: list[tuple[list[int], list[int] | None, int]]) -> torch.Tensor:
+    def forward(self, rows: list[tuple[list[int], list[int] | None, int]],
+                keep: list[int] | None = None) -> torch.Tensor:
         """rows[b] = (ids, parents, n_prefix) as in CausalLM.forward, one per sequence, each after
-        that sequence's committed tokens. Returns logits (B, T, V); row b's first len(ids) are its own."""
+        that sequence's committed tokens. Returns logits (B, T, V): row b's first k_b are the logits
+        after its last k_b inputs, k_b = keep[b] (0 or no keep: all len(ids) of them)."""
         lens = [len(ids) for ids, _, _ in rows]
+        ks = [k or n for k, n in zip(keep or [0] * len(rows), lens)]
         N = sum(lens)
         if self.width + N > self.lm.max_len:
             self.compact()
@@ -57,14 +60,16 @@ class FastBatchLM(BatchSlots):
             vis[o:o + n, S + o:S + o + n] = see
             self.first[b] = S + o
             o += n
-        logits = self.lm.forward_rows(ids_all.to(self.device), pos, vis)          # (N, V)
+        ends = torch.tensor(lens).cumsum(0).tolist()
+        score = None if ks == lens else torch.tensor([i for e, k in zip(ends, ks) for i in range(e - k, e)])
+        logits = self.lm.forward_rows(ids_all.to(self.device), pos, vis, score)   # (sum ks, V)
         self.forwards += 1
-        T = max(lens)
-        if min(lens) == T:                          # every sequence the same length (ar): no copy
+        T = max(ks)
+        if min(ks) == T:                            # every sequence the same length (ar): no copy
             return logits.view(len(rows), T, -1)
         out = logits.new_zeros(len(rows), T, logits.shape[-1])
-        for b, (start, n) in enumerate(zip(torch.tensor([0] + lens).cumsum(0).tolist(), lens)):
-            out[b, :n] = logits[start:start + n]
+        for b, (start, k) in enumerate(zip(torch.tensor([0] + ks).cumsum(0).tolist(), ks)):
+            out[b, :k] = logits[start:start + k]
         return out
 
     def compact(self):

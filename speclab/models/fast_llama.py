@@ -116,18 +116,21 @@ class FastLlama:
         return self._run(ids, embeds, pos, past, n_prefix, mask, vis, logits_to_keep, n_layers, subset)
 
     @torch.inference_mode()
-    def forward_rows(self, ids: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
+    def forward_rows(self, ids: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor,
+                     score: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (T, V) for rows ids (T,) at positions pos (T,), row r attending to the slots
         vis[r] (T, n + T) bool of the cache's first n slots and these rows (which take slots
-        n..n+T-1). Several sequences share one slot space this way (speclab.models.fast_batch)."""
+        n..n+T-1). Several sequences share one slot space this way (speclab.models.fast_batch).
+        score: the rows (LongTensor) whose logits are wanted, (len(score), V) in that order."""
         T, past = ids.shape[0], self.n
         if past + T > self.max_len:
             raise ValueError(f"{past + T} cache slots exceed the cache of {self.max_len}")
         vis = vis.to(self.device)
-        return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, 0, None)
+        return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, 0 if score is None else score, None)
 
-    def _run(self, ids, embeds, pos, past: int, n_prefix: int, mask, vis, logits_to_keep: int, n_layers,
+    def _run(self, ids, embeds, pos, past: int, n_prefix: int, mask, vis, logits_to_keep, n_layers,
              subset: bool = False) -> torch.Tensor:
+        """logits_to_keep: an int (the last rows; 0 = all) or a LongTensor of the rows to score."""
         T = (ids if embeds is None else embeds).shape[0]
         x = F.embedding(ids, self.embed) if embeds is None else embeds.to(self.dtype)  # (T, C)
         use = self.layers[: n_layers or len(self.layers)]
@@ -136,8 +139,10 @@ class FastLlama:
             x = self._fused_layers(x, use, pos, past, vis)
         else:
             x = self._layers(x, use, pos, past, n_prefix, mask, vis)
-        if logits_to_keep:              # the head only where logits are read: a prompt's rows are not
-            x = x[-logits_to_keep:]     # (1,200 of them cost a quarter of the prefill)
+        if isinstance(logits_to_keep, torch.Tensor):    # the head only where logits are read: a
+            x = x[logits_to_keep.to(x.device)]          # prompt's rows are not (1,200 of them cost
+        elif logits_to_keep:                            # a quarter of the prefill)
+            x = x[-logits_to_keep:]
         self.n = past + T
         self.forwards += 1
         return self.final_norm_head(x, subset).float()

@@ -127,13 +127,14 @@ class MedusaHeads(nn.Module):
     def rms(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x.float(), x.shape[-1:], self.norm.float(), self.eps).to(x.dtype)
 
-    def hidden(self, x: torch.Tensor, w1=None, w2=None) -> torch.Tensor:
-        """(..., C) -> (K, ..., C) normed outputs of the K blocks. w1: another implementation of the
-        K first layers as one map (..., C) -> (..., K C) (they all read norm(x)); w2: of the K second
-        layers (a drafter's packed copies)."""
+    def hidden(self, x: torch.Tensor, w1=None, w2=None, k: int | None = None) -> torch.Tensor:
+        """(..., C) -> (k, ..., C) normed outputs of the first k blocks (default all K). w1: another
+        implementation of those first layers as one map (..., C) -> (..., k C) (they all read
+        norm(x)); w2: of their second layers (a drafter's packed copies)."""
+        k = k or self.n_heads
         n = self.rms(x)
-        u = w1(n).chunk(self.n_heads, -1) if w1 is not None else [w(n) for w in self.w1]
-        return torch.stack([self.rms(x + w(F.silu(u_k))) for u_k, w in zip(u, w2 or self.w2)])
+        u = w1(n).split(x.shape[-1], -1) if w1 is not None else [w(n) for w in self.w1[:k]]
+        return torch.stack([self.rms(x + w(F.silu(u_k))) for u_k, w in zip(u, (w2 or self.w2)[:k])])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(T, C) -> logits (K, T, V), -inf outside the trimmed vocabulary."""

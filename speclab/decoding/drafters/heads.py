@@ -249,15 +249,16 @@ class MedusaDrafter(FeatureReader, Drafter):
             raise ValueError(f"medusa paths go {deepest} deep but the model has {heads.n_heads} heads: "
                              f"use paths of at most {heads.n_heads} ranks")
         self.ranks = max(max(p) for p in self.paths) + 1
-        W = heads.lm_head.weight                                    # (N, C): the target's kept rows
+        self.deepest = deepest                  # only the heads the tree reads run (the calibrated
+        W = heads.lm_head.weight                # tree of 5 reads heads 1-2 of 4); W (N, C): the target's kept rows
         # the trimmed head and the blocks in speclab's bf16 kernel where it runs (F.linear reads
-        # them ~3x slower); the K first layers, which all read the same norm(x), as one matrix
+        # them ~3x slower); the first layers, which all read the same norm(x), as one matrix
         self.w1 = self.w2 = None
         if kernels.available(W.device, W.dtype):
             self.score = kernels.Packed(W)
-            self.w1 = kernels.Packed(torch.cat([w.weight for w in heads.w1]),          # (1, C) -> (1, K C)
-                                     torch.cat([w.bias for w in heads.w1]))
-            self.w2 = [kernels.Packed(w.weight) for w in heads.w2]
+            self.w1 = kernels.Packed(torch.cat([w.weight for w in heads.w1[:deepest]]),   # (1, C) -> (1, d C)
+                                     torch.cat([w.bias for w in heads.w1[:deepest]]))
+            self.w2 = [kernels.Packed(w.weight) for w in heads.w2[:deepest]]
         else:
             self.score = lambda h: F.linear(h, W)
 
@@ -266,7 +267,8 @@ class MedusaDrafter(FeatureReader, Drafter):
         if self.feats is None:
             return DraftTree()
         t = len(ctx.ids) - 2
-        p = self.score(self.heads.hidden(self.feats[-1:], self.w1, self.w2)[:, 0]).float().softmax(-1)   # (K, N): head k -> token t+1+k
+        h = self.heads.hidden(self.feats[-1:], self.w1, self.w2, self.deepest)[:, 0]
+        p = self.score(h).float().softmax(-1)                  # (deepest, N): head k -> token t+1+k
         self.forwards += 1
         self.feats = None
         top = p.topk(self.ranks, -1)                                         # over the kept ids only

@@ -13,6 +13,12 @@
                      conditional(d)   = #rounds whose accepted path reached depth d
                                         / #rounds whose path reached depth d-1 AND whose draft went
                                           at least d deep (0.0 where no round qualifies)
+    calibration    whether the draft knows what it knows: every recorded node whose parent the
+                   target accepted (or that hangs from the root) was put to the target; binned by
+                   the draft's own probability q of its token, the share of them accepted. A
+                   calibrated draft's nodes of q ~ x are accepted ~ x of the time (greedy), and
+                   then keeping the nodes of highest cumulative q, EAGLE-2's rule, is the best a
+                   tree of that size can do with that draft.
     n_steps        the steps a player walks through: rounds (speculative), denoising forwards
                    (diffusion), strategies (dag).
 
@@ -60,6 +66,25 @@ def per_position(rounds) -> tuple[list[int], list[float], list[float]]:
         cond.append(sum(accepted_length(r) >= d for r in reached) / len(reached) if reached else 0.0)
         uncond.append(sum(accepted_length(r) >= d for r in rounds) / len(rounds))
     return depths, cond, uncond
+
+
+def calibration(rounds, bins: int = 10) -> list[tuple[float, float, int, float | None]]:
+    """Per q bin [i / bins, (i + 1) / bins): (lower edge, mean q, nodes, share accepted or None),
+    over the nodes put to the target (parent accepted or the root) that carry a q, from rounds
+    recorded "light" or "full" (record=None keeps no nodes). Nodes without a q (a copy grafted onto
+    a tree) are left out; a point-mass draft's nodes claim q = 1.0, all in the top bin."""
+    n, hit, qsum = [0] * bins, [0] * bins, [0.0] * bins
+    for r in rounds:
+        tried = {-1, *r.accepted}
+        for node in r.nodes:
+            if node.q is None or node.parent not in tried:
+                continue
+            b = min(int(node.q * bins), bins - 1)
+            n[b] += 1
+            hit[b] += node.id in tried
+            qsum[b] += node.q
+    return [(b / bins, qsum[b] / n[b] if n[b] else (b + 0.5) / bins, n[b], hit[b] / n[b] if n[b] else None)
+            for b in range(bins)]
 
 
 def n_steps(trace) -> int:

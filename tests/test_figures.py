@@ -146,6 +146,28 @@ def test_acceptance_summary_matches_the_rounds(runs):
     assert F.per_position(runs["ar"]) == ([], [], [])
 
 
+def test_calibration_counts_every_node_put_to_the_target(target, draft, heldout_prompts):
+    """Per bin of the draft's q: the nodes whose parent was accepted (or the root), and the share of
+    them accepted; every accepted node is counted once (greedy: a node is accepted only after its
+    parent). The figure plots the non-empty bins at their mean q."""
+    from speclab import metrics
+    trs = [speclab.generate(target, p, "draft-model", draft=draft, k=4, max_new_tokens=32, record="light").trace
+           for p in heldout_prompts[:3]]
+    rounds = [r for t in trs for r in t.rounds]
+    rows = metrics.calibration(rounds)
+    tried = [n for r in rounds for n in r.nodes if n.parent == -1 or n.parent in r.accepted]
+    assert sum(n for _, _, n, _ in rows) == len(tried) > 0
+    assert sum(n * s for _, _, n, s in rows if n) == pytest.approx(sum(len(r.accepted) for r in rounds))
+    for edge, q, n, share in rows:
+        inside = [x for x in tried if min(int(x.q * 10), 9) == round(edge * 10)]
+        assert n == len(inside) and (not n or edge <= q < edge + 0.1 + 1e-9)
+    fig = F.calibration_figure(trs)
+    assert list(fig.data[1].y) == [s for _, _, n, s in rows if n]
+    with pytest.raises(ValueError, match="record"):
+        F.calibration_figure(speclab.generate(target, "def f(x):", "draft-model", draft=draft, max_new_tokens=8,
+                                              record=None).trace)
+
+
 def test_timing_and_round_strip(runs):
     tr = runs["sampled"]
     t = F.timing(tr)

@@ -43,13 +43,13 @@ class CostGate(Drafter):
     def forwards(self):
         return self.inner.forwards
 
-    @property
-    def all_rows(self):
-        return self.inner.all_rows
-
     @forwards.setter
     def forwards(self, v):
         pass
+
+    @property
+    def all_rows(self):
+        return self.inner.all_rows
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)

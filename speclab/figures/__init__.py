@@ -27,11 +27,12 @@ from speclab.figures.dag import dag_figure
 from speclab.figures.detail import detail_html
 from speclab.figures.diffusion import canvas_figure, confidence_bands, decoding_order
 from speclab.figures.steps import step_label, step_names, step_title
-from speclab.figures.summary import acceptance_summary, per_position, round_strip, timing
+from speclab.figures.summary import acceptance_summary, calibration_figure, per_position, round_strip, timing
 from speclab.figures.tokens import cells, token_strip
 from speclab.figures.tree import draft_tree
 
 __all__ = ["token_strip", "draft_tree", "step_figure", "round_strip", "acceptance_summary", "timing",
+           "calibration_figure",
            "dag_figure", "per_position", "cells", "n_steps", "step_dict", "canvas_figure", "decoding_order",
            "confidence_bands", "run_strip", "step_label", "step_names", "step_title", "detail_html",
            "update_figure", "update_step", "move_current", "compare_chart"]

@@ -1,4 +1,5 @@
-"""Whole-run figures: accepted length per round, its histogram, per-position acceptance, timing.
+"""Whole-run figures: accepted length per round, its histogram, per-position acceptance, the
+draft's calibration, timing.
 
 Accepted length of a round = draft tokens the target accepted (the emitted token not counted).
 Rounds are numbered from 1 on every axis (speclab.figures.steps); `step` arguments are 0-based
@@ -13,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from speclab.figures import colors
 from speclab.figures._util import check_step
+from speclab.metrics import calibration
 from speclab.metrics import per_position as _per_position
 from speclab.trace import Trace
 
@@ -21,6 +23,37 @@ def per_position(trace: Trace) -> tuple[list[int], list[float], list[float]]:
     """(depths 1..D, conditional acceptance, unconditional acceptance) of a trace's rounds
     (speclab.metrics.per_position)."""
     return _per_position(trace.rounds)
+
+
+def calibration_figure(traces: Trace | list[Trace], bins: int = 10) -> go.Figure:
+    """Does the draft know what it knows? Per bin of its probability q of a node's token, the
+    share of such nodes the target accepted (speclab.metrics.calibration), over one run or several
+    (e.g. a prompt set, one trace each); marker area ~ nodes in the bin. On the diagonal, the
+    draft's own q ranks a tree's nodes as the target will: a tree grown by cumulative q (EAGLE-2)
+    is then as good as that draft allows, and more tau needs a draft that knows more."""
+    traces = [traces] if isinstance(traces, Trace) else list(traces)
+    if not traces or any(t.engine != "speculative" for t in traces):
+        raise ValueError("calibration_figure takes speculative traces (one run or a list of runs)")
+    rows = calibration([r for t in traces for r in t.rounds], bins)
+    pts = [(q, share, n) for _, q, n, share in rows if n]
+    if not pts:
+        raise ValueError("no recorded draft node carries a q: record the runs with record='light' or 'full' "
+                         "and a method whose draft has probabilities (draft-model, eagle, medusa, trees)")
+    total = sum(n for *_, n in pts)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line=dict(color="#bbbbbb", dash="dot"),
+                             name="calibrated", hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=[q for q, _, _ in pts], y=[s for _, s, _ in pts], mode="lines+markers",
+                             line=dict(color=colors.DECISION["accepted"]), name="draft",
+                             marker=dict(size=[6 + 24 * (n / total) ** 0.5 for *_, n in pts]),
+                             customdata=[n for *_, n in pts],
+                             hovertemplate="q %{x:.2f}: %{y:.2f} accepted of %{customdata} nodes<extra></extra>"))
+    method = traces[0].method
+    fig.update_layout(title=f"{method}: accepted share by the draft's own q ({total} nodes put to the target)",
+                      height=330, margin=dict(l=50, r=10, t=40, b=40), plot_bgcolor="white",
+                      xaxis=dict(title="draft probability q of the node's token", range=[0, 1]),
+                      yaxis=dict(title="accepted", range=[0, 1.02]), showlegend=False)
+    return fig
 
 
 def round_strip(trace: Trace, step: int | None = None) -> go.Figure:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speclab.models.causal import cache_kw
 from speclab.trace import DenoiseStep, Totals
 
 
@@ -82,14 +83,14 @@ def dgemma_decode(model, prompt_ids: list[int], sampler: DGemmaSampler, gen_leng
         torch.manual_seed(seed)
         for b in range(gen_length // L):
             lo, hi, start = b * L, (b + 1) * L, P + b * L
-            model.model.encoder(input_ids=new, past_key_values=cache,
+            model.model.encoder(input_ids=new, **cache_kw(model.model.encoder, cache),
                                 position_ids=torch.arange(start - new.shape[1], start, dtype=torch.int32,
                                                           device=dev)[None])
             canvas = torch.randint(0, V, (1, L), device=dev)                    # noise, not masks
             dec_pos = torch.arange(start, start + L, dtype=torch.int32, device=dev)[None]
             sc, hist, argmax = None, None, canvas
             for cur in range(N, 0, -1):
-                logits = model(decoder_input_ids=canvas, past_key_values=cache, self_conditioning_logits=sc,
+                logits = model(decoder_input_ids=canvas, **cache_kw(model, cache), self_conditioning_logits=sc,
                                decoder_position_ids=dec_pos).logits              # (1, L, V) fp32
                 forwards += 1
                 temp = sampler.t_min + (sampler.t_max - sampler.t_min) * (torch.tensor(cur, dtype=torch.int32) / N)

@@ -11,10 +11,23 @@ tokens to drop (5.x refuses a positive length), and a 4-D float mask (0 / -inf) 
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 
 import torch
 
 NEG_INF = float("-inf")
+
+
+def cache_kw(module, cache) -> dict:
+    """The keyword a transformers forward takes its KV cache by: `cache` since 5.24 (which warns on
+    `past_key_values`, a name 5.40 drops), `past_key_values` before."""
+    return {_cache_name(type(module)): cache}
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_name(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 class CausalLM:
@@ -92,9 +105,8 @@ class CausalLM:
             pos = torch.arange(past, past + T, device=self.device)
         self.captured, self._capturing = {}, True
         try:
-            out = self.model(input_ids=ids.view(1, T), position_ids=pos.view(1, T),
-                             past_key_values=self.cache, use_cache=True,
-                             logits_to_keep=logits_to_keep, **kw)
+            out = self.model(input_ids=ids.view(1, T), position_ids=pos.view(1, T), use_cache=True,
+                             logits_to_keep=logits_to_keep, **cache_kw(self.model, self.cache), **kw)
         finally:
             self._capturing = False
         self.forwards += 1
@@ -319,7 +331,7 @@ class BatchCausalLM(BatchSlots):
             vis[b, pad, S + pad] = True     # a padding row sees only itself: no empty softmax, no NaN
         mask = torch.zeros(B, 1, T, S + T, dtype=self.dtype).masked_fill(~vis[:, None], torch.finfo(self.dtype).min)
         out = self.model(input_ids=inp.to(self.device), position_ids=pos.to(self.device),
-                         attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True,
+                         attention_mask=mask.to(self.device), use_cache=True, **cache_kw(self.model, self.cache),
                          logits_to_keep=torch.tensor(at, device=self.device))
         self.first = [S] * B
         self.forwards += 1

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from speclab.models.causal import cache_kw
+
 
 def is_dllm(model) -> bool:
     """A speclab masked-diffusion checkpoint, or transformers' DiffusionGemma (a noise canvas)."""
@@ -194,8 +196,8 @@ class BlockDenoiser(Denoiser):
             first, canv = logits[n_p - 1] if n_p else None, logits[n_p:].view(K, B, -1)[:, :-1]
         else:
             mask = additive(vis, next(self.model.parameters()).dtype).to(dev)[None, None]
-            h = self.model.model(input_ids=ids[None], attention_mask=mask, position_ids=q_pos[None],
-                                 past_key_values=self.cache, use_cache=True).last_hidden_state[0]   # (n_p + K B, C)
+            h = self.model.model(input_ids=ids[None], attention_mask=mask, position_ids=q_pos[None], use_cache=True,
+                                 **cache_kw(self.model.model, self.cache)).last_hidden_state[0]   # (n_p + K B, C)
             self.cache.crop(-(K * B))                                     # keep only committed tokens
             head = self.model.lm_head
             first = head(h[n_p - 1]).float() if n_p else None

@@ -90,12 +90,15 @@ def test_packed_linear_adds_its_bias_on_padded_shapes():
     assert _bf16_close(y, x.float() @ W.float().t() + b.float())
 
 
-@pytest.fixture(scope="module")
-def llama():
+@pytest.fixture(scope="module", params=[(128, 4, 2), (192, 6, 3)], ids=["kv2", "kv3"])
+def llama(request):
+    """kv3: an odd number of key/value heads, as SmolLM2's 3, so that attention's items do not
+    divide between two threads and one item's scores are computed by the other thread."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=320, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    C, H, Hkv = request.param
+    cfg = LlamaConfig(vocab_size=512, hidden_size=C, intermediate_size=320, num_hidden_layers=3,
+                      num_attention_heads=H, num_key_value_heads=Hkv, max_position_embeddings=256)
     return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 
 

@@ -516,10 +516,13 @@ static inline void v_tiles(const bf16* Vc, int64_t ss, const int64_t* keys, int6
 
 // rows [t0, t1) x the g heads of key/value head kvh: queries Qb (T, Hq, D) bf16, keys / values Kc,
 // Vc (slot stride ss), the rows' key lists ks -> A (T, Hq * D). The tiles are configured (tiles_on).
+// part: ALL; SCORES, the scores alone into `shared` (16, ld); or REST, the rest from the scores
+// another thread left in `shared` (the same arithmetic, split between two threads).
+enum Part { ALL, SCORES, REST };
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
 static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64_t t0, int64_t t1, int64_t D,
                        const bf16* Kc, const bf16* Vc, int64_t ss, const KeyLists& ks,
-                       float scale, int64_t ld, TileScratch& w, bf16* A) {
+                       float scale, int64_t ld, TileScratch& w, bf16* A, Part part = ALL, float* shared = nullptr) {
   const int64_t R = t1 - t0, nq = R * g, NC = D / 32;
   int64_t nmax = 0, span = 0;                  // the most keys of a row; the slots any row sees
   for (int64_t t = t0; t < t1; ++t)
@@ -527,26 +530,30 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
   auto key = [&](int64_t r, int64_t i) { return ks.of(t0 + r)[i]; };
 
   // scores: every slot a row of the group may see
-  std::fill(w.qa.begin(), w.qa.end(), bf16(0.f));
-  for (int64_t t = t0; t < t1; ++t)
-    std::copy(Qb + (t * Hq + kvh * g) * D, Qb + (t * Hq + (kvh + 1) * g) * D, w.qa.data() + (t - t0) * g * D);
-  TILE_LOAD(1, w.qa.data(), D * 2);
-  if (NC > 1) TILE_LOAD(2, w.qa.data() + 32, D * 2);
-  if (NC > 2) { TILE_LOAD(3, w.qa.data() + 64, D * 2); TILE_LOAD(4, w.qa.data() + 96, D * 2); }
-  for (int64_t j0 = 0; j0 < span; j0 += 16) {
-    for (int64_t c = 0; c < NC; ++c) k_tile(Kc, ss, j0, span, c, w.bt[c]);
-    _tile_zero(0);
-    TILE_LOAD(5, w.bt[0], 64);
-    _tile_dpbf16ps(0, 1, 5);
-    if (NC > 1) { TILE_LOAD(6, w.bt[1], 64); _tile_dpbf16ps(0, 2, 6); }
-    if (NC > 2) { TILE_LOAD(5, w.bt[2], 64); _tile_dpbf16ps(0, 3, 5); TILE_LOAD(6, w.bt[3], 64); _tile_dpbf16ps(0, 4, 6); }
-    _tile_stored(0, w.sc.data() + j0, ld * 4);
+  float* const sc = part == ALL ? w.sc.data() : shared;
+  if (part != REST) {
+    std::fill(w.qa.begin(), w.qa.end(), bf16(0.f));
+    for (int64_t t = t0; t < t1; ++t)
+      std::copy(Qb + (t * Hq + kvh * g) * D, Qb + (t * Hq + (kvh + 1) * g) * D, w.qa.data() + (t - t0) * g * D);
+    TILE_LOAD(1, w.qa.data(), D * 2);
+    if (NC > 1) TILE_LOAD(2, w.qa.data() + 32, D * 2);
+    if (NC > 2) { TILE_LOAD(3, w.qa.data() + 64, D * 2); TILE_LOAD(4, w.qa.data() + 96, D * 2); }
+    for (int64_t j0 = 0; j0 < span; j0 += 16) {
+      for (int64_t c = 0; c < NC; ++c) k_tile(Kc, ss, j0, span, c, w.bt[c]);
+      _tile_zero(0);
+      TILE_LOAD(5, w.bt[0], 64);
+      _tile_dpbf16ps(0, 1, 5);
+      if (NC > 1) { TILE_LOAD(6, w.bt[1], 64); _tile_dpbf16ps(0, 2, 6); }
+      if (NC > 2) { TILE_LOAD(5, w.bt[2], 64); _tile_dpbf16ps(0, 3, 5); TILE_LOAD(6, w.bt[3], 64); _tile_dpbf16ps(0, 4, 6); }
+      _tile_stored(0, sc + j0, ld * 4);
+    }
+    if (part == SCORES) return;
   }
 
   // each query's weights over its own keys (gathered in place: key(r, j) >= j), split hi + lo
   const int64_t steps = (nmax + 31) / 32;
   for (int64_t q = 0; q < 16; ++q) {
-    float* ph = w.sc.data() + q * ld;
+    float* ph = sc + q * ld;
     const int64_t r = q / g, n = q < nq ? ks.n[t0 + r] : 0;
     for (int64_t j = 0; j < n; ++j) ph[j] = ph[key(r, j)] * scale;
     if (n) softmax_row(ph, n);
@@ -723,6 +730,12 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   const int64_t R = tiles ? 16 / g : 1, groups = (T + R - 1) / R, ld = (S + 31) / 32 * 32;
 
   const KeyLists ks(M, T, S, past, R);          // which slots each row reads, for every layer and head
+  // Attention items (row group, key/value head) go round robin. When they do not divide evenly
+  // (one row of SmolLM2: 3 heads on 2 threads, so one thread took two items while the other
+  // waited), the last item's scores go to the last thread, which has an item fewer, and the item's
+  // owner takes them from `split_sc` once `split_ready` says this layer's are there.
+  std::vector<float> split_sc(tiles ? 16 * ld : 0);
+  std::atomic<int64_t> split_ready{-1};
 
   Team team;
   in_team(team, [&](int me, int W) {
@@ -760,8 +773,24 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
       // attention, round robin over (row group, key/value head): a causal prefill's rows grow in
       // cost, so thread i takes items i, i + W, ... rather than one contiguous run
       if (tiles) tiles_on();
+      const int64_t last = groups * Hkv - 1;
+      const bool split = tiles && W > 1 && (last + 1) % W != 0;
+      if (split && me == W - 1) {
+        const int64_t kvh = last % Hkv, t0 = last / Hkv * R, t1 = std::min(T, t0 + R);
+        attend_amx(Qb, Hq, g, kvh, t0, t1, D, K + kvh * hs, V + kvh * hs, ss, ks, scale, ld, *tw, A, SCORES,
+                   split_sc.data());
+        _mm_sfence();                           // the tile stores before the flag
+        split_ready.store(l, std::memory_order_release);
+      }
       for (int64_t i = me; i < groups * Hkv; i += W) {
         const int64_t kvh = i % Hkv, t0 = i / Hkv * R, t1 = std::min(T, t0 + R);
+        if (tiles && split && i == last) {
+          for (int spin = 0; split_ready.load(std::memory_order_acquire) != l; ++spin)
+            if (spin < 1 << 14) _mm_pause(); else std::this_thread::yield();
+          attend_amx(Qb, Hq, g, kvh, t0, t1, D, K + kvh * hs, V + kvh * hs, ss, ks, scale, ld, *tw, A, REST,
+                     split_sc.data());
+          continue;
+        }
         if (tiles) {
           attend_amx(Qb, Hq, g, kvh, t0, t1, D, K + kvh * hs, V + kvh * hs, ss, ks, scale, ld, *tw, A);
           continue;

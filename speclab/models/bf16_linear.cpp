@@ -784,7 +784,7 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
       }
       for (int64_t i = me; i < groups * Hkv; i += W) {
         const int64_t kvh = i % Hkv, t0 = i / Hkv * R, t1 = std::min(T, t0 + R);
-        if (tiles && split && i == last) {
+        if (split && i == last) {
           for (int spin = 0; split_ready.load(std::memory_order_acquire) != l; ++spin)
             if (spin < 1 << 14) _mm_pause(); else std::this_thread::yield();
           attend_amx(Qb, Hq, g, kvh, t0, t1, D, K + kvh * hs, V + kvh * hs, ss, ks, scale, ld, *tw, A, REST,

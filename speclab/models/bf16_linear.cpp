@@ -327,9 +327,9 @@ static void scores(const float* q, const bf16* Kc, int64_t ss, const int64_t* ke
   }
 }
 
-// p[0..n) scores -> softmax weights, in place: exp in 16-wide chunks, summed lane-wise then across
-// lanes (a fixed order for n keys), then each weight divided by the sum
-static void softmax_row(float* ph, int64_t n) {
+// p[0..n) scores -> exp(score - max), in place, and their sum: exp in 16-wide chunks, summed
+// lane-wise then across lanes (a fixed order for n keys)
+static float softmax_exp(float* ph, int64_t n) {
   // the max 16 lanes at a time (exact in any order; a scalar chain of maxes, 4 cycles a key, was
   // 31% of attention by perf)
   __m512 vmax = _mm512_set1_ps(-INFINITY);
@@ -346,7 +346,12 @@ static void softmax_row(float* ph, int64_t n) {
     _mm512_mask_storeu_ps(ph + j, k16, e);
     vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
   }
-  const __m512 total = _mm512_set1_ps(_mm512_reduce_add_ps(vs));
+  return _mm512_reduce_add_ps(vs);
+}
+
+// p[0..n) scores -> softmax weights, in place: softmax_exp, then each divided by the sum
+static void softmax_row(float* ph, int64_t n) {
+  const __m512 total = _mm512_set1_ps(softmax_exp(ph, n));
   for (int64_t j = 0; j < n; j += 16) {        // IEEE division, 16 at a time: the scalar one's results
     const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
     _mm512_mask_storeu_ps(ph + j, k16, _mm512_div_ps(_mm512_maskz_loadu_ps(k16, ph + j), total));
@@ -556,10 +561,11 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
     float* ph = sc + q * ld;
     const int64_t r = q / g, n = q < nq ? ks.n[t0 + r] : 0;
     for (int64_t j = 0; j < n; ++j) ph[j] = ph[key(r, j)] * scale;
-    if (n) softmax_row(ph, n);
+    // softmax_row's weights, each divided by the sum here rather than in a pass of its own
+    const __m512 total = _mm512_set1_ps(n ? softmax_exp(ph, n) : 1.f);
     for (int64_t j = 0; j < steps * 32; j += 16) {
       const __mmask16 k16 = j >= n ? 0 : n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-      const __m512 v = _mm512_maskz_loadu_ps(k16, ph + j);
+      const __m512 v = _mm512_maskz_div_ps(k16, _mm512_maskz_loadu_ps(k16, ph + j), total);
       const __m256i hi = (__m256i)_mm512_cvtneps_pbh(v);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.phi.data() + q * ld + j), hi);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.plo.data() + q * ld + j),

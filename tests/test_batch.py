@@ -111,15 +111,15 @@ def test_batch_on_transformers_llamas(which, method, params, drafter, tiny_llama
 def _rows_see_only_their_own_keys(lm, alone, close):
     """A batch cache against each sequence alone: ragged prefill, a tree in one row and a chain in
     another, non-contiguous kept slots, compaction and a row leaving; each row scoring only its last
-    k inputs (keep: a prompt's rows are not read) or all of them."""
+    k inputs (logits_to_keep: a prompt's rows are not read) or all of them."""
     ps = [[5, 9, 11, 3], [7, 8], [1, 2, 3, 4, 5, 6, 7]]
-    lg = lm.forward([(p, None, len(p)) for p in ps], keep=[1, 0, 3])          # (3, 3, V)
+    lg = lm.forward([(p, None, len(p)) for p in ps], logits_to_keep=[1, 0, 3])          # (3, 3, V)
     assert lg.shape[1] == 3 and close(lg[0, 0], alone(ps[0])[-1])
     assert close(lg[1, :2], alone(ps[1])) and close(lg[2, :3], alone(ps[2])[-3:])
     for b, p in enumerate(ps):
         lm.keep(b, len(p) - 1, [])                                          # the last token stays pending
     parents, tokens = [-1, -1, 0, 0, 1], [20, 21, 22, 23, 24]
-    lg = lm.forward([([3] + tokens, parents, 1), ([8, 30, 31], [-1, 0], 1), ([7], [], 1)], keep=[0, 2, 0])
+    lg = lm.forward([([3] + tokens, parents, 1), ([8, 30, 31], [-1, 0], 1), ([7], [], 1)], logits_to_keep=[0, 2, 0])
     for node, path in {2: [0, 2], 3: [0, 3], 4: [1, 4]}.items():            # each tree leaf as its path alone
         assert close(lg[0, 1 + node], alone(ps[0] + [tokens[i] for i in path])[-1])
     assert close(lg[1, :2], alone([7, 8, 30, 31])[2:]) and close(lg[2, 0], alone(ps[2])[-1])
@@ -203,7 +203,7 @@ def test_eos_in_one_lane_leaves_the_batch_early(backend, target, draft, prompts,
     rows = []
     cls = BACKENDS[backend]
     real = cls.forward
-    monkeypatch.setattr(cls, "forward", lambda self, r, keep=None: rows.append(len(r)) or real(self, r, keep))
+    monkeypatch.setattr(cls, "forward", lambda self, r, k=None: rows.append(len(r)) or real(self, r, k))
     rs = speclab.generate(tgt, ps, "draft-model", draft=draft, max_new_tokens=NEW, backend=backend)
     assert [r.ids for r in rs] == ref
     lanes_rounds = [len(r.trace.rounds) for r in rs]

@@ -60,9 +60,9 @@ def batch_round(lm: BatchSlots, lanes: list[Lane]) -> list[tuple[Round, list[int
         draft_s.append(time.perf_counter() - t)
     t1 = time.perf_counter()
     pending = [lane.ctx.ids[len(lane.ctx.ids) - lane.ctx.pending:] for lane in lanes]
-    keep = [0 if lane.s.drafter.all_rows else 1 + len(tree) for lane, tree in zip(lanes, trees)]
+    to_keep = [0 if lane.s.drafter.all_rows else 1 + len(tree) for lane, tree in zip(lanes, trees)]
     logits = lm.forward([(p + tree.tokens, tree.parents, len(p))                   # 2. verify
-                         for p, tree in zip(pending, trees)], keep)                 # (B, T, V)
+                         for p, tree in zip(pending, trees)], to_keep)              # (B, T, V)
     greedy = lanes[0].s.sampler.greedy
     top = greedy_ids(logits).tolist() if greedy else None    # one host transfer per round, whole batch
     verify_s = time.perf_counter() - t1
@@ -70,7 +70,7 @@ def batch_round(lm: BatchSlots, lanes: list[Lane]) -> list[tuple[Round, list[int
     for b, (lane, tree, pend) in enumerate(zip(lanes, trees, pending)):
         t2 = time.perf_counter()
         s, P = lane.s, len(pend)
-        k = keep[b] or P + len(tree)                # this lane's rows: after its last k inputs
+        k = to_keep[b] or P + len(tree)             # this lane's rows: after its last k inputs
         rows = logits[b, :k]                                                        # (k, V)
         (path, emitted, dist, tries), p_at = accept(s, tree, rows[k - 1 - len(tree):],   # 3. accept
                                                     top[b][k - 1 - len(tree): k] if greedy else None)

@@ -307,15 +307,16 @@ class BatchCausalLM(BatchSlots):
 
     @torch.inference_mode()
     def forward(self, rows: list[tuple[list[int], list[int] | None, int]],
-                keep: list[int] | None = None) -> torch.Tensor:
+                logits_to_keep: list[int] | None = None) -> torch.Tensor:
         """rows[b] = (ids, parents, n_prefix) as in CausalLM.forward, one per cache row, each after
         that row's committed tokens. Returns logits (B, T', V): row b's first k_b are the logits after
-        its last k_b inputs, k_b = keep[b] (0 or no keep: all len(ids) of them)."""
+        its last k_b inputs, k_b = logits_to_keep[b] (0, or no list: all len(ids) of them)."""
         B, S = len(rows), self.width
-        T = max(len(ids) for ids, _, _ in rows)
-        ks = [k or len(ids) for k, (ids, _, _) in zip(keep or [0] * B, rows)]
+        lens = [len(ids) for ids, _, _ in rows]
+        T = max(lens)
+        ks = [k or n for k, n in zip(logits_to_keep or [0] * B, lens)]
         # the positions any row scores (the head on those only): row b's are n_b - k_b .. n_b - 1
-        at = sorted({i for k, (ids, _, _) in zip(ks, rows) for i in range(len(ids) - k, len(ids))})
+        at = None if ks == lens else sorted({i for k, n in zip(ks, lens) for i in range(n - k, n)})
         inp = torch.zeros(B, T, dtype=torch.long)
         pos = torch.zeros(B, T, dtype=torch.long)
         vis = torch.zeros(B, T, S + T, dtype=torch.bool)       # True = may attend
@@ -332,12 +333,14 @@ class BatchCausalLM(BatchSlots):
         mask = torch.zeros(B, 1, T, S + T, dtype=self.dtype).masked_fill(~vis[:, None], torch.finfo(self.dtype).min)
         out = self.model(input_ids=inp.to(self.device), position_ids=pos.to(self.device),
                          attention_mask=mask.to(self.device), use_cache=True, **cache_kw(self.model, self.cache),
-                         logits_to_keep=torch.tensor(at, device=self.device))
+                         logits_to_keep=0 if at is None else torch.tensor(at, device=self.device))
         self.first = [S] * B
         self.forwards += 1
+        if at is None:                                          # every row keeps all its inputs: no copy
+            return out.logits.float()
         col = {i: c for c, i in enumerate(at)}                  # position -> column of out.logits
-        idx = torch.tensor([[col[len(ids) - k + j] if j < k else 0 for j in range(max(ks))]
-                            for k, (ids, _, _) in zip(ks, rows)], device=self.device)   # (B, T')
+        idx = torch.tensor([[col[n - k + j] if j < k else 0 for j in range(max(ks))]
+                            for k, n in zip(ks, lens)], device=self.device)   # (B, T')
         return out.logits.gather(1, idx[..., None].expand(-1, -1, out.logits.shape[-1])).float()
 
     def compact(self):

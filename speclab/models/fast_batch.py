@@ -8,8 +8,8 @@ visibility mask). Sequence b's committed slots stay in the order it wrote them, 
 bf16 kernel (row by row, every row's keys summed in cache order) a sequence decoded in a batch gets
 bit for bit the logits it gets decoded alone, whatever the other sequences do.
 
-Same interface as BatchCausalLM (both are BatchSlots): forward(rows, keep) -> (B, T, V), keep,
-retain, compact, crowded.
+Same interface as BatchCausalLM (both are BatchSlots): forward(rows, logits_to_keep) -> (B, T, V),
+keep, retain, compact, crowded.
 """
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ class FastBatchLM(BatchSlots):
 
     @torch.inference_mode()
     def forward(self, rows: list[tuple[list[int], list[int] | None, int]],
-                keep: list[int] | None = None) -> torch.Tensor:
+                logits_to_keep: list[int] | None = None) -> torch.Tensor:
         """rows[b] = (ids, parents, n_prefix) as in CausalLM.forward, one per sequence, each after
         that sequence's committed tokens. Returns logits (B, T, V): row b's first k_b are the logits
-        after its last k_b inputs, k_b = keep[b] (0 or no keep: all len(ids) of them)."""
+        after its last k_b inputs, k_b = logits_to_keep[b] (0, or no list: all len(ids) of them)."""
         lens = [len(ids) for ids, _, _ in rows]
-        ks = [k or n for k, n in zip(keep or [0] * len(rows), lens)]
+        ks = [k or n for k, n in zip(logits_to_keep or [0] * len(rows), lens)]
         N = sum(lens)
         if self.width + N > self.lm.max_len:
             self.compact()

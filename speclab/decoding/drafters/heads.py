@@ -249,8 +249,9 @@ class MedusaDrafter(FeatureReader, Drafter):
             raise ValueError(f"medusa paths go {deepest} deep but the model has {heads.n_heads} heads: "
                              f"use paths of at most {heads.n_heads} ranks")
         self.ranks = max(max(p) for p in self.paths) + 1
-        self.deepest = deepest                  # only the heads the tree reads run (the calibrated
-        W = heads.lm_head.weight                # tree of 5 reads heads 1-2 of 4); W (N, C): the target's kept rows
+        # only the heads the tree reads run (the calibrated tree of 5 reads heads 1-2 of 4)
+        self.deepest = deepest
+        W = heads.lm_head.weight                                    # (N, C): the target's kept rows
         # the trimmed head and the blocks in speclab's bf16 kernel where it runs (F.linear reads
         # them ~3x slower); the first layers, which all read the same norm(x), as one matrix
         self.w1 = self.w2 = None

@@ -89,6 +89,13 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         prompts = [chat_prompt(tok, p) for p in prompts]
     n_pos = getattr(model.config, "max_position_embeddings", None)
     ids = [encode_one(tok, p, max_new_tokens, n_pos, i if batch else None) for i, p in enumerate(prompts)]
+    if method == "oracle" and custom is None and not batch and method_params_.get("reference") is None:
+        # the answer it drafts: ar's, same sampler, seed and backend, decoded before the run (not in its
+        # timing), once its settings are known to be good
+        m.build(model, None, **dict(method_params_, reference=[]))
+        ar = generate(tgt, ids[0], "ar", max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                      top_p=top_p, seed=seed, record=None, backend=backend)
+        method_params_ = dict(method_params_, reference=ar.ids)
     extra = {"backend": backend} if custom is None and takes_backend(method) else {}
     build = lambda: custom or m.build(model, dft[0] if dft else None, **method_params_, **extra)   # a new drafter
     models = {"target": model_info(model, getattr(model, "name_or_path", "target"))}

@@ -14,12 +14,14 @@ BASE = ["bench", "--target", "code-target", "--limit", "2", "--max-new-tokens", 
 
 def test_bench_rows_peers_and_whatif(capsys, tmp_path):
     out = tmp_path / "b.json"
-    code = main(BASE + ["--draft", "code-draft", "--methods", "ar,draft-model[k=3],hf-greedy,hf-assisted,prompt-lookup,tree-dynamic[budget=4]",
+    code = main(BASE + ["--draft", "code-draft", "--methods", "draft-model[k=3],hf-greedy,ar,hf-assisted,prompt-lookup,tree-dynamic[budget=4],oracle[k=3]",
                         "--prompts", "code-complete", "--whatif", "--json", str(out), "--html", str(tmp_path / "b.html")])
     assert code == 0 and "| draft-model[k=3] |" in capsys.readouterr().out
     res = json.loads(out.read_text())
     rows = {r["method"]: r for r in res["rows"]}
-    assert set(rows) == {"ar", "draft-model[k=3]", "hf-greedy", "hf-assisted", "prompt-lookup", "tree-dynamic[budget=4]"}
+    assert set(rows) == {"ar", "draft-model[k=3]", "hf-greedy", "hf-assisted", "prompt-lookup", "tree-dynamic[budget=4]",
+                         "oracle[k=3]"}
+    assert res["rows"][0]["method"] == "ar"                     # the baseline runs first: the oracle drafts its output
     for r in rows.values():
         assert {"method", "prompt_set", "wall_s", "tokens_per_s", "speedup_vs_ar", "tau", "alpha",
                 "identical_rate"} <= set(r)
@@ -28,6 +30,7 @@ def test_bench_rows_peers_and_whatif(capsys, tmp_path):
     dm = rows["draft-model[k=3]"]
     assert 1.0 <= dm["tau"] <= 4.0 and 0.0 <= dm["alpha"] <= 1.0 and dm["draft_forwards"] > 0
     assert len(dm["accept_unconditional"]) >= 3 and dm["efficiency"] > 0
+    assert rows["oracle[k=3]"]["alpha"] == 1.0 and rows["oracle[k=3]"]["tau"] > dm["tau"]   # a perfect draft
     assert [w["k"] for w in res["whatif"] if w["threshold"] is None][:3] == [1, 2, 3]
     assert (tmp_path / "b.html").read_text().count("plotly") > 0
     # a tree method ran: the verify forward's cost by row count, in one-token forwards

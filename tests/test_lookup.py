@@ -156,3 +156,42 @@ def test_a_shared_history_carries_text_across_calls(target):
     assert speclab.Trace.from_dict(json.loads(json.dumps(b.trace.to_dict()))).method == "suffix"
     c = speclab.run(target, LATER, "suffix", max_new_tokens=12, history=speclab.SuffixHistory())
     assert own_text_only(c.trace)                                # a fresh history knows nothing
+
+
+ORACLE_PROMPT = "def add(a, b):\n    return"
+
+
+def test_the_oracle_drafts_ars_answer_and_the_target_takes_every_draft(target):
+    """With no reference, generate decodes ar's answer first: every draft is then the target's own
+    choice, so each round commits k + 1 tokens (the ceiling a perfect draft of length k reaches)."""
+    import math
+    import speclab
+    ref = speclab.generate(target, ORACLE_PROMPT, "ar", max_new_tokens=40, record=None)
+    r = speclab.generate(target, ORACLE_PROMPT, "oracle", max_new_tokens=40, k=4)
+    t = r.trace.totals
+    assert r.ids == ref.ids and t.drafted > 0 and t.accepted == t.drafted
+    assert t.target_forwards == math.ceil(len(ref.ids) / 5)
+    assert all(n.source.startswith("reference@") for rnd in r.trace.rounds for n in rnd.nodes)
+    assert "reference" not in r.trace.params and r.trace.params["k"] == 4   # ar's output is the trace's output
+
+
+def test_the_oracle_stops_drafting_once_the_text_leaves_its_reference(target):
+    import speclab
+    ref = speclab.generate(target, ORACLE_PROMPT, "ar", max_new_tokens=24, record=None).ids
+    wrong = ref[:6] + [(ref[6] + 1) % target[0].config.vocab_size] + ref[7:]
+    r = speclab.generate(target, ORACLE_PROMPT, "oracle", max_new_tokens=24, k=3, reference=wrong)
+    assert r.ids == ref                                            # lossless whatever it drafts
+    off = [rnd.info.get("off_reference", False) for rnd in r.trace.rounds]
+    assert not off[0] and off[-1] and off == sorted(off)           # once off, off for good
+    assert r.trace.totals.accepted < r.trace.totals.drafted        # the wrong token was rejected
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(reference="abc"), "reference must be a list of token ids"),
+                                    (dict(reference=[1, -2]), "reference must be a list of token ids"),
+                                    (dict(k=0), "k must be an integer >= 1")])
+def test_the_oracle_rejects_bad_input(target, kw, msg):
+    import speclab
+    with pytest.raises(ValueError, match=msg):
+        speclab.generate(target, ORACLE_PROMPT, "oracle", max_new_tokens=4, **kw)
+    with pytest.raises(ValueError, match="does not run in a batch yet"):
+        speclab.generate(target, [ORACLE_PROMPT, ORACLE_PROMPT], "oracle", max_new_tokens=4)

@@ -123,18 +123,31 @@ def fp32_ar(fp32):
     return [speclab.generate(fp32, q, "ar", max_new_tokens=32, chat=True, record=None).ids for q in QUESTIONS]
 
 
-@pytest.mark.parametrize("method", ["prompt-lookup", "recycling", "draft-model", "eagle", "eagle-chain", "medusa"])
+@pytest.mark.parametrize("method", ["prompt-lookup", "recycling", "oracle", "draft-model", "eagle", "eagle-chain",
+                                    "medusa"])
 def test_fp32_lossless_methods_identical_to_ar(fp32, fp32_ar, method):
     kw = {}
     if method == "draft-model":
         if "smollm2-draft" not in zoo.zoo_names():
             pytest.skip("smollm2-draft is not in the zoo")
         kw = dict(draft=zoo.load_shared("smollm2-draft", "cpu", "fp32"), k=4)
-    elif zoo.paired_draft("smollm2-135m", "medusa" if method == "medusa" else "eagle") is None:
+    elif method in ("eagle", "eagle-chain", "medusa") and \
+            zoo.paired_draft("smollm2-135m", "medusa" if method == "medusa" else "eagle") is None:
         pytest.skip(f"no head for {method} in the zoo")     # else the zoo's head, loaded in fp32
     for q, ref in zip(QUESTIONS, fp32_ar):
         r = speclab.generate(fp32, q, method, max_new_tokens=32, chat=True, record=None, **kw)
         assert r.ids == ref, (method, q)
+
+
+def test_bf16_oracle_drafts_are_all_accepted_where_the_kernel_runs(bf16):
+    """The oracle drafts ar's own answer: in bf16 every draft is accepted exactly when a verify of
+    k + 1 rows gives each row the logits a one-token forward gives it (speclab's kernel)."""
+    from speclab.models import kernels
+    if not kernels.available("cpu", torch.bfloat16):
+        pytest.skip("speclab's bf16 kernel does not run on this CPU")
+    for q in QUESTIONS:
+        t = speclab.generate(bf16, q, "oracle", max_new_tokens=48, chat=True, k=5, record=None).trace.totals
+        assert t.drafted > 0 and t.accepted == t.drafted, q
 
 
 def test_bf16_divergences_are_near_ties(bf16):

@@ -64,9 +64,11 @@ def _split_top(s: str) -> list[str]:
     return parts
 
 
-def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit_layer, record, history=None):
+def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit_layer, record, history=None,
+            reference=None):
     """One method on one prompt (or, given a list of prompts, on them as one batch: a list of runs).
-    `history`: the pass's SuffixHistory, for methods that take one."""
+    `history`: the pass's SuffixHistory, for methods that take one; `reference`: ar's output on this
+    prompt in this pass, for the oracle (which would otherwise decode it again)."""
     import speclab
     if spec.method in PEERS:
         r = run_peer(spec.method, target[0], target[1], prompt_ids, max_new_tokens,
@@ -77,6 +79,8 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
     params = dict(spec.params)
     if history is not None and "history" in method_params(spec.method):
         params["history"] = history
+    if reference is not None and spec.method == "oracle" and "reference" not in params:
+        params["reference"] = reference
     if "record" in params:                      # per-method recording level, e.g. ar[record=none]
         record = None if params["record"] in ("none", None) else params.pop("record")
         params.pop("record", None)
@@ -129,7 +133,8 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         specs = [MethodSpec(base, base)] + specs
     from speclab.bench.vllm_peer import VLLM_PEERS, run_vllm_peer_passes
     vllm = [s for s in specs if s.method in VLLM_PEERS]
-    ours = [s for s in specs if s.method not in VLLM_PEERS]
+    # the baseline first in each prompt's turn: the oracle drafts its output
+    ours = sorted((s for s in specs if s.method not in VLLM_PEERS), key=lambda s: s.label != base)
     batched = lambda s: batch_size > 1 and s.method not in PEERS and get_method(s.method).engine == "speculative"
     for s in ours:                                            # warm-up: every code path once
         run_one(s, target, draft, prompt_ids[:batch_size] if batched(s) else prompt_ids[0], 8, k, exit_layer, record)
@@ -163,8 +168,9 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                     runs[s.label][rep][i:i + len(chunk)] = run_one(s, target, draft, chunk, max_new_tokens, k,
                                                                    exit_layer, record, history[s.label])
                 for j, ids in enumerate(chunk if not batched(s) else []):
+                    ar_run = runs[base][rep][i + j]
                     runs[s.label][rep][i + j] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer,
-                                                        record, history[s.label])
+                                                        record, history[s.label], ar_run and ar_run["ids"])
                     if probe is not None and s.label == base:   # the run and the stream right after it
                         r = runs[s.label][rep][i + j]
                         probe.sample(ar_tokens_per_s=len(r["ids"]) / r["wall_s"])

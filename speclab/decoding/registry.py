@@ -63,6 +63,14 @@ def _suffix(target, draft, max_k=16, factor=1.0, min_match=2, k=None, history=No
                                key=SuffixHistory.key_of(target)), gate, True)
 
 
+def _oracle(target, draft, reference=None, k=5):
+    from speclab.decoding.drafters.oracle import OracleDrafter
+    if reference is None:
+        raise ValueError("oracle drafts a known answer: pass reference=[token ids] (speclab.generate decodes it "
+                         "with ar first when none is given)")
+    return OracleDrafter(reference, k=k)
+
+
 def _recycling(target, draft, k=6, topk=8, width=1, budget=None):
     from speclab.decoding.drafters.recycling import RecyclingDrafter
     return RecyclingDrafter(k=k, topk=topk, width=width, budget=budget)
@@ -111,6 +119,9 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            "copy what followed the last n-gram's previous occurrence", _prompt_lookup),
     Method("suffix", "model-free", "speculative", True, False,
            "suffix automaton over prompt, output and the caller's earlier requests (SuffixDecoding)", _suffix),
+    Method("oracle", "model-free", "speculative", True, False,
+           "drafts the next k tokens of the known answer (ar's, decoded first): the ceiling a perfect draft of "
+           "length k reaches", _oracle),
     Method("recycling", "model-free", "speculative", True, False,
            "Token Recycling: top-k successor matrix refreshed by every verify", _recycling),
     Method("lookahead", "model-free", "speculative", True, False,
@@ -192,9 +203,10 @@ def method_defaults(name: str) -> dict:
     return {p: sig[p].default for p in method_params(name)}
 
 
-# parameters that pass a caller-owned object (state that outlives one request), not a setting:
-# a run reads and updates them, but they are neither recorded in a trace nor shown as a knob
-OWNED_PARAMS = ("history",)
+# parameters that pass what the caller owns, not a setting: an object whose state outlives one
+# request (history), or data (the oracle's reference: by default ar's output, which a greedy run's
+# own output repeats). A run reads them, but they are neither recorded in a trace nor shown as a knob
+OWNED_PARAMS = ("history", "reference")
 
 
 def recorded_params(params: dict) -> dict:

@@ -6,6 +6,7 @@ Run one by hand with: .venv/bin/python -m pytest --nbmake notebooks/01_speculati
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,9 @@ def test_how_to_run_install_cell_and_stripped_outputs(path):
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None, "commit notebooks with outputs stripped"
+    # nbformat 4.5 cells carry ids (a missing one is a warning now, an error in later nbformat)
+    ids = [c.get("id") for c in json.loads(path.read_text())["cells"]]
+    assert None not in ids and len(set(ids)) == len(ids), "give every cell a unique id"
 
 
 @pytest.mark.slow

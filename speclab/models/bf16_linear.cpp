@@ -419,27 +419,34 @@ static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t
 // read the same keys in a step by one comparison. Measured (SmolLM2, old / new in one process): a
 // mask's rows scanned for every layer and key/value head and compared key by key at every step had
 // cost a 6-node tree verify 0.15-0.2 ms and a 12-node one 0.25 ms, after 200 or 1,000 tokens.
+// A mask's lists are stored back to back (row t's from start[t]): as many entries as the mask has
+// visible slots, not T x S (a batch's prefill of 8 long prompts: ~7M, not ~100M).
 struct KeyLists {
   const bool* M;                     // (T, S) mask, or nullptr: row t sees slots 0..past+t
-  int64_t S, R;
-  std::vector<int64_t> list, n, lcp; // (T, S) a mask's rows' keys ((S,) 0..S-1 if causal), (T,), (T, R)
+  int64_t R;
+  std::vector<int64_t> list, start, n, lcp;   // the keys ((S,) 0..S-1 if causal), (T,), (T,), (T, R)
   KeyLists(const bool* M, int64_t T, int64_t S, int64_t past, int64_t R)
-      : M(M), S(S), R(R), list(M ? T * S : S), n(T), lcp(M ? T * R : 0) {
-    if (!M) std::iota(list.begin(), list.end(), 0);
-    for (int64_t t = 0; t < T; ++t) {
-      if (!M) { n[t] = past + t + 1; continue; }
-      int64_t k = 0;
-      for (int64_t j = 0; j < S; ++j)
-        if (M[t * S + j]) list[t * S + k++] = j;
-      n[t] = k;
+      : M(M), R(R), start(M ? T : 0), n(T), lcp(M ? T * R : 0) {
+    if (!M) {
+      list.resize(S);
+      std::iota(list.begin(), list.end(), 0);
+      for (int64_t t = 0; t < T; ++t) n[t] = past + t + 1;
     }
+    for (int64_t t = 0; M && t < T; ++t) {      // count, then list
+      n[t] = std::count(M + t * S, M + (t + 1) * S, true);
+      start[t] = t ? start[t - 1] + n[t - 1] : 0;
+    }
+    if (M) list.resize(T ? start[T - 1] + n[T - 1] : 0);
+    for (int64_t t = 0; M && t < T; ++t)
+      for (int64_t j = 0, k = start[t]; j < S; ++j)
+        if (M[t * S + j]) list[k++] = j;
     for (int64_t t = 0; M && t < T; ++t)        // against each row of its own group
       for (int64_t u = t / R * R; u < std::min(T, t / R * R + R); ++u) {
         const int64_t m = std::min(n[t], n[u]);
         lcp[t * R + u % R] = std::mismatch(of(t), of(t) + m, of(u)).first - of(t);
       }
   }
-  const int64_t* of(int64_t t) const { return list.data() + (M ? t * S : 0); }
+  const int64_t* of(int64_t t) const { return list.data() + (M ? start[t] : 0); }
   int64_t common(int64_t t, int64_t u) const { return M ? lcp[t * R + u % R] : std::min(n[t], n[u]); }
 };
 

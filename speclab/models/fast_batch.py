@@ -52,16 +52,16 @@ class FastBatchLM(BatchSlots):
         ids_all = torch.tensor([t for ids, _, _ in rows for t in ids], dtype=torch.long)
         pos = torch.zeros(N, dtype=torch.long)
         vis = torch.zeros(N, S + N, dtype=torch.bool)                     # True = may attend
-        o = 0
-        for b, ((_, parents, n_prefix), n) in enumerate(zip(rows, lens)):
+        o, scored = 0, []                                                 # the rows whose logits are kept
+        for b, ((_, parents, n_prefix), n, k) in enumerate(zip(rows, lens, ks)):
             vis[o:o + n, self.slots[b]] = True                            # its committed keys only
             offset, see = row_layout(parents, n_prefix, n)
             pos[o:o + n] = len(self.slots[b]) + offset
             vis[o:o + n, S + o:S + o + n] = see
             self.first[b] = S + o
+            scored += range(o + n - k, o + n)
             o += n
-        ends = torch.tensor(lens).cumsum(0).tolist()
-        score = None if ks == lens else torch.tensor([i for e, k in zip(ends, ks) for i in range(e - k, e)])
+        score = None if ks == lens else torch.tensor(scored)
         logits = self.lm.forward_rows(ids_all.to(self.device), pos, vis, score)   # (sum ks, V)
         self.forwards += 1
         T = max(ks)

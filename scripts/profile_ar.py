@@ -4,7 +4,7 @@
 
 Prints ms per token in the fused call of all the decoder layers and in the LM head, the rest (outside the
 kernels), and each call's weight-read rate, beside the rates the bench's BandwidthProbe measures.
-Needs a CPU with avx512_bf16 (where the kernel runs). BENCHMARKS.md, twenty-third stop.
+Needs a CPU with avx512_bf16 (where the kernel runs). How to read it: docs/performance.md.
 """
 import argparse
 import time

@@ -30,12 +30,11 @@ REPO = Path(__file__).resolve().parents[2]
 VENV = ".venv-vllm"
 VLLM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
                "fp16": "float16", "float16": "float16"}
-# k per peer when the caller gives none: ngram at k = 8 (the setting measured at ~110 tok/s in
-# issue 19), the draft at speclab's own default, suffix at vLLM's own (its tree depth, 24)
+# k per peer when the caller gives none: ngram at k = 8 (its best setting on smollm2-135m, BENCHMARKS.md,
+# vLLM), the draft at speclab's own default, suffix at vLLM's own (its tree depth, 24)
 DEFAULT_K = {"vllm-ngram": 8, "vllm-draft": 4, "vllm-suffix": None, "vllm-eagle": 4}
-# n-grams of 4 down to 2: a quick look on smollm2-135m (2 chat + 2 code-edit prompts x 64, bf16) gave
-# 72 tok/s over the four against 37 with 4..1, whose one-token matches draft 8 tokens nearly every
-# step on chat and almost never hit (alpha 0.02); the code-edit prompts were about even
+# n-grams of 4 down to 2: a one-token match drafts 8 tokens at nearly every step on chat and is
+# almost never accepted, so 4..1 runs slower than 4..2 on chat and no faster on code
 NGRAM_MAX, NGRAM_MIN = 4, 2
 
 

@@ -91,8 +91,8 @@ def _tree_dynamic(target, draft, budget=10, width=3, depth=5, threshold=None, ba
     return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth, threshold=threshold, backend=backend)
 
 
-# sized for a CPU verify (BENCHMARKS.md, fifteenth stop); threshold 0.2 drafts a fifth less and never
-# lost more than 0.01x in three runs (twenty-second stop)
+# a tree of 5 nodes, 3 deep: a verify of up to 6 rows costs one pass of the CPU kernel without AMX;
+# threshold 0.2 stops growing where the head is unsure, drafting less at no loss of speed (BENCHMARKS.md, eagle)
 def _eagle(target, draft, budget=5, width=3, depth=3, vocab=None, threshold=0.2, lookup=0, ngram=2):
     from speclab.decoding.drafters.heads import EagleDrafter
     return EagleDrafter(target, draft, budget=budget, width=width, depth=depth, vocab=vocab, threshold=threshold,

@@ -8,9 +8,9 @@ module name, so held-out prompts come from code the models never saw:
 
 Test suites (test/, tests/, idle_test/) and site-packages are excluded, except that the
 `stdlib+tests` corpus adds the standard library's own test suite to the TRAINING side (about 3x
-the tokens; the held-out split is the same either way). Measured: on the 2.8M-token `stdlib`
-corpus the 12.5M-parameter target's training loss kept falling while its held-out loss stopped
-(4.80 -> 4.81 over 150 more steps): it had started to memorise, so it needs more text.
+the tokens; the held-out split is the same either way). Why: on the 2.8M-token `stdlib` corpus
+alone the 12.5M-parameter target's training loss keeps falling while its held-out loss stops: it
+memorises, so it needs more text.
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@ people wrote (a dev set such as `chat-dev`): the compass for training text, and 
 pick their checkpoint by.
 
 Why: the held-out rows of the training text (questions the target wrote itself) overstate what a
-drafter does on questions people write. On the EAGLE head shipped 2026-11-26, step-1 top-1 was 0.54
-on held-out Magpie answers against 0.44-0.46 after hand-written questions, with the target as sure
-of its answers in both (BENCHMARKS.md, twentieth stop); the draft model shows the same gap.
+drafter does on questions people write: a head's first guess agrees less often after hand-written
+questions than after the target's own, with the target as sure of its answers in both (BENCHMARKS.md,
+training text); the draft model shows the same gap.
 
   answers(base, tok, prompts, layers)   `ar` writes each answer (so each answer token IS the target's
                                         greedy token); with `layers`, the target's states over prompt +

@@ -128,12 +128,11 @@ OPENERS = ("Explain", "Write", "Describe", "Give", "Create", "Generate", "List",
            "How", "Why", "Suggest", "Rewrite", "Design", "Calculate", "Outline", "Identify", "Translate", "Classify")
 
 
-# Self-instruct questions (--self-instruct), for the gap above, now measured by
-# scripts/head_agreement.py: the EAGLE head's step-1 top-1 agreement, teacher-forced on the first
-# 128 answer tokens, is 0.54-0.55 after Magpie questions (held out) and 0.44-0.46 after hand-written
-# ones (the bench's 20, and 20 others), although the target is as sure of its answers there. So the
-# target is shown a numbered list of hand-written seed questions and writes the next one
-# (Self-Instruct's bootstrap, without its filtering model).
+# Self-instruct questions (--self-instruct), for the gap above: a drafter trained on Magpie questions
+# agrees less often with the target after hand-written questions than after the target's own,
+# although the target is as sure of its answers there (scripts/head_agreement.py measures the gap;
+# BENCHMARKS.md, training text). So the target is shown a numbered list of hand-written seed
+# questions and writes the next one (Self-Instruct's bootstrap, without its filtering model).
 SEED_QUESTIONS = Path(__file__).with_name("seed_questions.txt")
 # the bench's chat questions (test and dev sets) stay held out: a written question whose content
 # words mostly match one of theirs is dropped (read as data; training code does not import the bench)

@@ -46,7 +46,7 @@ def select_head_ids(tokens: torch.Tensor, n: int, always: list[int], vocab_size:
 
     fill: top up to `n` with the lowest unseen ids. A BPE vocabulary is numbered in merge order, so
     low ids are the tokens frequent in the tokenizer's own corpus: with ~100 chat rows, a held-out
-    answer's words are often unseen ones (coverage 0.885 -> 0.899 at n=8192 on this data).
+    answer's words are often unseen ones, and the low ids cover more of them than nothing does.
     """
     if counts is None:
         counts = torch.bincount(tokens.long().flatten(), minlength=vocab_size)

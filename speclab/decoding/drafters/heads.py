@@ -118,7 +118,7 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
     def fuse(self, feats: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """(T, C) pre-norm features, (T,) next tokens -> the head's (T, C) inputs."""
         # the head's final norm (a frozen copy of the target's) as its lean forward applies it:
-        # in speclab's kernel where it runs, where the module call costs ~60 us a step
+        # in speclab's kernel where it runs, which costs less than the norm module's own call
         return eagle_fuse(self.head, self.lm.rms(feats.to(self.lm.dtype), self.lm.norm), tokens, self.fc)
 
     def feed(self, ctx: Context, subset: bool = False):
@@ -172,7 +172,7 @@ class EagleDrafter(EagleChainDrafter):
         # tree_threshold: where the tree stops growing (self.threshold is the chain drafter's, unused here)
         self.budget, self.width, self.depth, self.tree_threshold = budget, width, depth, threshold
         # lookup: up to this many tokens copied after an earlier occurrence of the last n >= ngram
-        # tokens, grafted onto the tree (a 1-token match is mostly chance: BENCHMARKS.md, twenty-third stop)
+        # tokens, grafted onto the tree (a 1-token match is mostly chance: BENCHMARKS.md, eagle)
         self.lookup = None
         if lookup:
             check_k(lookup, "lookup")

@@ -7,7 +7,7 @@ prompt-lookup   find an earlier occurrence of the last n tokens (n = max_ngram d
                 tends to go on; k_full = k turns this off). The default k = 5 fits the bf16 CPU
                 kernel: it applies each weight to up to 6 rows in one pass, so a verify of 1 + 5
                 rows costs about what one row costs, and 1 + 11 rows two passes (BENCHMARKS.md,
-                seventeenth stop). With `grow` > 0 the draft length also follows the evidence:
+                the cost of a verify). With `grow` > 0 the draft length also follows the evidence:
                 min(k, max(1, grow * (n - 1))) for a match of n tokens, so a lone 1-gram hit
                 (often chance) costs a 2-token verify, not a longer one.
 suffix          SuffixDecoding: a suffix automaton over the prompt, the output so far AND, given a

@@ -47,6 +47,8 @@ def status_html(trace: Trace) -> str:
     else:
         stats = (f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha}, target forwards {t.target_forwards}, "
                  f"draft forwards {t.draft_forwards}")
+    T = trace.sampling.temperature
+    stats += ", greedy" if not T else f", sampled at T = {T:g}"
     return (f"<b>{html.escape(trace.method)}</b> ({html.escape(models)}): "
             f"prompt <code class='speclab-prompt-echo'>{visible_text(runs.prompt_text(trace))}</code> &rarr; "
             f"<code class='speclab-output'>{visible_text(runs.output_text(trace))}</code><br>"

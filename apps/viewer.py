@@ -76,6 +76,9 @@ class Viewer:
         with pn.io.hold():
             self.trace, self.step = trace, 0
             self.dist_temp.value = trace.sampling.temperature or 1.0        # the temperature that ran
+            # a greedy run records p and q at T = 1: the slider says so rather than "1.0" alone
+            self.dist_temp.name = ("show p and q at temperature" if trace.sampling.temperature
+                                   else "show p and q at temperature (the run was greedy; recorded at T = 1)")
             self.status.object = status_html(trace)
             self.player.stylesheets = [player_css(step_label(trace))]
             self.step_fig.object = step_figure(trace, 0)

@@ -218,6 +218,28 @@ class Trace:
     def text_of(self, token: int) -> str:
         return self.token_text.get(int(token), f"<{token}>")
 
+    def mentioned_ids(self) -> set[int]:
+        """Every token id a view can show: prompt, output, draft nodes, emitted tokens, every
+        recorded top-k candidate (p, q, residual), a diffusion step's proposals and canvas, a DAG's
+        emissions and outputs. Engines fill `token_text` from this, so no view shows an id."""
+        ids = set(self.prompt_ids) | set(self.output_ids)
+        tops = []
+        for r in self.rounds:
+            ids.update(n.token for n in r.nodes)
+            ids.update(r.path_tokens)
+            if r.emitted >= 0:
+                ids.add(r.emitted)
+            tops += [n.p_topk for n in r.nodes] + [n.q_topk for n in r.nodes] + [r.residual_topk]
+        for s in self.denoise:
+            ids.update(s.top1)
+            ids.update(s.tokens)
+            ids.update(s.committed_tokens)
+        if self.dag is not None:
+            tops += self.dag.emissions_topk
+            ids.update(t for out in self.dag.outputs.values() for t in out)
+        ids.update(int(t) for top in tops if top for t, _ in top)
+        return {int(i) for i in ids}
+
 
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKET = re.compile(r'[^\[\]{}]+')

@@ -51,7 +51,7 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     run = freedave if isinstance(policy, FreeDave) else denoise
     new, steps, totals = run(den, ids, policy, gen_length, block_length, temperature, seed, record,
                                  tok.eos_token_id, eos_stop, progress)
-    seen = ids + new + [den.mask_id] + [t for s in steps for t in s.top1]
+    seen = ids + new + [den.mask_id] + [t for s in steps for t in s.top1 + s.committed_tokens]
     trace = Trace(engine="diffusion", method=method,
                   params=dict(params, gen_length=gen_length, block_length=block_length or gen_length,
                               eos_stop=eos_stop, eos_id=tok.eos_token_id, mask_id=den.mask_id,

@@ -65,7 +65,7 @@ def _split_top(s: str) -> list[str]:
 
 
 def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit_layer, record, history=None,
-            reference=None):
+            reference=None, cache_len=None):
     """One method on one prompt (or, given a list of prompts, on them as one batch: a list of runs).
     `history`: the pass's SuffixHistory, for methods that take one; `reference`: ar's output on this
     prompt in this pass, for the oracle (which would otherwise decode it again)."""
@@ -73,13 +73,13 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
     if spec.method in PEERS:
         r = run_peer(spec.method, target[0], target[1], prompt_ids, max_new_tokens,
                      draft=draft[0] if draft else None, k=spec.params.get("k", k),
-                     exit_layer=spec.params.get("exit_layer", exit_layer))
+                     exit_layer=spec.params.get("exit_layer", exit_layer), max_cache_len=cache_len)
         return dict(ids=r["ids"], wall_s=r["wall_s"], target_forwards=r["target_forwards"], draft_forwards=None,
                     drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=None)
     params = dict(spec.params)
     if history is not None and "history" in method_params(spec.method):
         params["history"] = history
-    if reference is not None and spec.method == "oracle" and "reference" not in params:
+    if reference is not None and "reference" in method_params(spec.method) and "reference" not in params:
         params["reference"] = reference
     if "record" in params:                      # per-method recording level, e.g. ar[record=none]
         record = None if params["record"] in ("none", None) else params.pop("record")
@@ -136,8 +136,10 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     # the baseline first in each prompt's turn: the oracle drafts its output
     ours = sorted((s for s in specs if s.method not in VLLM_PEERS), key=lambda s: s.label != base)
     batched = lambda s: batch_size > 1 and s.method not in PEERS and get_method(s.method).engine == "speculative"
+    cache_len = max(map(len, prompt_ids)) + max_new_tokens   # hf-static's one cache: the longest request
     for s in ours:                                            # warm-up: every code path once
-        run_one(s, target, draft, prompt_ids[:batch_size] if batched(s) else prompt_ids[0], 8, k, exit_layer, record)
+        run_one(s, target, draft, prompt_ids[:batch_size] if batched(s) else prompt_ids[0], 8, k, exit_layer, record,
+                cache_len=cache_len)
     runs = {s.label: [[None] * len(prompts) for _ in range(repeats)] for s in specs}
     for s in vllm:           # a whole set per peer in one vLLM process (its own warm-up, its own venv)
         dtype = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}[str(next(model.parameters()).dtype)[6:]]
@@ -170,7 +172,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                 for j, ids in enumerate(chunk if not batched(s) else []):
                     ar_run = runs[base][rep][i + j]
                     runs[s.label][rep][i + j] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer,
-                                                        record, history[s.label], ar_run and ar_run["ids"])
+                                                        record, history[s.label], ar_run and ar_run["ids"], cache_len)
                     if probe is not None and s.label == base:   # the run and the stream right after it
                         r = runs[s.label][rep][i + j]
                         probe.sample(ar_tokens_per_s=len(r["ids"]) / r["wall_s"])

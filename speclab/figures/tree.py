@@ -66,10 +66,11 @@ def source_text(source: str) -> str:
     """A draft node's provenance in words: a feature head's (decoding/drafters/heads.py), a copy's
     (prompt lookup, also grafted onto an eagle tree); other sources as they are."""
     import re
-    m = re.fullmatch(r"h(\d+)(?:\+(\d+))?", source)
+    m = re.fullmatch(r"h(\d+)(?:\+(\d+))?(?:@L([\d,]+))?", source)
     if m:
         t, j = int(m[1]), int(m[2] or 0)
-        return (f"EAGLE head on the target's hidden state at position {t}"
+        return ((f"EAGLE head on the target's hidden state at position {t}" if not m[3] else    # eagle3: @L<aux layers>
+                 f"EAGLE-3 draft on the target's hidden states at position {t} after layers {m[3].replace(',', ', ')}")
                 + (f", then {j} step{'s' * (j > 1)} on its own predicted features" if j else ""))
     m = re.fullmatch(r"medusa(\d+)@h(\d+)", source)
     if m:

@@ -26,6 +26,7 @@ import panel as pn
 from speclab.apps import guide, runs
 from speclab.apps.form import Form
 from speclab.apps.viewer import Viewer
+from speclab.bench import timing
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.figures.compare import compare_chart
 from speclab.figures.race import race_iframe
@@ -37,6 +38,9 @@ pn.extension("plotly")
 PROJECTOR_ZOOM = 1.4
 # the methods a comparison starts with, per family (the baseline always runs too)
 COMPARE_START = {"speculative": ("draft-model", "prompt-lookup"), "diffusion": ("dllm-threshold", "dllm-freedave")}
+# timed runs per method in a comparison, interleaved (ar, m1, m2, ar, ...): 5 keep a 43-token Compare
+# of three methods on smollm2-135m within a few seconds and give a median and a spread to judge
+COMPARE_REPEATS = 5
 
 
 class Dashboard:
@@ -58,6 +62,9 @@ class Dashboard:
         # -- compare: methods of the form's family, against that family's baseline --------------------
         self.compare_methods = w.MultiChoice(name="methods to compare", options=[])
         self._fit_compare()
+        self.compare_repeats = w.IntSlider(name="timed runs per method (interleaved)", start=1, end=15,
+                                           value=COMPARE_REPEATS, css_classes=["speclab-compare-repeats"])
+        self.compare_timing = None          # the last comparison's timing.Interleaved
         self.compare_button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
         self.compare_out = pn.pane.HTML("", css_classes=["speclab-compare-out"])
         self.compare_chart = pn.pane.Plotly(None, css_classes=["speclab-compare-chart"], sizing_mode="stretch_width",
@@ -103,8 +110,11 @@ class Dashboard:
             "(one target forward per token) for speculative methods, one-per-step denoising for diffusion "
             "policies. speed-up = the baseline's wall time / the method's, tau = new tokens / target forwards, "
             "alpha = accepted / drafted draft tokens. Each method first runs once untimed, so model loading and "
-            "warm-up are not in the timings.",
-            self.compare_methods, self.compare_button, self.compare_out, self.compare_chart, self.race_out)
+            "warm-up are not in the timings; then the methods run in turn (ar, m1, m2, ar, m1, m2, ...) as many "
+            "times as the slider says. Each cell is the median with its spread (min-max); a speed-up is the median "
+            "of the per-turn ratios, marked unreliable (with the reason) when the runs disagree, the spread "
+            "crosses 1.0 or other programs were using the CPUs. The table and the race show each method's median run.",
+            self.compare_methods, self.compare_repeats, self.compare_button, self.compare_out, self.compare_chart, self.race_out)
         files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
                           self.download)
         self.tabs = pn.Tabs(("Step", self.viewer.step_column()), ("Summary", self.viewer.summary_column()),
@@ -249,7 +259,10 @@ class Dashboard:
         """The comparison as a no-argument function for the worker -> (traces, the ar trace, errors).
         `ar` (plain decoding, one target forward per token) always runs: it is the speed-up's
         reference and, when greedy, the lossless check's. Every method first runs once untimed, so
-        no timing includes loading models or the first forwards."""
+        no timing includes loading models or the first forwards; then the methods run interleaved,
+        `compare_repeats` times each (speclab.bench.timing), and the result is a timing.Interleaved.
+        A method with a history (suffix) starts every timed run from the session's history as it
+        was, so no run drafts from an earlier run's answer to this same prompt."""
         family = runs.engine(self.form.method.value)
         if family not in runs.BASELINE:
             raise ValueError("a DAG decodes in one forward: choose dag-all in the form and press Run, and the Step "
@@ -259,23 +272,29 @@ class Dashboard:
         if not chosen:
             raise ValueError(f"choose at least one method to compare with {ref}")
         order = [base, *chosen]
-        jobs = {m: self.job(m) for m in order}                   # checks every method's extras now
+        jobs = {m: self._timed_job(m) for m in order}            # checks every method's extras now
         warm = [self.job(m, warmup=True) for m in order]
+        repeats = int(self.compare_repeats.value)
 
         def work():
             for fn in warm:
                 try:
                     fn()
                 except (ValueError, ModelLoadError):
-                    pass                                         # the timed run below reports it
-            traces, errors = {}, {}
-            for m, fn in jobs.items():
-                try:
-                    traces[m] = fn()
-                except (ValueError, ModelLoadError) as e:
-                    errors[m] = str(e)
-            return traces, traces.pop(base, None), errors
+                    pass                                         # the timed runs below report it
+            errors = {}
+            measured = timing.interleave(jobs, repeats, wall=lambda t: t.totals.wall_s, errors=errors,
+                                         catch=(ValueError, ModelLoadError))
+            traces = {m: measured.median_result(m) for m in measured.results}
+            return traces, traces.pop(base, None), errors, measured
         return work
+
+    def _timed_job(self, method: str):
+        """One timed run of a comparison; a method with a history gets a copy of the session's."""
+        args = self.form.request(method)
+        if "history" not in runs.takes(method):
+            return self.job(method)
+        return lambda: runs.run_one(**dict(args, history=runs.copy_history(self.history)))
 
     def compare_now(self) -> list[dict]:
         try:
@@ -293,7 +312,8 @@ class Dashboard:
             return
         self._busy(True, 1)
         base = runs.BASELINE.get(runs.engine(self.form.method.value), ("ar",))[0]
-        self.queue_note.object = f"running {base} and {', '.join(self.compare_methods.value)} (each once untimed first)"
+        self.queue_note.object = (f"running {base} and {', '.join(self.compare_methods.value)}: each once untimed, "
+                                  f"then {self.compare_repeats.value} timed runs each, interleaved")
         try:
             result = await asyncio.wrap_future(runs.submit(work))
         except Exception as e:
@@ -303,15 +323,18 @@ class Dashboard:
             self._busy(False)
         self._show_compare(*result)
 
-    def _show_compare(self, traces, reference, errors) -> list[dict]:
+    def _show_compare(self, traces, reference, errors, measured=None) -> list[dict]:
         with pn.io.hold():
-            return self._fill_compare(traces, reference, errors)
+            return self._fill_compare(traces, reference, errors, measured)
 
-    def _fill_compare(self, traces, reference, errors) -> list[dict]:
-        ref = runs.BASELINE.get(runs.engine(self.form.method.value), ("ar", "ar"))[1]
-        self.compare_table = runs.compare_rows(traces, reference, ref)
+    def _fill_compare(self, traces, reference, errors, measured=None) -> list[dict]:
+        family = runs.engine(self.form.method.value)
+        base, ref = runs.BASELINE.get(family, ("ar", "ar"))
+        self.compare_timing = measured
+        spread = runs.compare_speedups(measured, base) if measured is not None and reference is not None else None
+        self.compare_table = runs.compare_rows(traces, reference, ref, measured, base)
         self.compare_out.object = runs.rows_html(self.compare_table) if traces else ""
-        chart = compare_chart(traces, reference, ref) if traces else None
+        chart = compare_chart(traces, reference, ref, spread) if traces else None
         self.compare_chart.object, self.compare_chart.visible = chart, chart is not None
         lanes = [t for t in [reference, *traces.values()] if t is not None and t.rounds]
         self.race_out.object = race_iframe(lanes) if len(lanes) > 1 else ""

@@ -152,30 +152,76 @@ def _increments(progress):
 BASELINE = {"speculative": ("ar", "ar"), "diffusion": ("dllm-lowconf", "one-per-step")}
 
 
-def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "ar") -> list[dict]:
+def compare_speedups(measured, base: str) -> dict:
+    """method -> timing.SpeedUp over `base` from an interleaved comparison (the base itself left out)."""
+    return {m: measured.speedup(m, base) for m in measured.walls if m != base and measured.walls.get(base)}
+
+
+def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "ar", measured=None,
+                 base: str = "ar") -> list[dict]:
     """The reference first (when given), then one row per method. `identical` compares output ids
     with the greedy reference (None when sampling, since a sampled run is lossless in distribution,
     not token for token). ref: the reference's name ("ar"; "one-per-step" for diffusion policies),
-    which names the last two columns."""
+    which names the columns. measured: the comparison's timing.Interleaved (its median runs are
+    `traces` and `reference`; `base` is the reference's method name in it): wall s is then the
+    median of the timed runs with its min-max, the speed-up the median of the per-turn ratios with
+    its min-max, and `timing` says whether to trust it and, if not, why. A method slower than the
+    reference says why in `why slower` (metrics.slower_reason: the cost model's one line)."""
     same_col = "identical to greedy ar" if ref == "ar" else f"identical to {ref}"
+    ups = compare_speedups(measured, base) if measured is not None and reference is not None else {}
     rows = []
     for name, t in ([(ref, reference)] if reference is not None else []) + list(traces.items()):
         tot = t.totals
         same = None if reference is None or t.sampling.temperature > 0 else t.output_ids == reference.output_ids
-        up = metrics.speedup(t.totals.wall_s, reference.totals.wall_s if reference is not None else None)
-        rows.append({"method": name, "new tokens": tot.new_tokens, "tau": round(tot.tau, 2),
-                     "alpha": None if tot.alpha is None else round(tot.alpha, 2),
-                     "target fwd": tot.target_forwards, "draft fwd": tot.draft_forwards,
-                     "wall s": round(tot.wall_s, 2), f"speed-up vs {ref}": None if up is None else f"{up:.2f}x",
-                     same_col: ("reference" if t is reference else
-                                {None: "n/a (sampling)", True: "yes", False: "NO"}[same])})
+        key = base if t is reference else name
+        wall = measured.cell(key) if measured is not None and key in measured.walls else None
+        up = ups.get(name)
+        if up is None:
+            v = (1.0 if t is reference else
+                 metrics.speedup(t.totals.wall_s, reference.totals.wall_s if reference is not None else None))
+            up_text, spread, verdict = (None if v is None else f"{v:.2f}x"), "-", "-"
+        else:
+            up_text = f"{up.median:.2f}x"
+            spread = f"{up.ratios.lo:.2f}-{up.ratios.hi:.2f}x"
+            verdict = "reliable" if up.reliable else "unreliable: " + "; ".join(up.reasons)
+        row = {"method": name, "new tokens": tot.new_tokens, "tau": round(tot.tau, 2),
+               "alpha": None if tot.alpha is None else round(tot.alpha, 2),
+               "target fwd": tot.target_forwards, "draft fwd": tot.draft_forwards,
+               "wall s": round(wall.median if wall else tot.wall_s, 3),
+               "wall s spread": f"{wall.lo:.3f}-{wall.hi:.3f}" if wall and wall.n > 1 else "-",
+               f"speed-up vs {ref}": up_text, "spread": spread, "timing": verdict,
+               same_col: ("reference" if t is reference else
+                          {None: "n/a (sampling)", True: "yes", False: "NO"}[same])}
+        if ref == "ar" and reference is not None and t is not reference:
+            row["why slower"] = why_slower(t, reference, up.median if up is not None else None)
+        rows.append(row)
     return rows
 
 
+def why_slower(trace: Trace, reference: Trace, measured_speedup: float | None) -> str:
+    """The cost model's one line for a speculative run slower than its ar reference, else "-"."""
+    if measured_speedup is None:
+        measured_speedup = metrics.speedup(trace.totals.wall_s, reference.totals.wall_s)
+    if measured_speedup is None or measured_speedup >= 1.0 or trace.engine != "speculative":
+        return "-"
+    return metrics.slower_reason(trace, reference, measured_speedup) or "-"
+
+
+def copy_history(history):
+    """A SuffixHistory holding the same requests (a comparison's timed runs each start from it)."""
+    from speclab.decoding.drafters.lookup import SuffixHistory
+    new = SuffixHistory(history.max_tokens)
+    with history.lock:
+        docs = [(key, list(ids)) for (key, _), ids in history._docs.items()]
+    for key, ids in docs:
+        new.add(key, ids)
+    return new
+
+
 def rows_html(rows: list[dict]) -> str:
-    cols = list(rows[0]) if rows else []
+    cols = list(dict.fromkeys(c for r in rows for c in r))     # the reference row has no "why slower"
     head = "".join(f"<th style='padding:2px 10px;text-align:left'>{c}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td style='padding:2px 10px'>{html.escape(str('-' if r[c] is None else r[c]))}</td>"
+    body = "".join("<tr>" + "".join(f"<td style='padding:2px 10px'>{html.escape(str('-' if r.get(c) is None else r[c]))}</td>"
                                     for c in cols) + "</tr>" for r in rows)
     return f"<table class='speclab-compare-table'><tr>{head}</tr>{body}</table>"
 

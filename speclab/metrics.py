@@ -22,6 +22,23 @@
     n_steps        the steps a player walks through: rounds (speculative), denoising forwards
                    (diffusion), strategies (dag).
 
+The cost model (Leviathan et al. 2023; SpecInfer / EAGLE-2 for trees) says why a method is fast or
+slow. Two alphas, not to be confused:
+    alpha          speclab's acceptance rate above: accepted / DRAFTED. Every drafted token counts,
+                   also those after the first rejection, which the target never judged.
+    token_alpha    the papers' per-token acceptance rate: accepted / JUDGED, where a draft token is
+                   judged when the target reached it (every token up to and including the first
+                   rejection; for trees the conditional denominators of per_position). This is the
+                   alpha of tau(alpha, k) below; for a chain accepted / drafted = tau - 1 over k.
+    expected_tau(a, k)   tokens per round of a chain of k with i.i.d. acceptance a:
+                         (1 - a^(k+1)) / (1 - a)   (k + 1 at a = 1)
+    tree_tau(cond)       the same from per-depth conditional acceptance c_1..c_D (a tree, or a chain
+                         whose acceptance changes with depth): 1 + sum_d prod_{j<=d} c_j
+    c (cost ratio)       one round's draft + verify seconds / one ar step's seconds, each the mean
+                         over the decode rounds of its own run (the prompt's prefill round left out)
+    expected speed-up    tau / c;  break-even: the alpha where tau(alpha, k) = c (none when
+                         c >= k + 1: even a draft accepted whole cannot pay for its round)
+
 Pure functions of trace data (duck-typed, no imports from the package), so the trace itself can use
 them (`Totals.tau`, `Totals.alpha`).
 """
@@ -97,3 +114,117 @@ def n_steps(trace) -> int:
     if trace.engine == "diffusion":
         return len(trace.denoise)
     raise ValueError(f"no step view for the {trace.engine!r} engine (speculative, diffusion and dag are supported)")
+
+
+# -- the cost model (the module docstring says which alpha is which) --------------------------------
+def expected_tau(a: float, k: int) -> float:
+    """Expected tokens per round of a chain of k draft tokens, each accepted with probability a
+    (given its predecessors were): (1 - a^(k+1)) / (1 - a); k + 1 at a = 1."""
+    if not 0.0 <= a <= 1.0 or k < 0:
+        raise ValueError(f"alpha must be in [0, 1] and k >= 0, got alpha={a}, k={k}")
+    return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def tree_tau(cond) -> float:
+    """Expected tokens per round from per-depth conditional acceptance c_1..c_D:
+    1 + sum_d prod_{j<=d} c_j (equals expected_tau(a, D) when every c_j = a)."""
+    total, reach = 1.0, 1.0
+    for c in cond:
+        reach *= c
+        total += reach
+    return total
+
+
+def expected_speedup(tau_: float, c: float) -> float:
+    """tau tokens per round at a round cost of c ar steps: tau / c."""
+    if c <= 0:
+        raise ValueError(f"the cost ratio must be > 0, got {c}")
+    return tau_ / c
+
+
+def break_even(k: int, c: float, tol: float = 1e-9) -> float | None:
+    """The per-token alpha at which a chain of k breaks even (expected_tau(alpha, k) = c): below it
+    the method is slower than ar. 0.0 when c <= 1 (any draft pays); None when c >= k + 1."""
+    if c <= 1.0:
+        return 0.0
+    if c >= k + 1:
+        return None
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:             # expected_tau rises with alpha
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tau(mid, k) < c else (lo, mid)
+    return (lo + hi) / 2
+
+
+def judged(rounds) -> int:
+    """Draft tokens the target judged: the conditional denominators of per_position, summed."""
+    n = 0
+    for r in rounds:
+        if r.drafted:
+            n += min(accepted_length(r) + 1, draft_depth(r))
+    return n
+
+
+def token_alpha(rounds) -> float | None:
+    """The papers' per-token acceptance rate: accepted / judged (None when nothing was judged)."""
+    j = judged(rounds)
+    return sum(accepted_length(r) for r in rounds if r.drafted) / j if j else None
+
+
+def _decode_rounds(trace):
+    """A run's rounds after the prompt's prefill round (its first)."""
+    return trace.rounds[1:] if len(trace.rounds) > 1 else trace.rounds
+
+
+def round_seconds(trace) -> float:
+    """Mean draft + verify seconds of a run's decode rounds."""
+    rs = _decode_rounds(trace)
+    return sum(r.draft_s + r.verify_s for r in rs) / len(rs) if rs else 0.0
+
+
+def cost_model(trace, reference) -> dict | None:
+    """Every term of the cost model for a speculative run against its ar reference (same prompt,
+    same settings): k, both alphas, per-depth acceptance, the cost ratio c, expected tau (chain
+    formula when every draft is a chain of one length k, else the per-depth form) and speed-up,
+    break-even, and the measured tau per round and speed-up. None without rounds to measure."""
+    rounds = _decode_rounds(trace)
+    ar_step = round_seconds(reference)
+    if not rounds or not ar_step:
+        return None
+    drafting = [r for r in rounds if r.drafted]
+    depths = sorted(draft_depth(r) for r in drafting)
+    k = depths[(len(depths) - 1) // 2] if depths else 0
+    chain = bool(drafting) and all(r.drafted == draft_depth(r) == k for r in drafting)
+    _, cond, _ = per_position(drafting)
+    a_tok = token_alpha(drafting)
+    share = len(drafting) / len(rounds)            # rounds that drafted at all (a gate, a lookup miss)
+    tau_draft = expected_tau(a_tok, k) if chain and a_tok is not None else tree_tau(cond)
+    tau_exp = (1 - share) + share * tau_draft
+    c = round_seconds(trace) / ar_step
+    tokens = sum(len(r.tokens) for r in rounds)
+    measured = speedup(trace.totals.wall_s, reference.totals.wall_s)
+    return {"k": k, "chain": chain, "alpha": alpha(sum(accepted_length(r) for r in drafting),
+                                                   sum(r.drafted for r in drafting)),
+            "token_alpha": a_tok, "per_depth": cond, "drafting_share": share,
+            "ar_step_s": ar_step, "round_s": round_seconds(trace), "c": c,
+            "expected_tau": tau_exp, "expected_speedup": expected_speedup(tau_exp, c),
+            "break_even": break_even(k, c) if k else None,
+            "measured_tau": tokens / len(rounds), "measured_speedup": measured}
+
+
+def reason_line(m: dict, measured_speedup: float | None = None) -> str:
+    """The cost model in one line: 'alpha 0.08 at k 4: expected tau 1.09, round cost 1.52 ar
+    steps: 0.72x' (alpha the per-token rate), with the measured speed-up when given."""
+    a = m["token_alpha"]
+    head = f"per-token alpha {a:.2f} at k {m['k']}" if a is not None else f"no draft at k {m['k']}"
+    if m["drafting_share"] < 1.0:
+        head += f" ({m['drafting_share']:.0%} of rounds drafted)"
+    s = (f"{head}: expected tau {m['expected_tau']:.2f}, round cost {m['c']:.2f} ar steps: "
+         f"{m['expected_speedup']:.2f}x")
+    return s + (f" (measured {measured_speedup:.2f}x)" if measured_speedup is not None else "")
+
+
+def slower_reason(trace, reference, measured_speedup: float | None = None) -> str | None:
+    """reason_line for a run against its ar reference (None when the model has nothing to say)."""
+    m = cost_model(trace, reference)
+    return None if m is None else reason_line(m, measured_speedup)

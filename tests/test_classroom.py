@@ -155,9 +155,10 @@ def test_compare_has_an_ar_row_a_speedup_and_an_untimed_warmup(monkeypatch):
     d = Dashboard()
     d.form.max_new_tokens.value = 6
     d.compare_methods.value = ["prompt-lookup", "draft-model"]
+    d.compare_repeats.value = 3
     rows = d.compare_now()
     order = ["ar", "prompt-lookup", "draft-model"]
-    assert calls == [(m, 2) for m in order] + [(m, 6) for m in order]       # warm-ups first, then the timed runs
+    assert calls == [(m, 2) for m in order] + [(m, 6) for m in order] * 3   # warm-ups, then timed runs in turn
     assert [r["method"] for r in rows] == order
     assert [r["speed-up vs ar"] for r in rows] == ["1.00x", "4.00x", "2.00x"]
     assert rows[0]["identical to greedy ar"] == "reference" and rows[1]["identical to greedy ar"] == "yes"

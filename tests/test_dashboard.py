@@ -300,3 +300,37 @@ def test_projector_mode_enlarges_the_views():
     assert d.main.styles.get("zoom") == "1.4"
     d.projector.value = False
     assert "zoom" not in d.main.styles
+
+
+def test_compare_reports_medians_and_marks_an_unreliable_speedup(monkeypatch):
+    """Timed runs interleave (ar, m1, m2, ar, ...); each cell is the median run's with its spread, and
+    a speed-up whose per-turn ratios cross 1.0 is marked unreliable with the reason, on the page."""
+    real = runs.run_one
+    walls = {"ar": iter([1.0, 1.0, 1.0]), "prompt-lookup": iter([0.50, 0.52, 0.48]),
+             "draft-model": iter([0.8, 1.25, 1.0])}        # ratios 1.25, 0.8, 1.0: faster and slower
+    calls = []
+
+    def timed_run(target, prompt, method, max_new_tokens=24, **kw):
+        t = real(target, prompt, method, max_new_tokens=max_new_tokens, **kw)    # a real zoo decode
+        if max_new_tokens > 2:                          # a timed run (warm-ups decode 2 tokens)
+            calls.append(method)
+            t.totals.wall_s = next(walls[method])       # the machine's noise, fixed for the test
+        return t
+    monkeypatch.setattr(runs, "run_one", timed_run)
+    d = small(Dashboard(), n=5)
+    d.compare_methods.value = ["prompt-lookup", "draft-model"]
+    d.compare_repeats.value = 3
+    rows = d.compare_now()
+    assert calls == ["ar", "prompt-lookup", "draft-model"] * 3
+    by = {r["method"]: r for r in rows}
+    assert by["prompt-lookup"]["wall s"] == 0.5 and by["prompt-lookup"]["wall s spread"] == "0.480-0.520"
+    assert by["prompt-lookup"]["speed-up vs ar"] == "2.00x" and by["prompt-lookup"]["spread"] == "1.92-2.08x"
+    dm = by["draft-model"]
+    assert dm["speed-up vs ar"] == "1.00x" and dm["spread"] == "0.80-1.25x"
+    assert dm["timing"].startswith("unreliable: the spread crosses 1.0 (0.80x-1.25x)")
+    assert "unreliable: the spread crosses 1.0" in d.compare_out.object
+    assert d.compare_timing.order == calls
+    # the race plays each method's median run
+    assert d.compare_timing.median_result("draft-model").totals.wall_s == 1.0
+    assert "?<br>" in d.compare_chart.object.data[0].text[2]          # the unreliable bar says so
+

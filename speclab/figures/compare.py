@@ -20,13 +20,20 @@ def tokens_per_s(t: Trace) -> float:
     return t.totals.new_tokens / t.totals.wall_s if t.totals.wall_s else 0.0
 
 
-def compare_chart(runs: dict[str, Trace], reference: Trace | None, reference_name: str = "ar") -> go.Figure:
+def compare_chart(runs: dict[str, Trace], reference: Trace | None, reference_name: str = "ar",
+                  spread: dict | None = None) -> go.Figure:
+    """spread: method -> speclab.bench.timing.SpeedUp from repeated, interleaved runs: the bar's
+    speed-up is then its median with the min-max, and "?" marks one judged unreliable."""
     names = ([reference_name] if reference is not None else []) + list(runs)
     traces = ([reference] if reference is not None else []) + list(runs.values())
     speed = [tokens_per_s(t) for t in traces]
     ups = [metrics.speedup(t.totals.wall_s, reference.totals.wall_s) if reference is not None else None
            for t in traces]
-    text = [(f"{u:.2f}x" if u else "") + f"<br>{t.totals.tau:.2f} tok/fwd" for u, t in zip(ups, traces)]
+    spread = spread or {}
+    labels = [(f"{spread[n].median:.2f}x ({spread[n].ratios.lo:.2f}-{spread[n].ratios.hi:.2f})"
+               + ("" if spread[n].reliable else " ?")) if n in spread else (f"{u:.2f}x" if u else "")
+              for n, u in zip(names, ups)]
+    text = [lab + f"<br>{t.totals.tau:.2f} tok/fwd" for lab, t in zip(labels, traces)]
     bar_colors = [colors.REFERENCE if reference is not None and i == 0 else colors.ORIGIN["accepted"]
                   for i in range(len(names))]
     fig = go.Figure(go.Bar(x=names, y=speed, text=text, textposition="outside", marker_color=bar_colors,

@@ -1,0 +1,209 @@
+"""Timing you can trust: methods run interleaved and repeated, every number a median with its spread.
+
+One timing of one run says little on a shared machine: a browser drawing a page, another process,
+a descheduled thread can double a run's wall time. So every place that shows a speed-up (the
+bench, the dashboard's Compare, the race, the notebooks) times the same way:
+
+    order       ar, m1, m2, ar, m1, m2, ... for R repeats (`interleave`): machine noise falls on
+                every method alike, and each repeat holds one run of every method
+    a cell      the median of its R wall times with the spread min..max (`Cell`)
+    speed-up    per repeat r: ar's wall time in r / the method's in r; reported as the median of
+                these R ratios with their min..max (`speedup`), so a slow moment that hit one
+                repeat moves one ratio, not the result
+    verdict     reliable, or unreliable with the reason (`verdict`):
+                  "the spread crosses 1.0"          the method was both faster and slower than ar
+                  "the runs disagree by more than 10%"   a ratio lies over 10% from the median
+                  "the machine was busy"            other processes took a share of the CPUs
+                                                    during the runs (`CpuMeter`, from /proc/stat)
+                  "one run: no spread to judge"     R = 1
+
+The statistics and the verdict are pure functions of numbers (tested on given numbers);
+`interleave` runs the callables and meters the machine.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+MAX_DISAGREE = 0.10     # a ratio further than this share from the median makes the speed-up unreliable
+MAX_BUSY = 0.25         # other processes' share of all CPUs during the runs above which the machine was busy
+
+
+@dataclass
+class Cell:
+    """R measurements of one quantity: the median and the spread (min, max; quartiles q1, q3)."""
+    values: list[float]
+    median: float
+    lo: float
+    hi: float
+    q1: float
+    q3: float
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    def text(self, fmt: str = "{:.3f}", unit: str = "") -> str:
+        """'0.185 s (0.181-0.203)' style: the median, then the spread when there is one."""
+        m = fmt.format(self.median) + unit
+        return m if self.n < 2 else f"{m} ({fmt.format(self.lo)}-{fmt.format(self.hi)})"
+
+
+def cell(values) -> Cell:
+    """The median and spread of a non-empty list of numbers."""
+    v = [float(x) for x in values]
+    if not v:
+        raise ValueError("no measurements: a cell needs at least one run")
+    s = sorted(v)
+    q1, q3 = (statistics.quantiles(s, n=4, method="inclusive")[::2] if len(s) > 1 else (s[0], s[0]))
+    return Cell(v, statistics.median(s), s[0], s[-1], q1, q3)
+
+
+@dataclass
+class SpeedUp:
+    """A method's speed-up over the baseline from R paired repeats."""
+    ratios: Cell
+    reliable: bool
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return self.ratios.median
+
+    def text(self) -> str:
+        """'1.32x (1.25-1.41)', with ', unreliable: <reasons>' when it is."""
+        r = self.ratios
+        s = f"{r.median:.2f}x" + (f" ({r.lo:.2f}-{r.hi:.2f})" if r.n > 1 else "")
+        return s if self.reliable else s + " unreliable: " + "; ".join(self.reasons)
+
+    def to_dict(self) -> dict:
+        r = self.ratios
+        return {"median": round(r.median, 3), "min": round(r.lo, 3), "max": round(r.hi, 3),
+                "ratios": [round(x, 3) for x in r.values], "reliable": self.reliable, "reasons": self.reasons}
+
+
+def ratios(base_walls, walls) -> list[float]:
+    """Per repeat: the baseline's wall time / the method's (the runs of one repeat are paired)."""
+    if len(base_walls) != len(walls):
+        raise ValueError(f"{len(base_walls)} baseline runs against {len(walls)} method runs: pair them by repeat")
+    return [b / w for b, w in zip(base_walls, walls) if w > 0]
+
+
+def verdict(rs, busy: float | None = None, max_disagree: float = MAX_DISAGREE,
+            max_busy: float = MAX_BUSY) -> tuple[bool, list[str]]:
+    """(reliable, reasons) for per-repeat speed-up ratios `rs`; busy: other processes' share of the
+    CPUs during the runs (None: not known)."""
+    c = cell(rs)
+    reasons = []
+    if c.n < 2:
+        reasons.append("one run: no spread to judge")
+    if c.lo < 1.0 < c.hi:
+        reasons.append(f"the spread crosses 1.0 ({c.lo:.2f}x-{c.hi:.2f}x)")
+    worst = max(abs(x - c.median) for x in c.values) / c.median if c.median else 0.0
+    if worst > max_disagree:
+        reasons.append(f"the runs disagree by more than {max_disagree:.0%} (up to {worst:.0%} from the median)")
+    if busy is not None and busy > max_busy:
+        reasons.append(f"the machine was busy (other processes used {busy:.0%} of the CPUs)")
+    return not reasons, reasons
+
+
+def speedup(base_walls, walls, busy: float | None = None, **kw) -> SpeedUp:
+    rs = ratios(base_walls, walls)
+    ok, why = verdict(rs, busy, **kw)
+    return SpeedUp(cell(rs), ok, why)
+
+
+def median_index(values) -> int:
+    """The index of the median run (the lower middle for an even count): the run a view plays."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return order[(len(values) - 1) // 2]
+
+
+# -- the machine ------------------------------------------------------------------------------------
+def _cpu_busy_s() -> float | None:
+    """Seconds of CPU every process on the machine has used (/proc/stat; None off Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            parts = f.readline().split()[1:]
+    except OSError:
+        return None
+    v = [int(x) for x in parts]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)          # idle + iowait
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """How much of the machine other processes took while this one ran: (all CPU seconds used on
+    the machine - this process's own) / (wall seconds x CPUs). 0 on a quiet machine; a one-core hog
+    on two cores reads ~0.5. Start with `start()`, read `busy()` at any time after."""
+
+    def start(self) -> "CpuMeter":
+        self.t0, self.own0, self.all0 = time.perf_counter(), time.process_time(), _cpu_busy_s()
+        return self
+
+    def busy(self) -> float | None:
+        if self.all0 is None:
+            return None
+        wall = time.perf_counter() - self.t0
+        others = (_cpu_busy_s() - self.all0) - (time.process_time() - self.own0)
+        return min(1.0, max(0.0, others / (wall * (os.cpu_count() or 1)))) if wall > 0 else None
+
+
+# -- running ----------------------------------------------------------------------------------------
+@dataclass
+class Interleaved:
+    """What `interleave` measured: per name its R results and wall times (in run order), the order
+    the calls ran in, and the machine's busy share over the whole measurement."""
+    results: dict[str, list]
+    walls: dict[str, list[float]]
+    order: list[str]
+    busy: float | None
+
+    def cell(self, name: str) -> Cell:
+        return cell(self.walls[name])
+
+    def speedup(self, name: str, base: str, **kw) -> SpeedUp:
+        return speedup(self.walls[base], self.walls[name], self.busy, **kw)
+
+    def median_result(self, name: str):
+        return self.results[name][median_index(self.walls[name])]
+
+
+def interleave(fns: dict, repeats: int, wall=None, progress=None, errors: dict | None = None,
+               catch: tuple = (ValueError,)) -> Interleaved:
+    """Call every fn once per repeat, in the dict's order, repeat after repeat (a, b, c, a, b, c, ...).
+    wall(result) -> seconds, the time a result reports (default: time.perf_counter around the call).
+    errors: a dict to collect a name's exception (of the types in `catch`) in, instead of raising;
+    that name's later calls are skipped.
+    progress(done, total) after each call."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    results = {n: [] for n in fns}
+    walls = {n: [] for n in fns}
+    order, total, done = [], repeats * len(fns), 0
+    meter = CpuMeter().start()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            done += 1
+            if errors is not None and name in errors:
+                continue
+            t0 = time.perf_counter()
+            try:
+                res = fn()
+            except catch as e:
+                if errors is None:
+                    raise
+                errors[name] = str(e)
+                continue
+            dt = time.perf_counter() - t0
+            order.append(name)
+            results[name].append(res)
+            walls[name].append(float(wall(res)) if wall is not None else dt)
+            if progress is not None:
+                progress(done, total)
+    failed = [n for n in fns if not walls[n]]
+    for n in failed:
+        results.pop(n), walls.pop(n)
+    return Interleaved(results, walls, order, meter.busy())

@@ -18,7 +18,7 @@ import speclab
 from speclab import figures as F
 from speclab.export import animated, to_html
 from speclab.figures import colors
-from speclab.figures.diffusion import label, prob_threshold
+from speclab.figures.diffusion import label, masked_color, prob_threshold
 from speclab.trace import Round, Totals, Trace, TraceError
 
 torch.set_num_threads(1)
@@ -71,8 +71,14 @@ def test_step_figure_for_every_step(runs):
             G = tr.params["gen_length"]
             cells = fig.data[CELLS]
             states = [state_of(s, p) for p in range(G)]
-            assert list(cells.marker.color) == [colors.CANVAS[st] for st in states]
-            assert list(cells.text) == ["" if st == "masked" else label(tr, s.tokens[p]) for p, st in enumerate(states)]
+            prop = dict(zip(s.masked, zip(s.top1, s.conf)))
+            shown = lambda p: p in prop and (not tr.params.get("block_causal") or s.block[0] <= p < s.block[1])
+            # a masked slot shows its proposal and confidence in place, its grey deepening with the confidence
+            assert list(cells.marker.color) == [masked_color({p: (0, prop[p][1])}, p) if st == "masked" and shown(p)
+                                                else colors.CANVAS[st] for p, st in enumerate(states)]
+            assert list(cells.text) == [
+                (f"<span style='color:#555555'><i>{label(tr, prop[p][0])}</i><br>{prop[p][1]:.2f}</span>"
+                 if shown(p) else "") if st == "masked" else label(tr, s.tokens[p]) for p, st in enumerate(states)]
             bars = fig.data[BARS]
             assert list(bars.x) == s.masked and list(bars.y) == s.conf
             assert list(bars.text) == [label(tr, t) for t in s.top1]
@@ -80,6 +86,12 @@ def test_step_figure_for_every_step(runs):
             assert min(fig.data[0].x) == lo - 0.5 and max(fig.data[0].x) == hi - 0.5
             thr = prob_threshold(tr, s)
             assert list(fig.data[THRESHOLD].y) == ([thr, thr] if thr is not None else [None])
+
+
+def test_masked_colour_runs_from_grey_to_the_bars_blue_with_confidence():
+    assert masked_color({0: (5, 0.0, 0.0)}, 0) == colors.CANVAS["masked"]
+    assert masked_color({0: (5, 1.0, 0.0)}, 0) == colors.PROPOSAL["block"]
+    assert masked_color({0: (5, 0.5, 0.0)}, 0) == "#b1cbf1"
 
 
 def test_threshold_line_only_for_probability_thresholds(runs):

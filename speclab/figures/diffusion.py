@@ -6,9 +6,11 @@ the positions masked BEFORE the step with the model's proposal for each (top-1 t
 probability = "confidence", the top-1/top-2 margin) and the positions the policy committed.
 
     canvas_figure(trace, step)     the canvas after `step`: a cell per position coloured by state
-                                   (committed earlier / this step / still masked), over the
-                                   confidence of every position masked before the step; the active
-                                   block shaded, the policy's threshold as a line
+                                   (committed earlier / this step / still masked; a masked slot
+                                   shows its proposal and confidence in place, its grey deepening
+                                   to blue as the confidence grows), over the confidence of every
+                                   position masked before the step; the active block shaded, the
+                                   policy's threshold as a line
     decoding_order(trace, step)    position x step heatmap of confidence with a marker where each
                                    position was committed; `step` draws a line across that row
     confidence_bands(trace, step)  min / median / max confidence over masked positions per step,
@@ -156,6 +158,30 @@ def cell_hover(trace: Trace, s: DenoiseStep, p: int, state: str, at: int | None,
     return text + (f"<br>committed at step {at + 1}" if at is not None else "")
 
 
+def shows_proposal(trace: Trace, s: DenoiseStep, p: int) -> bool:
+    """A masked slot has a proposal to show where this step's forward computed it: every masked
+    slot of a whole-canvas dLLM, the active block's of a block-diffusion one (later blocks are not
+    run, so their rows hold nothing)."""
+    return p in s.masked and (not trace.params.get("block_causal") or s.block[0] <= p < s.block[1])
+
+
+def masked_text(trace: Trace, s: DenoiseStep, p: int, prop: dict) -> str:
+    """A masked slot's cell: the proposal in grey italics over its confidence, in place, as it
+    unmasks (empty where the step proposed nothing for it)."""
+    if not shows_proposal(trace, s, p):
+        return ""
+    t, c, _ = prop[p]
+    return f"<span style='color:#555555'><i>{label(trace, t)}</i><br>{c:.2f}</span>"
+
+
+def masked_color(prop: dict, p: int) -> str:
+    """A masked slot's colour: the masked grey deepening towards the confidence bars' blue as the
+    model grows sure of its proposal (confidence 0 -> grey, 1 -> the bars' blue)."""
+    c = max(0.0, min(1.0, float(prop[p][1])))
+    grey, blue = (0xe3, 0xe3, 0xe3), (0x7f, 0xb3, 0xff)
+    return "#" + "".join(f"{round(g + (b - g) * c):02x}" for g, b in zip(grey, blue))
+
+
 def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     """The canvas view as a plain {"data", "layout"} dict. Traces: 0 block shade (cells), 1 the
     cells, 2 block shade (bars), 3 confidence bars, 4 threshold, 5.. legend entries (None when
@@ -179,11 +205,12 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     cells = dict(
         type="bar", x=[p % W for p in range(G)], y=[1] * G, base=[-(p // W) * ROW for p in range(G)],
         width=0.92, name="canvas", showlegend=False,
-        text=["" if st == "masked" else f"<i>{label(trace, s.tokens[p])}</i>" if st == "noise"
-              else label(trace, s.tokens[p]) for p, st in enumerate(state)],
+        text=[masked_text(trace, s, p, prop) if st == "masked" else f"<i>{label(trace, s.tokens[p])}</i>"
+              if st == "noise" else label(trace, s.tokens[p]) for p, st in enumerate(state)],
         textposition="inside", insidetextanchor="middle", textangle=-90 if vertical else 0,
         textfont=dict(family="monospace", size=12),
-        marker=dict(color=[palette[st] for st in state], line=dict(width=0)),
+        marker=dict(color=[masked_color(prop, p) if st == "masked" and shows_proposal(trace, s, p) else palette[st]
+                           for p, st in enumerate(state)], line=dict(width=0)),
         hovertext=[cell_hover(trace, s, p, st, at[p], prop) for p, st in enumerate(state)],
         hovertemplate="%{hovertext}<extra></extra>", customdata=state)
     entropy = s.info.get("entropy")

@@ -249,3 +249,26 @@ def test_export_writes_what_vllm_and_speculators_read(tiny, tmp_path):
     assert all(torch.equal(back.state_dict()[k], v) for k, v in ref.items())
     E.export(back, tmp_path / "out")                                # over an existing directory, atomically
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_training_forward_equals_drafting_forward(tiny):
+    """train/eagle3.ttt_forward (the training-time test over a mask) gives, at step 1 and step 2, the
+    outputs the drafter computes with its cache: step 1 over committed entries, step 2 from its own
+    output at the entry before."""
+    from speclab.train.eagle3 import ttt_forward
+    model = tiny[0]
+    d = make_draft(model).float()
+    tok = torch.arange(100, 120)[None]
+    with torch.no_grad():
+        hs = model(input_ids=tok, output_hidden_states=True).hidden_states       # [i]: the state after i layers
+        aux = [hs[l] for l in AUX]
+        embed = model.get_input_embeddings().weight
+        o = ttt_forward(d, aux, tok, 2, embed)                                   # (2, 1, 19, C)
+        g = d.fuse(torch.cat([a[0] for a in aux], -1))                          # (20, C)
+        cache = E.Cache()
+        normed, pre = d(tok[0, 1:], g[:-1], cache, embed=embed)                 # step 1, entries 0..18
+        assert torch.allclose(o[0, 0], normed, atol=1e-5)
+        t = 10                                                                  # step 2 at entry t: output at t-1
+        cache.keep(t)
+        n2, _ = d(tok[0, t + 1:t + 2], pre[t - 1:t], cache, embed=embed)
+        assert torch.allclose(o[1, 0, t], n2[0], atol=1e-5)

@@ -167,14 +167,8 @@ class Eagle3Draft(nn.Module):
         length + depth - 1. embed: the target's token embedding (V, C) when the draft ships none.
         Returns (normed (T, C) for the head, pre-norm (T, C) to feed back); keep_new=False leaves the
         cache as it was."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-        lay, at = self.layers[0], self.layers[0].self_attn
         T, S = len(tokens), cache.length
         dev = g.device
-        e = lay.input_layernorm(self.embed(tokens, embed))
-        gn = lay.hidden_norm(g.to(e.dtype))
-        resid = gn if self.config.norm_before_residual else g.to(e.dtype)
-        a = torch.cat([e, gn], -1)                                             # (T, 2C)
         if parents is None:
             pos = torch.arange(S, S + T, device=dev)
             vis = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
@@ -187,20 +181,39 @@ class Eagle3Draft(nn.Module):
                     vis[i] |= vis[p]
             pos, vis = torch.tensor(depth, device=dev) + S - 1, vis.to(dev)
         mask = torch.cat([torch.ones(T, S, dtype=torch.bool, device=dev), vis], 1)
-        q = at.q_proj(a).view(T, at.nh, at.hd).transpose(0, 1)[None]          # (1, nh, T, hd)
-        k = at.k_proj(a).view(T, at.nkv, at.hd).transpose(0, 1)[None]
-        v = at.v_proj(a).view(T, at.nkv, at.hd).transpose(0, 1)[None]
-        if self.rotary.inv_freq.device != dev:
-            self.rotary.to(dev)
-        cos, sin = self.rotary(v, pos[None])
+        normed, pre, k, v = self.block(self.embed(tokens, embed)[None], g[None], pos[None], mask,
+                                       None if cache.k is None else (cache.k, cache.v))
+        if keep_new:
+            cache.k, cache.v = k, v
+        return normed[0], pre[0]
+
+    def block(self, e: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, past=None):
+        """The layer on a batch: token embeddings e (B, T, C), features g (B, T, C), positions (B, T),
+        mask (T, S + T) bool (True = visible) over past keys then these; past: (K, V) each
+        (B, nkv, S, hd). Returns normed (B, T, C), pre-norm (B, T, C) and the keys / values with
+        these entries appended. Drafting (forward) and training (speclab.train.eagle3) both run it."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        lay, at = self.layers[0], self.layers[0].self_attn
+        B, T, _ = e.shape
+        e = lay.input_layernorm(e)
+        gn = lay.hidden_norm(g.to(e.dtype))
+        resid = gn if self.config.norm_before_residual else g.to(e.dtype)
+        a = torch.cat([e, gn], -1)                                             # (B, T, 2C)
+        q = at.q_proj(a).view(B, T, at.nh, at.hd).transpose(1, 2)              # (B, nh, T, hd)
+        k = at.k_proj(a).view(B, T, at.nkv, at.hd).transpose(1, 2)
+        v = at.v_proj(a).view(B, T, at.nkv, at.hd).transpose(1, 2)
+        if self.rotary.inv_freq.device != e.device:
+            self.rotary.to(e.device)
+        cos, sin = self.rotary(v, pos)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        K, V = cache.extend(k, v, keep_new)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
         rep = at.nh // at.nkv
-        o = F.scaled_dot_product_attention(q, K.repeat_interleave(rep, 1), V.repeat_interleave(rep, 1),
+        o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
                                            attn_mask=mask[None, None])
-        h = resid + at.o_proj(o[0].transpose(0, 1).reshape(T, at.nh * at.hd))
+        h = resid + at.o_proj(o.transpose(1, 2).reshape(B, T, at.nh * at.hd))
         h = h + lay.mlp(lay.post_attention_layernorm(h))
-        return self.norm(h), h
+        return self.norm(h), h, k, v
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """(T, 3 Ct) the target's states at the aux layers, concatenated in layer order -> g (T, C)."""
@@ -224,13 +237,6 @@ class Cache:
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[2]
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor, keep: bool = True):
-        K = k if self.k is None else torch.cat([self.k, k], 2)
-        V = v if self.v is None else torch.cat([self.v, v], 2)
-        if keep:
-            self.k, self.v = K, V
-        return K, V
 
     def keep(self, n: int):
         """Drop the entries past the first n (speculative ones)."""
@@ -491,3 +497,21 @@ def export(draft: Eagle3Draft, out, dtype: torch.dtype | None = torch.bfloat16, 
 
 def param_count(draft: Eagle3Draft) -> int:
     return sum(p.numel() for n, p in draft.named_parameters() if n != "embed_tokens.weight")
+
+
+def export_drafter(src, out, verifier: str | None = None, k: int = 3, layers=None) -> Path:
+    """`speclab export-drafter`: a zoo name or a speculators / SpecForge directory -> the speculators
+    directory vLLM serves. verifier / layers fill (or override) what the checkpoint does not name."""
+    from speclab.models.zoo import ZOO_DIR
+    where = ZOO_DIR / str(src) if (ZOO_DIR / str(src) / "config.json").exists() else Path(src).expanduser()
+    cfg = where / "config.json"
+    if cfg.is_file() and "speclab_adapter" in json.loads(cfg.read_text()):
+        raise ValueError(f"{src} is a speclab head (its own layout, which no engine loads), not an EAGLE-3 drafter: "
+                         f"train one in the standard layout with `speclab train eagle3 --init-from {src}`")
+    draft = load(where, dtype=torch.float32)
+    if verifier:
+        draft.config.verifier = dict(draft.config.verifier or {}, name_or_path=verifier)
+    if layers:
+        draft.config.eagle_aux_hidden_state_layer_ids = [int(v) for v in str(layers).split(",")]
+    src_dtype = json.loads(cfg.read_text()).get("torch_dtype") or "bfloat16"
+    return export(draft, out, dtype=getattr(torch, str(src_dtype), torch.bfloat16), k=k)

@@ -282,6 +282,9 @@ def cmd_train(a):
         from speclab.train.dllm import main as train_main
     elif a.rest and a.rest[0] in ("numwords", "dates"):
         from speclab.train.dag import main as train_main
+    elif a.rest and a.rest[0] == "eagle3":
+        from speclab.train.eagle3 import main as eagle3_main
+        return eagle3_main(a.rest[1:]) or 0
     elif a.rest and a.rest[0] in ("eagle", "medusa"):
         from speclab.train.heads import main as heads_main
         return heads_main(a.rest) or 0
@@ -321,6 +324,21 @@ def add_export(sub):
     p.set_defaults(func=lambda a: __import__("speclab.export", fromlist=["main"]).main(a.rest))
 
 
+def add_export_drafter(sub):
+    p = sub.add_parser("export-drafter", help="an EAGLE-3 drafter (zoo name or directory) -> the speculators "
+                       "directory vLLM serves")
+    p.add_argument("source", help="zoo name (e.g. smollm2-eagle3) or a speculators / SpecForge directory")
+    p.add_argument("out", help="directory to write (replaced atomically)")
+    p.add_argument("--verifier", default=None, help="the target it drafts for (hub id or path), if the source names none")
+    p.add_argument("--layers", default=None, help="aux layer ids, e.g. 2,15,27, if the source names none")
+    p.add_argument("--k", type=int, default=3, help="speculative tokens vLLM drafts by default")
+
+    def run(a):
+        from speclab.models.eagle3 import export_drafter
+        print(export_drafter(a.source, a.out, verifier=a.verifier, k=a.k, layers=a.layers))
+    p.set_defaults(func=run)
+
+
 def add_serve(sub):
     try:
         from speclab.apps.serve import add_serve as _add
@@ -334,7 +352,7 @@ def add_serve(sub):
 
 def _extra_commands():
     from speclab.bench.cli import add_bench
-    return [add_bench, add_export, add_serve]
+    return [add_bench, add_export, add_export_drafter, add_serve]
 
 
 EXTRA_COMMANDS = _extra_commands()

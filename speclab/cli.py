@@ -362,7 +362,13 @@ def main(argv=None) -> int:
     from speclab.models.zoo import ModelLoadError
     from speclab.trace import TraceError
     ap = build_parser()
-    a = ap.parse_args(argv)
+    # `train` and `export` hand everything after their name to their own parser; argparse's
+    # REMAINDER does not take a leading option (`speclab export -h`), so those go in by hand
+    a, extra = ap.parse_known_args(argv)
+    if extra and not hasattr(a, "rest"):
+        ap.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        a.rest = extra + a.rest
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()       # one-line errors stay one line; our own bars remain
     hf_logging.set_verbosity_error()

@@ -272,3 +272,21 @@ def test_training_forward_equals_drafting_forward(tiny):
         cache.keep(t)
         n2, _ = d(tok[0, t + 1:t + 2], pre[t - 1:t], cache, embed=embed)
         assert torch.allclose(o[1, 0, t], n2[0], atol=1e-5)
+
+
+def test_vllm_eagle3_peer_request(tiny, tmp_path):
+    """vllm-eagle3[model=DIR]: vLLM's speculative_config names the directory as is; anything but an
+    EAGLE-3 checkpoint fails in one line before vLLM starts."""
+    from speclab.bench import vllm_peer as vp
+    out = E.export(make_draft(tiny[0]), tmp_path / "e3", k=4)
+    assert vp.vllm_eagle3_dir(str(out)) == str(out)
+    assert vp.speculative_config("vllm-eagle3", draft_dir=str(out)) == dict(method="eagle3", model=str(out),
+                                                                            num_speculative_tokens=4)
+    req = vp.build_request("vllm-eagle3", "/m", [[1, 2, 3]], 8, k=3, draft_dir=str(out))
+    assert req["speculative_config"]["num_speculative_tokens"] == 3
+    with pytest.raises(ValueError, match="speclab head.*speclab train eagle3 --init-from smollm2-eagle"):
+        vp.vllm_eagle3_dir("smollm2-eagle")
+    with pytest.raises(ValueError, match="needs an EAGLE-3 drafter"):
+        vp.speculative_config("vllm-eagle3")
+    with pytest.raises(ValueError, match="not an EAGLE-3 drafter"):
+        vp.vllm_eagle3_dir("code-draft")

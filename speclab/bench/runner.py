@@ -145,7 +145,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         dtype = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}[str(next(model.parameters()).dtype)[6:]]
         runs[s.label] = run_vllm_peer_passes(
             s.method, getattr(model, "name_or_path"), prompt_ids, max_new_tokens, dtype, s.params.get("k"),
-            s.params.get("model") if s.method == "vllm-eagle"
+            s.params.get("model") if s.method in ("vllm-eagle", "vllm-eagle3")
             else getattr(draft[0], "name_or_path", None) if draft else None, vllm_python, repeats=repeats)
         from speclab.bench.vllm_trace import vllm_trace   # each request as a summary trace
         for rep in runs[s.label]:

@@ -11,6 +11,10 @@ per peer and prompt set (vLLM's start-up, with its torch.compile warm-up, took 3
   vllm-draft    a draft model (speclab's adapter drafts are exported to a plain Llama first)
   vllm-eagle    vLLM's EAGLE with a head in vLLM's own layout: `vllm-eagle[model=DIR]`. speclab's
                 smollm2-eagle is not in it (see EAGLE_LAYOUT), so it cannot be run this way
+  vllm-eagle3   vLLM's EAGLE-3 (a chain of k draft steps) with an EAGLE-3 drafter in the speculators
+                (or SpecForge) layout: `vllm-eagle3[model=DIR]`, DIR a directory or a zoo name such
+                as one `speclab train eagle3` or `speclab export-drafter` wrote; the same drafter
+                runs in speclab as `eagle3-chain[draft=DIR,k=K]`
 
 Greedy (temperature 0), stopping at the tokenizer's EOS as speclab does; every prompt is timed
 alone (batch 1) after a warm-up, with vLLM's prefix cache off so each prompt is prefilled in full.
@@ -24,7 +28,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-VLLM_PEERS = ("vllm-greedy", "vllm-ngram", "vllm-suffix", "vllm-draft", "vllm-eagle")
+VLLM_PEERS = ("vllm-greedy", "vllm-ngram", "vllm-suffix", "vllm-draft", "vllm-eagle", "vllm-eagle3")
 WORKER = Path(__file__).resolve().with_name("vllm_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 VENV = ".venv-vllm"
@@ -32,7 +36,7 @@ VLLM_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "f
                "fp16": "float16", "float16": "float16"}
 # k per peer when the caller gives none: ngram at k = 8 (its best setting on smollm2-135m, BENCHMARKS.md,
 # vLLM), the draft at speclab's own default, suffix at vLLM's own (its tree depth, 24)
-DEFAULT_K = {"vllm-ngram": 8, "vllm-draft": 4, "vllm-suffix": None, "vllm-eagle": 4}
+DEFAULT_K = {"vllm-ngram": 8, "vllm-draft": 4, "vllm-suffix": None, "vllm-eagle": 4, "vllm-eagle3": 4}
 # n-grams of 4 down to 2: a one-token match drafts 8 tokens at nearly every step on chat and is
 # almost never accepted, so 4..1 runs slower than 4..2 on chat and no faster on code
 NGRAM_MAX, NGRAM_MIN = 4, 2
@@ -91,6 +95,11 @@ def speculative_config(name: str, k: int | None = None, draft_dir: str | None = 
         if draft_dir is None:
             raise ValueError("vllm-eagle needs an EAGLE head in vLLM's layout: vllm-eagle[model=DIR]")
         return dict(method="eagle", model=str(draft_dir), num_speculative_tokens=k)
+    if name == "vllm-eagle3":
+        if draft_dir is None:
+            raise ValueError("vllm-eagle3 needs an EAGLE-3 drafter (speculators or SpecForge layout): "
+                             "vllm-eagle3[model=DIR]")
+        return dict(method="eagle3", model=str(draft_dir), num_speculative_tokens=k)
     if draft_dir is None:
         raise ValueError("vllm-draft needs a draft model (--draft)")
     return dict(method="draft_model", model=str(draft_dir), num_speculative_tokens=k)
@@ -238,10 +247,14 @@ def run_vllm_peer_passes(name: str, model_name_or_dir: str, prompt_ids: list[lis
         draft_dir = plain_draft_dir(draft_dir)
     if name == "vllm-eagle":
         draft_dir = vllm_eagle_dir(draft_dir)
+    if name == "vllm-eagle3":
+        draft_dir = vllm_eagle3_dir(draft_dir)
     req = build_request(name, model_dir, prompt_ids, max_new_tokens, dtype, k, draft_dir, eos_id,
                         cfg.get("max_position_embeddings"), repeats=repeats)
     resp = run_worker(req, vllm_python, timeout, log)
-    return [[to_run(r, name == "vllm-draft") for r in results] for results in resp.get("passes", [resp["results"]])]
+    # a draft model and EAGLE-3 both run one draft forward per drafted token of a chain
+    return [[to_run(r, name in ("vllm-draft", "vllm-eagle3")) for r in results]
+            for results in resp.get("passes", [resp["results"]])]
 
 
 def tokenizer_eos(model_dir: str) -> int | None:
@@ -273,6 +286,23 @@ def vllm_eagle_dir(head: str | None) -> str:
     if adapter_info(where) is not None:
         raise ValueError(EAGLE_LAYOUT)
     return where
+
+
+def vllm_eagle3_dir(drafter: str | None) -> str:
+    """The directory of an EAGLE-3 drafter vLLM loads as is (speculators or SpecForge layout); one
+    line saying what to do for anything else (speclab's own head, a plain LM, nothing)."""
+    from speclab.models.eagle3 import read_config
+    from speclab.models.zoo import ZOO_DIR
+    if drafter is None:
+        raise ValueError("vllm-eagle3 needs an EAGLE-3 drafter: vllm-eagle3[model=DIR] (a speculators or SpecForge "
+                         "directory, e.g. one `speclab train eagle3` or `speclab export-drafter` wrote)")
+    where = ZOO_DIR / drafter if (ZOO_DIR / drafter / "config.json").exists() else Path(drafter).expanduser()
+    cfg = where / "config.json"
+    if cfg.is_file() and "speclab_adapter" in json.loads(cfg.read_text()):
+        raise ValueError(f"{drafter} is a speclab head, which vLLM cannot load ({EAGLE_LAYOUT.split(':')[0]}): "
+                         f"train an EAGLE-3 drafter with `speclab train eagle3 --init-from {drafter}`")
+    read_config(where)                  # a one-line error unless it is an EAGLE-3 checkpoint
+    return str(where)
 
 
 def export_plain_draft(adapter_dir: str, out: str | None = None) -> str:

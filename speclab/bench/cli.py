@@ -12,7 +12,8 @@ def add_bench(sub):
                        description="Every method on every prompt in one process, warm-up first. "
                                    "Methods: comma-separated, with parameters as name[k=6;threshold=0.5]; "
                                    "peers: hf-greedy, hf-assisted, hf-prompt-lookup, hf-early-exit; "
-                                   "vllm-greedy, vllm-ngram, vllm-suffix, vllm-draft, vllm-eagle[model=DIR] (in vLLM's own venv: make vllm).")
+                                   "vllm-greedy, vllm-ngram, vllm-suffix, vllm-draft, vllm-eagle[model=DIR], vllm-eagle3[model=DIR] "
+                                   "(in vLLM's own venv: make vllm).")
     p.add_argument("--target", default="code-target")
     p.add_argument("--draft", default=None)
     p.add_argument("--methods", default="ar,draft-model,prompt-lookup")
@@ -46,7 +47,7 @@ def cmd_bench(a):
     from speclab.bench.runner import bench, parse_methods
     specs = parse_methods(a.methods)
     from speclab.bench.peers import PEERS as HF_PEERS
-    from speclab.bench.vllm_peer import VLLM_PEERS, find_vllm_python, vllm_eagle_dir
+    from speclab.bench.vllm_peer import VLLM_PEERS, find_vllm_python, vllm_eagle3_dir, vllm_eagle_dir
     from speclab.decoding.registry import get_method
     PEERS = HF_PEERS + VLLM_PEERS
     if any(s.method in VLLM_PEERS for s in specs):
@@ -54,6 +55,8 @@ def cmd_bench(a):
     for s in specs:
         if s.method == "vllm-eagle":                 # a head vLLM cannot load fails before any model loads
             vllm_eagle_dir(s.params.get("model"))
+        if s.method == "vllm-eagle3":
+            vllm_eagle3_dir(s.params.get("model"))
         if s.method not in PEERS:
             get_method(s.method)                     # unknown names fail before any model loads
         if s.method not in PEERS and "k" not in s.params and s.method in ("draft-model", "layer-skip"):

@@ -83,7 +83,7 @@ def test_dashboard_step_label_is_fresh_after_a_new_trace():
     d.show_trace(hand_trace(rounds=3))
     d.viewer.player.value = 2
     assert "round 3 of 3" in d.viewer.step_text.object and not d.viewer.player.show_value
-    d.show_trace(hand_trace("second", rounds=2))     # the stale "step: 2" the player used to show
+    d.show_trace(hand_trace("second", rounds=2))     # a new trace starts at its first round, never a stale step
     assert d.viewer.player.value == 0 and "round 1 of 2" in d.viewer.step_text.object
     d.viewer.player.value = 1
     assert "round 2 of 2" in d.viewer.step_text.object and "round 2 of 2" in d.viewer.detail.object

@@ -22,6 +22,9 @@
 #include <atomic>
 #include <thread>
 #include <utility>
+#include <chrono>
+#include <climits>
+#include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <cmath>
@@ -641,22 +644,84 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
 // the per-row arithmetic is exactly that of the one-layer path it replaces (the same roundings in
 // the same order), so the results are bit for bit the same.
 
-// A barrier for the W threads of one call (generation counting): spins briefly, then yields, so a
-// busy machine does not lose a time slice to a spinning thread.
+// How a thread waits for the others. On a busy machine (a browser, another process) one of the
+// threads can be descheduled for a whole time slice (milliseconds) while the others wait for it.
+// A waiter that spins or yields keeps its core, so the scheduler has nowhere to run the late
+// thread until its own core frees up; a waiter that sleeps in the kernel (futex) hands its core
+// over at once. So a waiter spins for a bounded time (a step's threads normally arrive within
+// microseconds of each other, and a spin answers faster than a wake-up), then sleeps until the
+// last thread wakes it. Waiting never changes which thread computes what: outputs are the same
+// bits in every mode.
+//   BARRIER_SLEEP  spin up to `spin_ns`, then futex-wait (the default)
+//   BARRIER_SPIN   spin 2^14 pauses, then sched_yield in a loop (the loop this replaced, kept for
+//                  measuring the two against each other: SPECLAB_BARRIER=spin)
+enum { BARRIER_SLEEP = 0, BARRIER_SPIN = 1 };
+static std::atomic<int> barrier_mode{BARRIER_SLEEP};
+static std::atomic<int64_t> spin_ns{50000};
+
+static inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+static inline void futex_wait(std::atomic<int>* word, int seen) {
+  syscall(SYS_futex, reinterpret_cast<int*>(word), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+}
+static inline void futex_wake_all(std::atomic<int>* word) {
+  syscall(SYS_futex, reinterpret_cast<int*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Wait while word == seen: spin, then (BARRIER_SLEEP) sleep on the word. `sleepers` counts the
+// threads asleep on it, so the thread that changes the word calls the kernel only when one is.
+static void await_change(std::atomic<int>& word, int seen, std::atomic<int>& sleepers) {
+  if (barrier_mode.load(std::memory_order_relaxed) == BARRIER_SPIN) {
+    for (int spin = 0; word.load(std::memory_order_acquire) == seen; ++spin)
+      if (spin < 1 << 14) _mm_pause(); else std::this_thread::yield();
+    return;
+  }
+  const int64_t until = now_ns() + spin_ns.load(std::memory_order_relaxed);
+  for (int spin = 0; word.load(std::memory_order_acquire) == seen; ++spin) {
+    _mm_pause();
+    if ((spin & 63) == 63 && now_ns() > until) {
+      sleepers.fetch_add(1, std::memory_order_seq_cst);
+      // the waker stores the word, then reads sleepers (both seq_cst): either it sees this
+      // sleeper and wakes it, or this load sees the new word; FUTEX_WAIT also returns at once
+      // when the word no longer holds `seen`
+      while (word.load(std::memory_order_seq_cst) == seen) futex_wait(&word, seen);
+      sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      return;
+    }
+  }
+}
+
+// Change the word and wake whoever sleeps on it.
+static inline void publish(std::atomic<int>& word, int value, std::atomic<int>& sleepers) {
+  word.store(value, std::memory_order_seq_cst);
+  if (sleepers.load(std::memory_order_seq_cst)) futex_wake_all(&word);
+}
+
+void set_barrier(int64_t mode, int64_t spin_us) {
+  TORCH_CHECK(mode == BARRIER_SLEEP || mode == BARRIER_SPIN, "set_barrier: mode 0 (spin, then sleep) or 1 (spin, then yield)");
+  TORCH_CHECK(spin_us >= 0, "set_barrier: spin_us must be >= 0");
+  barrier_mode.store((int)mode);
+  spin_ns.store(spin_us * 1000);
+}
+
+// A barrier for the W threads of one call (generation counting).
 struct Team {
+  std::atomic<int> started{0};     // 1 once the team's first thread has set `chunk`
   std::atomic<int64_t> chunk{0};
   std::atomic<int> arrived{0};
   std::atomic<int> phase{0};
+  std::atomic<int> sleepers{0};
   void wait(int W) {
     if (W == 1) return;
     const int ph = phase.load(std::memory_order_acquire);
     if (arrived.fetch_add(1, std::memory_order_acq_rel) == W - 1) {
       arrived.store(0, std::memory_order_relaxed);
-      phase.store(ph + 1, std::memory_order_release);
+      publish(phase, ph + 1, sleepers);
       return;
     }
-    for (int spin = 0; phase.load(std::memory_order_acquire) == ph; ++spin)
-      if (spin < 1 << 14) _mm_pause(); else std::this_thread::yield();
+    await_change(phase, ph, sleepers);
   }
 };
 
@@ -669,9 +734,12 @@ static void in_team(Team& team, const F& run) {
 #if AT_PARALLEL_OPENMP
   const int64_t NT = std::max(1, at::get_num_threads());
   at::parallel_for(0, NT, 1, [&](int64_t b0, int64_t b1) {
-    if (b0 == 0) team.chunk.store(b1, std::memory_order_release);
-    int64_t c;
-    while ((c = team.chunk.load(std::memory_order_acquire)) == 0) _mm_pause();
+    if (b0 == 0) {
+      team.chunk.store(b1, std::memory_order_release);
+      publish(team.started, 1, team.sleepers);
+    }
+    await_change(team.started, 0, team.sleepers);
+    const int64_t c = team.chunk.load(std::memory_order_acquire);
     run((int)(b0 / c), (int)((NT + c - 1) / c));
   });
 #else
@@ -748,7 +816,8 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   // waited), the last item's scores go to the last thread, which has an item fewer, and the item's
   // owner takes them from `split_sc` once `split_ready` says this layer's are there.
   std::vector<float> split_sc(tiles ? 16 * ld : 0);
-  std::atomic<int64_t> split_ready{-1};
+  std::atomic<int> split_ready{-1};             // the layer whose split scores are there
+  std::atomic<int> split_sleepers{0};
 
   Team team;
   in_team(team, [&](int me, int W) {
@@ -793,13 +862,14 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
         attend_amx(Qb, Hq, g, kvh, t0, t1, D, K + kvh * hs, V + kvh * hs, ss, ks, scale, ld, *tw, A, SCORES,
                    split_sc.data());
         _mm_sfence();                           // the tile stores before the flag
-        split_ready.store(l, std::memory_order_release);
+        publish(split_ready, (int)l, split_sleepers);
       }
       for (int64_t i = me; i < groups * Hkv; i += W) {
         const int64_t kvh = i % Hkv, t0 = i / Hkv * R, t1 = std::min(T, t0 + R);
         if (split && i == last) {
-          for (int spin = 0; split_ready.load(std::memory_order_acquire) != l; ++spin)
-            if (spin < 1 << 14) _mm_pause(); else std::this_thread::yield();
+          // the flag holds l - 1 (or -1) until the scores of layer l are there
+          for (int seen; (seen = split_ready.load(std::memory_order_acquire)) != (int)l;)
+            await_change(split_ready, seen, split_sleepers);
           attend_amx(Qb, Hq, g, kvh, t0, t1, D, K + kvh * hs, V + kvh * hs, ss, ks, scale, ld, *tw, A, REST,
                      split_sc.data());
           continue;
@@ -879,6 +949,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_read", &stream_read, "read a buffer once, as fast as the memory system gives it (the bench's bandwidth probe)");
   m.def("rms_norm", &rms_norm, "LlamaRMSNorm of bf16 rows");
   m.def("layers", &layers, "Llama decoder layers l0.. over T bf16 rows in one parallel region, the KV cache written in place");
+  m.def("set_barrier", &set_barrier, "how threads wait for each other: mode 0 spins spin_us then sleeps (futex), 1 spins then yields");
   m.def("use_amx", &use_amx, "the product on AMX tiles from now on (True if the OS granted them)");
   m.def("pack", &pack, "W (N, K) bf16 -> the kernel's packed layout (N/64, K/2, 64, 2)");
   m.def("linear", &packed_linear, "x (T, K) bf16 @ W^T with W packed -> (T, N) bf16");

@@ -16,6 +16,13 @@ matrix in cache: 6 rows 1.9x one row, 16 rows 5x), the tiles are not (1.0x, 1.5x
 forward of 16 tokens then costs ~1.3-1.8x one token instead of ~3x. Attention's scores and weighted
 sum of V run on the tiles too (a 12-token verify after 1,500 tokens: 16.0 -> 10.7 ms). SPECLAB_AMX=0
 keeps the loops.
+
+How the kernel's threads wait for each other (between the steps of a layer): each spins for a
+bounded time, then sleeps in the kernel until the last thread wakes it, so that when the machine is
+busy (a browser on the same cores, another process) a descheduled thread gets a free core at once
+instead of a time slice later. SPECLAB_BARRIER=spin keeps the spin-then-yield loop (for measuring
+the two: scripts/busy_bench.py), SPECLAB_SPIN_US the spin before sleeping (default 50 us);
+`set_barrier` changes both in a running process. The outputs are the same bits either way.
 """
 from __future__ import annotations
 
@@ -34,6 +41,8 @@ _SOURCE = Path(__file__).with_name("bf16_linear.cpp")
 _lock = threading.Lock()
 _module = None                # the built extension, False once a build failed
 _amx = False                  # its products run on AMX tiles (chosen once, when it is built)
+BARRIERS = {"sleep": 0, "spin": 1}  # bf16_linear.cpp's BARRIER_SLEEP / BARRIER_SPIN
+SPIN_US = 50                  # a step's threads normally meet within microseconds; past this, sleep
 
 
 def _caps() -> dict:
@@ -72,11 +81,28 @@ def module():
                         # run must take the same loop, or a verify would not match one-token forwards.
                         amx = bool(_caps().get("amx_bf16")) and os.environ.get("SPECLAB_AMX", "1") != "0"
                         _amx = _module.use_amx(amx)
+                        _configure_barrier(_module)
                     except Exception as e:     # no compiler, no ninja, an old toolchain: fall back
                         warnings.warn(f"speclab's bf16 CPU kernel did not build ({str(e).splitlines()[0][:200]}); "
                                       "using F.linear (slower). Install g++ and ninja to get it.")
                         _module = False
     return _module or None
+
+
+def _configure_barrier(mod) -> None:
+    mode = os.environ.get("SPECLAB_BARRIER", "sleep")
+    if mode not in BARRIERS:
+        raise ValueError(f"SPECLAB_BARRIER={mode!r}: use 'sleep' (spin, then sleep: the default) or 'spin'")
+    mod.set_barrier(BARRIERS[mode], int(os.environ.get("SPECLAB_SPIN_US", SPIN_US)))
+
+
+def set_barrier(mode: str = "sleep", spin_us: int = SPIN_US) -> None:
+    """How the kernel's threads wait at a step's barrier, for the whole process: "sleep" (spin up to
+    spin_us, then sleep until woken) or "spin" (spin, then yield in a loop). Outputs do not change."""
+    if mode not in BARRIERS:
+        raise ValueError(f"barrier mode {mode!r}: use 'sleep' or 'spin'")
+    if module() is not None:
+        module().set_barrier(BARRIERS[mode], int(spin_us))
 
 
 def uses_amx() -> bool:

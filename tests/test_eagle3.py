@@ -290,3 +290,43 @@ def test_vllm_eagle3_peer_request(tiny, tmp_path):
         vp.speculative_config("vllm-eagle3")
     with pytest.raises(ValueError, match="not an EAGLE-3 drafter"):
         vp.vllm_eagle3_dir("code-draft")
+
+
+def test_export_drafter_turns_a_specforge_checkpoint_into_a_speculators_directory(tiny, tmp_path, capsys):
+    from speclab.cli import main
+    model = tiny[0]
+    d = make_draft(model)
+    d._target_embed = model.get_input_embeddings().weight.detach()
+    write_specforge(d, tmp_path / "forge")
+    assert main(["export-drafter", str(tmp_path / "forge"), str(tmp_path / "spec"), "--verifier", "org/tiny-llama"]) == 0
+    cfg = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "eagle3" and cfg["eagle_aux_hidden_state_layer_ids"] == AUX
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
+    sd = load_file(str(tmp_path / "spec" / "model.safetensors"))
+    assert "layers.0.hidden_norm.weight" in sd and not any(k.startswith("midlayer.") for k in sd)
+    assert "embed_tokens.weight" in sd                     # a shipped embedding travels with it
+    a, b = E.load(tmp_path / "forge"), E.load(tmp_path / "spec")
+    assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+    assert main(["export-drafter", "smollm2-eagle", str(tmp_path / "x")]) == 2
+    assert "speclab train eagle3 --init-from smollm2-eagle" in capsys.readouterr().err
+
+
+def test_a_few_training_steps_lower_the_loss(tiny):
+    from speclab.train.eagle3 import ttt_loss
+    model = tiny[0]
+    d = make_draft(model).float().train().requires_grad_(True)
+    d.lm_head.requires_grad_(False)
+    tok = torch.randint(0, V, (2, 24))
+    with torch.no_grad():
+        hs = model(input_ids=tok, output_hidden_states=True).hidden_states
+        lp = (model.lm_head.weight[d.draft_ids] @ model.model.norm(hs[-1]).transpose(1, 2)).transpose(1, 2).log_softmax(-1)
+    m = torch.ones_like(tok, dtype=torch.bool)
+    opt = torch.optim.Adam([p for p in d.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for _ in range(8):
+        loss, st = ttt_loss(d, tok, [hs[l] for l in AUX], lp, m, 3, model.get_input_embeddings().weight)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0] and set(st) == {"acc1", "acc2", "acc3", "n1", "n2", "n3"}

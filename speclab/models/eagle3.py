@@ -513,5 +513,9 @@ def export_drafter(src, out, verifier: str | None = None, k: int = 3, layers=Non
         draft.config.verifier = dict(draft.config.verifier or {}, name_or_path=verifier)
     if layers:
         draft.config.eagle_aux_hidden_state_layer_ids = [int(v) for v in str(layers).split(",")]
-    src_dtype = json.loads(cfg.read_text()).get("torch_dtype") or "bfloat16"
-    return export(draft, out, dtype=getattr(torch, str(src_dtype), torch.bfloat16), k=k)
+    from safetensors import safe_open
+    names = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    with safe_open(str(sorted(where.glob("*.safetensors"))[0]), "pt") as f:       # the source's own precision
+        kinds = {f.get_slice(k).get_dtype() for k in f.keys()}
+    dtype = next((names[k] for k in ("F32", "BF16", "F16") if k in kinds), torch.bfloat16)
+    return export(draft, out, dtype=dtype, k=k)

@@ -36,6 +36,9 @@ from speclab.trace import Trace, TraceError
 pn.extension("plotly")
 
 PROJECTOR_ZOOM = 1.4
+# what the progress line says before the first token: a model's first run loads it (seconds), and
+# every run reads its prompt first, so "0 of 64 tokens" would look like a hang
+LOADING = "loading the model and reading the prompt (a model's first run loads it: a few seconds)"
 # the methods a comparison starts with, per family (the baseline always runs too)
 COMPARE_START = {"speculative": ("draft-model", "prompt-lookup"), "diffusion": ("dllm-threshold", "dllm-freedave")}
 # timed runs per method in a comparison, interleaved (ar, m1, m2, ar, ...): 5 keep a 43-token Compare
@@ -119,7 +122,7 @@ class Dashboard:
                           self.download)
         self.tabs = pn.Tabs(("Step", self.viewer.step_column()), ("Summary", self.viewer.summary_column()),
                             ("Compare", compare), ("Traces", files), dynamic=False)
-        guide_card = pn.Card(pn.pane.Markdown(guide.GLOSSARY), title="Glossary", collapsed=True,
+        self.guide_card = guide_card = pn.Card(pn.pane.Markdown(guide.GLOSSARY), title="Glossary", collapsed=True,
                              sizing_mode="stretch_width", css_classes=["speclab-glossary"])
         self.intro = pn.pane.Markdown(guide.INTRO[runs.engine(self.form.method.value)], css_classes=["speclab-intro"],
                                       sizing_mode="stretch_width")
@@ -128,8 +131,13 @@ class Dashboard:
         return pn.Row(form, self.main, sizing_mode="stretch_width")
 
     def _presentation(self, on: bool) -> None:
-        """Projector mode: everything right of the form drawn 1.4x larger (text, figures, tables)."""
-        self.main.styles = {"zoom": str(PROJECTOR_ZOOM)} if on else {}
+        """Projector mode: everything right of the form drawn 1.4x larger (text, figures, tables).
+        The introduction and the glossary step aside, so the step figure's draft tree stays above
+        the fold of a projector's short screen rather than under 1.4x of reading matter."""
+        with pn.io.hold():
+            self.main.styles = {"zoom": str(PROJECTOR_ZOOM)} if on else {}
+            self.intro.visible = self.guide_card.visible = not on
+            self.viewer.keys_note.visible = not on
 
     def _fit_compare(self) -> None:
         """Offer the methods of the form's family (speculative or diffusion), two chosen to start."""
@@ -207,6 +215,7 @@ class Dashboard:
         self.progress.visible = self.queue_note.visible = on
         self.progress.max, self.progress.value = max(total, 1), 0
         if on:
+            self.queue_note.object = LOADING      # until the first token (a stale count would show)
             self.clear_error()
 
     def _tick(self, done: int) -> None:
@@ -215,7 +224,7 @@ class Dashboard:
             self.progress.value = min(done, self.progress.max)
             # `ahead` counts runs not yet started, this one included while it waits
             self.queue_note.object = (f"queued: {ahead} run(s) waiting to start" if ahead and not done
-                                      else f"{done} of {self.progress.max} tokens")
+                                      else LOADING if not done else f"{done} of {self.progress.max} tokens")
 
     # -- showing ----------------------------------------------------------------------------------
     def show_trace(self, trace: Trace) -> None:

@@ -44,7 +44,7 @@ GLOSSARY = """| term | meaning |
 
 # method -> [(label, prompt, chat)]: prompts on which the method shows what it does best
 PRESETS = {
-    "draft-model": [("chat question", "Explain in a few sentences why the sky is blue.", True),
+    "draft-model": [("chat question", "Explain in two sentences why the sky is blue.", True),
                     ("list", "List five fruits and one fact about each.", True)],
     "prompt-lookup": [("edit code (the answer repeats the prompt)",
                        "Rename the variable x to count in this code and print it again:\n\n"
@@ -53,8 +53,11 @@ PRESETS = {
                                          "times, numbered.", True)],
     "eagle": [("chat question", "What is the capital of France, and why is it famous?", True)],
     "medusa": [("chat question", "Give three tips for learning to program.", True)],
-    "dllm-threshold": [("chat question", "Explain in a few sentences why the sky is blue.", True)],
-    "dllm-freedave": [("chat question", "Explain in a few sentences why the sky is blue.", True)],
+    # a list the model is sure of: several slots pass the threshold per step (an open question: about one)
+    "dllm-threshold": [("a list", "List the days of the week.", True),
+                       ("chat question", "Explain in two sentences why the sky is blue.", True)],
+    "dllm-freedave": [("a list", "List the days of the week.", True),
+                      ("chat question", "Explain in two sentences why the sky is blue.", True)],
     "dag-viterbi": [("a date", "2024-03-05", False)],
 }
 

@@ -1,6 +1,7 @@
 """Keyboard stepping for the dashboard: the arrow keys move the player one step, Home / End to the
 first / last step, anywhere on the page except while typing in a field (where the keys move the
-cursor, and a focused slider already steps itself)."""
+cursor) or on a focused slider (which steps itself: the player's slider would move two steps, any
+other slider would move the player as well as itself)."""
 from __future__ import annotations
 
 from panel.custom import JSComponent
@@ -18,6 +19,9 @@ class StepKeys(JSComponent):
         const t = e.composedPath()[0];
         if (e.altKey || e.ctrlKey || e.metaKey) return;
         if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.tagName === 'SELECT' || t.isContentEditable)) return;
+        // a focused slider (the player's, a temperature's) steps itself: the page must not step too
+        if (e.composedPath().some((n) => n.getAttribute && (n.getAttribute('role') === 'slider'
+            || (n.classList && (n.classList.contains('noUi-target') || n.classList.contains('noUi-handle')))))) return;
         if (!(e.key in MOVES)) return;
         e.preventDefault();
         model.send_msg({ move: MOVES[e.key] });

@@ -14,6 +14,7 @@ from speclab.apps.status import player_css, status_html
 from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, detail_html, move_current,
                              round_strip, step_figure, step_label, step_title, timing, update_step)
 from speclab.figures.distributions import distributions
+from speclab.figures.mask import mask_figure
 from speclab.metrics import n_steps
 from speclab.trace import Trace
 
@@ -44,6 +45,12 @@ class Viewer:
         self.dist_temp = w.FloatSlider(name="show p and q at temperature", start=0.1, end=2.0, step=0.05, value=1.0,
                                        visible=False, width=300)
         self.dist_temp.param.watch(lambda e: self._show_distributions(), "value")
+        # the attention mask the step's forward used (tree mask of a verify, a diffusion step's block mask)
+        self.mask_toggle = w.Checkbox(name="show the attention mask of this step", value=False,
+                                      css_classes=["speclab-mask-toggle"])
+        self.mask_fig = pn.pane.Plotly(None, css_classes=["speclab-mask"], sizing_mode="stretch_width",
+                                       visible=False)
+        self.mask_toggle.param.watch(lambda e: self._show_mask(), "value")
         self.summary_figs = [pn.pane.Plotly(None, height=h, sizing_mode="stretch_width", visible=False, link_figure=False)
                              for h in SUMMARY_HEIGHTS]
         self.summary_note = pn.pane.Markdown("Summary figures are for speculative and diffusion runs; the Step "
@@ -55,7 +62,7 @@ class Viewer:
 
     def step_column(self) -> pn.Column:
         return pn.Column(pn.Row(self.player, self.step_text, self.keys_note), self.keys, self.step_fig, self.detail,
-                         self.dist_temp, self.dist_fig)
+                         self.dist_temp, self.dist_fig, self.mask_toggle, self.mask_fig)
 
     def move(self, by) -> None:
         """One step forward / back (by = 1 / -1), or to the "first" / "last" step: the keys call this."""
@@ -107,6 +114,7 @@ class Viewer:
             self.detail.object = detail_html(trace, step)
             self.step = step
             self._show_distributions()
+            self._show_mask()
             for pane in self.summary_figs[:len(makers)]:       # the "current" markers follow the step
                 move_current(pane.object, step)
                 pane.param.trigger("object")
@@ -120,6 +128,16 @@ class Viewer:
             self.dist_fig.object, self.dist_fig.visible = fig, fig is not None
             self.dist_temp.visible = fig is not None
 
+    def _show_mask(self) -> None:
+        """The attention mask of the current step, while its checkbox is ticked (speculative and
+        diffusion runs: a DAG decodes in one forward over its own graph)."""
+        trace = self.trace
+        has = trace is not None and trace.engine in ("speculative", "diffusion")
+        with pn.io.hold():
+            self.mask_toggle.visible = has
+            fig = mask_figure(trace, self.step) if has and self.mask_toggle.value else None
+            self.mask_fig.object, self.mask_fig.visible = fig, fig is not None
+
     def clear(self, status: str = EMPTY) -> None:
         """Nothing on the page but `status` (a failed run, a changed form: no stale result)."""
         with pn.io.hold():
@@ -127,5 +145,6 @@ class Viewer:
             self.status.object = status
             self.step_text.object, self.step_fig.object, self.detail.object = "", None, ""
             self.dist_fig.object, self.dist_fig.visible, self.dist_temp.visible = None, False, False
+            self.mask_fig.object, self.mask_fig.visible = None, False
             for pane in self.summary_figs:
                 pane.visible, pane.object = False, None

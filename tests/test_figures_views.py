@@ -155,3 +155,56 @@ def test_race_page_has_a_speed_control_and_a_forward_clock(real_runs):
     assert lanes[0]["forwards"] == len(spec.rounds)
     page = race_html([spec, spec])
     assert 'id="speed"' in page and "target forward" in page
+
+
+# -- what a class sees first -----------------------------------------------------------------------
+def test_dag_vertex_labels_sit_on_the_axis_where_plotly_keeps_them_apart():
+    from pathlib import Path
+    from speclab.decoding.dag import run_dag
+    from speclab.models.dag import load_dag
+    tr = run_dag(load_dag(Path(speclab.__file__).parent / "zoo" / "numwords-dat"), "305", strategy="all",
+                 record="full")
+    fig = F.dag_figure(tr, 0)
+    verts = fig.data[-1]
+    assert verts.name == "vertices" and verts.mode == "markers" and verts.text is None   # no words on the arcs
+    rows = tr.dag.emissions_topk
+    assert list(fig.layout.xaxis.ticktext) == [F._util.tok(tr, row[0][0]) for row in rows]
+    assert list(fig.layout.xaxis.tickvals) == list(range(tr.dag.num_vertices))
+    assert fig.layout.xaxis.tickangle is None and fig.layout.xaxis.autotickangles   # plotly turns labels that would collide
+
+
+def test_the_first_run_says_loading_until_its_first_token():
+    from speclab.apps.dashboard import LOADING, Dashboard
+    d = Dashboard()
+    d._set_busy(True, 64)
+    assert d.queue_note.object == LOADING and "loading the model" in LOADING
+    d._tick(0)
+    assert d.queue_note.object == LOADING
+    d._tick(5)
+    assert d.queue_note.object == "5 of 64 tokens"
+
+
+def test_projector_mode_moves_the_reading_matter_aside():
+    from speclab.apps.dashboard import Dashboard
+    d = Dashboard()
+    d.projector.value = True
+    assert d.main.styles == {"zoom": "1.4"} and not d.intro.visible and not d.guide_card.visible
+    d.projector.value = False
+    assert d.main.styles == {} and d.intro.visible and d.guide_card.visible
+
+
+def test_the_default_token_budget_ends_the_default_chat_answer():
+    from speclab.apps.form import CHAT_PROMPT, Form
+    from speclab.apps import runs
+    budget = Form(runs.zoo_models()).max_new_tokens.value
+    r = speclab.run("smollm2-135m", CHAT_PROMPT, "ar", max_new_tokens=budget, chat=True, record=None)
+    assert r.text.endswith("<|im_end|>"), f"{budget} tokens cut the default answer: {r.text!r}"   # SmolLM2's end of turn
+    assert budget <= 96                                           # and a first run stays quick
+
+
+def test_the_default_diffusion_demo_commits_several_slots_per_forward():
+    from speclab.apps.form import DLLM_PROMPTS
+    r = speclab.run("smollm2-dllm", DLLM_PROMPTS["smollm2-dllm"], "dllm-freedave", gen_length=32, chat=True,
+                    record="light")
+    assert r.trace.totals.tau > 1.3                              # not one token per forward
+    assert max(len(s.committed) for s in r.trace.denoise) >= 2

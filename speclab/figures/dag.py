@@ -33,6 +33,16 @@ def output_text(trace: Trace, name: str) -> str:
     return " ".join(trace.text_of(t) for t in trace.dag.outputs.get(name, []))
 
 
+def vertex_axis(trace: Trace, Lg: int) -> dict:
+    """Each vertex's top emission as a tick label under the graph, not as text beside its marker:
+    there the words sat on the link arcs and on each other; plotly turns tick labels that would
+    collide (tickangle unset: "auto", through autotickangles), so they never overlap."""
+    rows = trace.dag.emissions_topk
+    words = [tok(trace, rows[v][0][0]) if v < len(rows) and rows[v] else "" for v in range(Lg)]
+    return dict(range=[-0.7, Lg - 0.3], showgrid=False, zeroline=False, tickmode="array",
+                tickvals=list(range(Lg)), ticktext=words, autotickangles=[0, 45, 90], tickfont=dict(size=11))
+
+
 def dag_figure(trace: Trace, step: int | None = None, min_link: float = 0.02) -> go.Figure:
     """Vertices, links (width by probability) and each strategy's path; `step` highlights one."""
     names = strategies(trace)
@@ -66,9 +76,7 @@ def dag_figure(trace: Trace, step: int | None = None, min_link: float = 0.02) ->
             opacity=1.0 if hot else 0.35, hoverinfo="name"))
     pp = run.pass_prob or [1.0] * Lg
     fig.add_trace(go.Scatter(
-        x=list(range(Lg)), y=[0] * Lg, mode="markers+text", name="vertices", showlegend=False,
-        text=[tok(trace, row[0][0]) if row else "" for row in run.emissions_topk] or None,
-        textposition="top center", textfont=dict(size=10),
+        x=list(range(Lg)), y=[0] * Lg, mode="markers", name="vertices", showlegend=False,
         marker=dict(size=[6 + 14 * p for p in pp], color="#444"),
         customdata=list(range(Lg)),
         hovertext=[f"vertex {v}, pass prob {pp[v]:.3f}<br>emits: "
@@ -78,7 +86,7 @@ def dag_figure(trace: Trace, step: int | None = None, min_link: float = 0.02) ->
     focus = names[step] if step is not None else run.chosen
     fig.update_layout(
         title=f"{trace.method}: {Lg} vertices; {focus} -> {output_text(trace, focus)!r}",
-        height=420, plot_bgcolor="white", margin=dict(l=10, r=10, t=50, b=10),
-        legend=dict(orientation="h", y=-0.05), xaxis=bare_axis(range=[-0.7, Lg - 0.3]),
+        height=440, plot_bgcolor="white", margin=dict(l=10, r=10, t=50, b=30),
+        legend=dict(orientation="h", y=-0.12), xaxis=vertex_axis(trace, Lg),
         yaxis=bare_axis(range=[-(0.45 + 0.12 * len(names)), 0.2 + 0.05 * Lg]))
     return fig

@@ -177,18 +177,24 @@ def _decode_rounds(trace):
 
 
 def round_seconds(trace) -> float:
-    """Mean draft + verify seconds of a run's decode rounds."""
-    rs = _decode_rounds(trace)
+    """Mean draft + verify seconds of a run's decode rounds (several runs: pooled)."""
+    rs = [r for t in _as_list(trace) for r in _decode_rounds(t)]
     return sum(r.draft_s + r.verify_s for r in rs) / len(rs) if rs else 0.0
+
+
+def _as_list(x) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
 def cost_model(trace, reference) -> dict | None:
     """Every term of the cost model for a speculative run against its ar reference (same prompt,
-    same settings): k, both alphas, per-depth acceptance, the cost ratio c, expected tau (chain
-    formula when every draft is a chain of one length k, else the per-depth form) and speed-up,
-    break-even, and the measured tau per round and speed-up. None without rounds to measure."""
-    rounds = _decode_rounds(trace)
-    ar_step = round_seconds(reference)
+    same settings; or lists of runs and their references, prompt by prompt, pooled): k, both alphas,
+    per-depth acceptance, the cost ratio c, expected tau (the chain formula when every draft is a
+    chain of one length k, else the per-depth form; rounds that drafted nothing count 1 token) and
+    speed-up, break-even, and the measured tokens per round and speed-up. None without rounds."""
+    traces, refs = _as_list(trace), _as_list(reference)
+    rounds = [r for t in traces for r in _decode_rounds(t)]
+    ar_step = round_seconds(refs)
     if not rounds or not ar_step:
         return None
     drafting = [r for r in rounds if r.drafted]
@@ -200,13 +206,14 @@ def cost_model(trace, reference) -> dict | None:
     share = len(drafting) / len(rounds)            # rounds that drafted at all (a gate, a lookup miss)
     tau_draft = expected_tau(a_tok, k) if chain and a_tok is not None else tree_tau(cond)
     tau_exp = (1 - share) + share * tau_draft
-    c = round_seconds(trace) / ar_step
+    round_s = round_seconds(traces)
+    c = round_s / ar_step
     tokens = sum(len(r.tokens) for r in rounds)
-    measured = speedup(trace.totals.wall_s, reference.totals.wall_s)
+    measured = speedup(sum(t.totals.wall_s for t in traces), sum(t.totals.wall_s for t in refs))
     return {"k": k, "chain": chain, "alpha": alpha(sum(accepted_length(r) for r in drafting),
                                                    sum(r.drafted for r in drafting)),
             "token_alpha": a_tok, "per_depth": cond, "drafting_share": share,
-            "ar_step_s": ar_step, "round_s": round_seconds(trace), "c": c,
+            "ar_step_s": ar_step, "round_s": round_s, "c": c,
             "expected_tau": tau_exp, "expected_speedup": expected_speedup(tau_exp, c),
             "break_even": break_even(k, c) if k else None,
             "measured_tau": tokens / len(rounds), "measured_speedup": measured}

@@ -102,6 +102,8 @@ def cmd_bench(a):
         res["whatif"] = whatif_table(traces) if traces else []
         res["whatif_from"] = fixed[0].label if traces else None
     print(markdown(res))
+    from speclab.bench.timing import print_spread
+    print_spread(res)
     for r in res["rows"] if a.batch_size > 1 else []:
         print(f"batch {r['batch_size']:>3}  {r['method']:<24} {r['tokens_per_s']} tok/s over the batch, "
               f"{r['latency_s']} s per sequence")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from speclab.bench.peers import PEERS, run_peer
 from speclab import metrics
+from speclab.bench import timing
 from speclab.bench.prompts import load_prompts
 from speclab.params import parse_assignment
 from speclab.decoding.drafters.lookup import SuffixHistory
@@ -159,6 +160,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         p = next(model.parameters())
         probe = BandwidthProbe(p.device, p.dtype, model=model)
     bar = tqdm(total=repeats * len(prompts) * len(ours), desc=f"bench {prompt_set}", disable=not progress)
+    meter = timing.CpuMeter().start()       # other processes' share of the CPUs while the passes ran
     for rep in range(repeats):
         # suffix's history: this pass's earlier prompts under this method, never the last pass's
         # nor another method's output for the same prompt
@@ -178,6 +180,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                         probe.sample(ar_tokens_per_s=len(r["ids"]) / r["wall_s"])
                 bar.update(len(chunk))
     bar.close()
+    busy = meter.busy()
     ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs[base])
     # identity is judged against ar on the same backend (backend=exact rows against ar[backend=exact])
     ref = {s.label: reference_label(s, specs, base) for s in specs}
@@ -185,6 +188,8 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
             for s in specs]
     for s, row in zip(specs, rows):
         row["batch_size"] = batch_size if batched(s) else 1
+    # per-repeat speed-up ratios with their spread and verdict; the cost model of each median pass
+    timing.annotate_bench_rows(rows, [s.label for s in specs], runs, base, busy)
     if base == "ar":
         for s, row in zip(specs, rows):
             row["identical_to"] = ref[s.label]

@@ -207,3 +207,60 @@ def interleave(fns: dict, repeats: int, wall=None, progress=None, errors: dict |
     for n in failed:
         results.pop(n), walls.pop(n)
     return Interleaved(results, walls, order, meter.busy())
+
+
+# -- the bench's rows ------------------------------------------------------------------------------
+def annotate_bench_rows(rows: list[dict], labels: list[str], runs: dict, base: str, busy: float | None) -> None:
+    """Add to each bench row (speclab.bench.runner: `runs[label][repeat][prompt]` run dicts, the
+    repeats interleaved prompt by prompt) its wall time's spread over the repeats, the speed-up as the
+    median of per-repeat ratios with its spread and verdict, and the cost model of its median pass
+    against ar's pass of the same repeat (`cost_model`, and `why_slower` for a row slower than ar)."""
+    from speclab import metrics
+    base_walls = [sum(r["wall_s"] for r in rep) for rep in runs[base]]
+    for label, row in zip(labels, rows):
+        walls = [sum(r["wall_s"] for r in rep) for rep in runs[label]]
+        w = cell(walls)
+        row["wall_s_range"] = [round(w.lo, 4), round(w.hi, 4)]
+        up = speedup(base_walls, walls, busy)
+        row["speedup_median"] = round(up.median, 3)
+        row["speedup_range"] = [round(up.ratios.lo, 3), round(up.ratios.hi, 3)]
+        row["speedup_ratios"] = [round(x, 3) for x in up.ratios.values]
+        row["timing"] = "reliable" if up.reliable else "unreliable: " + "; ".join(up.reasons)
+        if label == base:
+            continue
+        i = median_index(walls)
+        traces = [r.get("trace") for r in runs[label][i]]
+        refs = [r.get("trace") for r in runs[base][i]]
+        if any(t is None or t.engine != "speculative" or not t.rounds for t in traces + refs):
+            continue
+        m = metrics.cost_model(traces, refs)
+        if m is None:
+            continue
+        row["cost_model"] = {k: (round(v, 4) if isinstance(v, float) else
+                                 [round(x, 3) for x in v] if isinstance(v, list) else v) for k, v in m.items()}
+        if up.median < 1.0:
+            row["why_slower"] = metrics.reason_line(m, up.median)
+    if busy is not None:
+        for row in rows:
+            row["machine_busy"] = round(busy, 3)
+
+
+def print_spread(res: dict) -> None:
+    """The bench's lines under its table: each row's speed-up as a median with its spread and
+    verdict, the cost model's expected speed-up beside it, and why a row slower than ar is slower."""
+    reps = res.get("repeats", 1)
+    busy = next((r["machine_busy"] for r in res["rows"] if "machine_busy" in r), None)
+    print(f"speed-up = median over {reps} repeat(s) of ar's pass time / the method's, interleaved prompt by prompt"
+          + (f"; other processes used {busy:.0%} of the CPUs meanwhile" if busy is not None else ""))
+    for r in res["rows"]:
+        if "speedup_median" not in r:
+            continue
+        lo, hi = r["speedup_range"]
+        line = f"  {r['method']:<28} {r['prompt_set']:<12} {r['speedup_median']:.3f}x ({lo:.3f}-{hi:.3f}) {r['timing']}"
+        m = r.get("cost_model")
+        if m:
+            line += (f"; cost model: per-token alpha {m['token_alpha'] if m['token_alpha'] is not None else '-'} "
+                     f"(accepted/drafted {m['alpha']}), k {m['k']}, c {m['c']:.2f} -> expected {m['expected_speedup']:.2f}x")
+        print(line)
+        if r.get("why_slower"):
+            print(f"    slower than ar: {r['why_slower']}")

@@ -1,0 +1,64 @@
+"""The cost model drawn: the expected speed-up against the per-token acceptance rate alpha, for a
+run's draft length k and cost ratio c, with the break-even line and the run's measured point.
+
+    costmodel_figure(m)              m: speclab.metrics.cost_model(trace, reference), or several as
+                                     {label: m} (one curve per method, e.g. the dashboard's Compare)
+    costmodel_curve(k, c)            the curve's data: alpha in [0, 1] -> expected_tau(alpha, k) / c
+
+Reading it: a method pays where its curve is above 1.0 (the horizontal break-even line); the dotted
+vertical line is the alpha where its curve crosses 1.0 (metrics.break_even). The hollow marker is
+the model at the run's own alpha (per-token, the papers' alpha: accepted / judged); the filled one is
+the speed-up the run measured. The gap between them is what the model leaves out (the loop's
+bookkeeping outside draft + verify, a gate or lookup round that drafted nothing, timing noise).
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from speclab import metrics
+from speclab.figures import colors
+
+PALETTE = ("#2a7fb8", "#d95f02", "#1b9e77", "#7570b3", "#e7298a", "#66a61e")
+
+
+def costmodel_curve(k: int, c: float, points: int = 101) -> tuple[list[float], list[float]]:
+    """(alpha, expected speed-up) on an even grid of alpha in [0, 1]."""
+    xs = [i / (points - 1) for i in range(points)]
+    return xs, [metrics.expected_speedup(metrics.expected_tau(a, k), c) for a in xs]
+
+
+def costmodel_figure(models, label: str | None = None, height: int = 360) -> go.Figure:
+    many = isinstance(models, dict) and "k" not in models
+    items = list(models.items()) if many else [(label or "run", models)]
+    fig = go.Figure()
+    top = 1.2
+    for i, (name, m) in enumerate(items):
+        if m is None or not m.get("k"):
+            continue
+        col = PALETTE[i % len(PALETTE)]
+        xs, ys = costmodel_curve(m["k"], m["c"])
+        top = max(top, max(ys), m.get("measured_speedup") or 0)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=col), name=f"expected, {name}: k {m['k']}, "
+                                 f"c {m['c']:.2f}", hovertemplate="alpha %{x:.2f}: %{y:.2f}x<extra></extra>"))
+        a = m.get("token_alpha")
+        if a is not None:
+            fig.add_trace(go.Scatter(x=[a], y=[m["expected_speedup"]], mode="markers", name=f"model at its alpha, {name}",
+                                     marker=dict(color="white", size=11, line=dict(color=col, width=2)),
+                                     hovertemplate=(f"{name}: alpha %{{x:.2f}}, expected tau {m['expected_tau']:.2f}"
+                                                    f" / c {m['c']:.2f} = %{{y:.2f}}x<extra></extra>")))
+            if m.get("measured_speedup") is not None:
+                fig.add_trace(go.Scatter(x=[a], y=[m["measured_speedup"]], mode="markers",
+                                         name=f"measured, {name}", marker=dict(color=col, size=11, symbol="circle"),
+                                         hovertemplate=f"{name}: measured %{{y:.2f}}x<extra></extra>"))
+        if m.get("break_even") is not None:
+            fig.add_shape(type="line", x0=m["break_even"], x1=m["break_even"], y0=0, y1=1.0,
+                          line=dict(color=col, dash="dot", width=1))
+    fig.add_shape(type="line", x0=0, x1=1, y0=1.0, y1=1.0, line=dict(color=colors.REFERENCE, width=1.5))
+    fig.add_annotation(x=0.02, y=1.0, text="break-even: as fast as ar", showarrow=False, yshift=9, xanchor="left",
+                       font=dict(size=11, color="#555"))
+    fig.update_layout(title="cost model: expected speed-up = tau(alpha, k) / c", height=height, plot_bgcolor="white",
+                      margin=dict(l=50, r=10, t=50, b=40), legend=dict(font=dict(size=10)),
+                      xaxis=dict(title="per-token acceptance rate alpha (accepted / judged)", range=[0, 1],
+                                 gridcolor="#eeeeee"),
+                      yaxis=dict(title="speed-up over ar", range=[0, top * 1.1], gridcolor="#eeeeee"))
+    return fig

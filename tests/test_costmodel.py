@@ -1,0 +1,117 @@
+"""The cost model (speclab.metrics): expected tau for chains and trees, the cost ratio, break-even,
+the two alphas; its figure's data; and the bench's rows that carry it with the speed-up's spread."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speclab import metrics
+from speclab.trace import DraftNode, Round, Totals, Trace
+
+
+def test_expected_tau_of_a_chain():
+    assert metrics.expected_tau(0.0, 4) == 1.0                       # nothing accepted: the target's token
+    assert metrics.expected_tau(1.0, 4) == 5.0                       # all k accepted plus the bonus
+    assert metrics.expected_tau(0.5, 2) == pytest.approx(1.75)       # 1 + 0.5 + 0.25
+    assert metrics.expected_tau(0.08, 4) == pytest.approx((1 - 0.08 ** 5) / 0.92)
+    assert round(metrics.expected_tau(0.08, 4), 2) == 1.09
+    with pytest.raises(ValueError, match="alpha must be in"):
+        metrics.expected_tau(1.5, 4)
+
+
+def test_tree_tau_from_per_depth_acceptance():
+    assert metrics.tree_tau([]) == 1.0
+    assert metrics.tree_tau([0.5, 0.5]) == pytest.approx(metrics.expected_tau(0.5, 2))
+    assert metrics.tree_tau([0.8, 0.5, 0.25]) == pytest.approx(1 + 0.8 + 0.4 + 0.1)
+
+
+def test_speedup_and_break_even():
+    assert metrics.expected_speedup(1.09, 1.52) == pytest.approx(0.7171, abs=1e-4)
+    assert metrics.break_even(4, 1.0) == 0.0                     # a round as cheap as a step: any draft pays
+    assert metrics.break_even(4, 5.0) is None                    # c >= k + 1: nothing can pay
+    a = metrics.break_even(4, 1.52)
+    assert metrics.expected_tau(a, 4) == pytest.approx(1.52, abs=1e-6)
+    assert metrics.break_even(2, 1.75) == pytest.approx(0.5, abs=1e-6)
+    with pytest.raises(ValueError, match="cost ratio must be > 0"):
+        metrics.expected_speedup(1.0, 0.0)
+
+
+def _chain_round(k, accepted, draft_s, verify_s):
+    nodes = [DraftNode(i, i - 1, 10 + i, i + 1, q=0.5,
+                       decision="accepted" if i < accepted else "rejected" if i == accepted else "not reached")
+             for i in range(k)]
+    return Round(nodes=nodes, accepted=list(range(accepted)), path_tokens=[10 + i for i in range(accepted)],
+                 emitted=99, kept=accepted + 1, drafted=k, draft_s=draft_s, verify_s=verify_s)
+
+
+def _trace(rounds, wall, method="draft-model"):
+    new = sum(r.kept for r in rounds)
+    return Trace(engine="speculative", method=method, prompt_ids=[1], output_ids=[5] * new,
+                 totals=Totals(wall_s=wall, target_forwards=len(rounds), new_tokens=new,
+                               drafted=sum(r.drafted for r in rounds), accepted=sum(len(r.accepted) for r in rounds)),
+                 rounds=rounds)
+
+
+def test_cost_model_of_a_run_against_its_ar_reference():
+    # prefill rounds first (left out), then 4 chain rounds of k 4 accepting 0, 1, 4, 0 tokens
+    spec = _trace([_chain_round(4, 0, 0.0, 0.5)] + [_chain_round(4, a, 0.010, 0.020) for a in (0, 1, 4, 0)], 0.62)
+    ar = _trace([Round(emitted=1, kept=1, verify_s=0.5)] + [Round(emitted=1, kept=1, verify_s=0.020)] * 9, 0.68, "ar")
+    m = metrics.cost_model(spec, ar)
+    assert m["k"] == 4 and m["chain"]
+    assert m["alpha"] == 5 / 16                                  # speclab's: accepted / drafted
+    assert m["token_alpha"] == 5 / 8                             # the papers': judged 1 + 2 + 4 + 1
+    assert m["c"] == pytest.approx(0.030 / 0.020)
+    assert m["expected_tau"] == pytest.approx(metrics.expected_tau(5 / 8, 4))
+    assert m["expected_speedup"] == pytest.approx(metrics.expected_tau(5 / 8, 4) / 1.5)
+    assert m["measured_tau"] == pytest.approx(9 / 4) and m["measured_speedup"] == pytest.approx(0.68 / 0.62)
+    assert metrics.expected_tau(m["break_even"], 4) == pytest.approx(1.5, abs=1e-6)
+    line = metrics.reason_line(m, 0.72)
+    assert line == (f"per-token alpha 0.62 at k 4: expected tau {m['expected_tau']:.2f}, round cost 1.50 ar steps: "
+                    f"{m['expected_speedup']:.2f}x (measured 0.72x)")
+
+
+def test_rounds_that_draft_nothing_count_one_token():
+    # two drafting rounds accepting everything (k 2) and two that drafted nothing
+    spec = _trace([Round(kept=1, verify_s=0.5)] + [_chain_round(2, 2, 0.01, 0.02)] * 2
+                  + [Round(emitted=1, kept=1, verify_s=0.02)] * 2, 1.0)
+    ar = _trace([Round(kept=1, verify_s=0.5), Round(kept=1, verify_s=0.02)], 1.0, "ar")
+    m = metrics.cost_model(spec, ar)
+    assert m["drafting_share"] == 0.5 and m["token_alpha"] == 1.0
+    assert m["expected_tau"] == pytest.approx(0.5 * 1 + 0.5 * 3)
+    assert m["c"] == pytest.approx((0.03 * 2 + 0.02 * 2) / 4 / 0.02)
+    assert "(50% of rounds drafted)" in metrics.reason_line(m)
+
+
+def test_cost_model_figure_data():
+    from speclab.figures.costmodel import costmodel_figure
+    m = {"k": 4, "c": 1.52, "token_alpha": 0.08, "alpha": 0.05, "expected_tau": 1.09, "expected_speedup": 0.717,
+         "measured_speedup": 0.70, "break_even": metrics.break_even(4, 1.52), "drafting_share": 1.0}
+    fig = costmodel_figure(m, label="draft-model")
+    curve = next(d for d in fig.data if d.name.startswith("expected"))
+    assert curve.x[0] == 0.0 and curve.x[-1] == 1.0
+    assert curve.y[-1] == pytest.approx(5 / 1.52) and curve.y[0] == pytest.approx(1 / 1.52)
+    point = next(d for d in fig.data if d.name.startswith("measured"))
+    assert list(point.x) == [0.08] and list(point.y) == [0.70]
+    expected = next(d for d in fig.data if d.name.startswith("model at"))
+    assert list(expected.y) == [pytest.approx(0.717)]
+    assert any(s.y0 == 1.0 and s.y1 == 1.0 for s in fig.layout.shapes)           # the break-even line
+    assert any(s.x0 == pytest.approx(m["break_even"]) for s in fig.layout.shapes)
+
+
+def test_bench_reports_spread_verdict_and_cost_model(capsys, tmp_path):
+    from speclab.cli import main
+    out = tmp_path / "b.json"
+    code = main(["bench", "--target", "code-target", "--draft", "code-draft", "--limit", "2", "--max-new-tokens", "12",
+                 "--methods", "ar,draft-model[k=3]", "--prompts", "code-complete", "--repeats", "3",
+                 "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0 and "median over 3 repeat(s)" in text and "cost model: per-token alpha" in text
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    dm = rows["draft-model[k=3]"]
+    assert len(dm["speedup_ratios"]) == 3 and dm["speedup_range"][0] <= dm["speedup_median"] <= dm["speedup_range"][1]
+    assert dm["timing"] == "reliable" or dm["timing"].startswith("unreliable: ")
+    m = dm["cost_model"]
+    assert m["k"] == 3 and m["c"] > 0 and 0 <= m["token_alpha"] <= 1 and m["token_alpha"] >= m["alpha"]
+    assert ("why_slower" in dm) == (dm["speedup_median"] < 1.0)
+    assert rows["ar"]["speedup_median"] == 1.0 and "cost_model" not in rows["ar"]

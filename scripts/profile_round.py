@@ -22,7 +22,7 @@ import speclab.decoding.drafters.lookahead  # noqa: F401
 import speclab.decoding.drafters.recycling  # noqa: F401
 import speclab.decoding.drafters.trees  # noqa: F401
 from speclab.models import kernels, zoo
-from speclab.models.fast_llama import FastLlama
+from speclab.models.lean.forward import LeanLM
 
 DRAFTS = {"eagle": "smollm2-eagle", "eagle-chain": "smollm2-eagle", "medusa": "smollm2-medusa",
           "draft-model": "smollm2-draft"}
@@ -100,9 +100,9 @@ def main():
 
     p = Profile()
     below = lambda suffix: lambda: p.stack[-1] + suffix
-    p.wrap(FastLlama, "forward", lambda: "verify" if p.stack[-1] == "round" else p.stack[-1] + ": forward")
-    p.wrap(FastLlama, "_fused_layers", below(": layers"))
-    p.wrap(FastLlama, "final_norm_head", below(": head"))
+    p.wrap(LeanLM, "forward", lambda: "verify" if p.stack[-1] == "round" else p.stack[-1] + ": forward")
+    p.wrap(LeanLM, "_fused_layers", below(": layers"))
+    p.wrap(LeanLM, "final_norm_head", below(": head"))
     for cls in drafters(speculative.Drafter):
         for name in ("propose", "observe"):
             if name in cls.__dict__:

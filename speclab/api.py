@@ -8,7 +8,7 @@ from speclab.decoding.batch import run_batch, unsupported
 from speclab.decoding.registry import Method, get_method, method_params, recorded_params, takes_backend
 from speclab.decoding.speculative import Drafter
 from speclab.decoding.speculative import run as run_speculative
-from speclab.models.causal import make_lm
+from speclab.models.backends import make_lm
 from speclab.models.loading import (PromptBoundaryWarning, as_model, chat_prompt, check_vocab,  # noqa: F401
                                     encode_prompt, model_info)
 from speclab.trace import RECORD_LEVELS, Trace
@@ -38,7 +38,7 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     together as one batch (speclab.decoding.batch: one target forward per round for all of them)
     and a list of Results comes back, one per prompt, in order, each lossless against decoding its
     prompt alone. Lane i samples with seed + i (or seed[i] if seed is a list), recorded in its trace.
-    A batch's target runs in one cache (models.causal.make_batch_lm: plain Llama models on the lean
+    A batch's target runs in one cache (models.backends.make_batch_lm: plain Llama models on the lean
     forward's shared slot space, anything else as rows of a transformers cache).
 
     target / draft: a zoo name ("code-target", "smollm2-135m"), a local directory, a hub id, or

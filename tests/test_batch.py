@@ -12,8 +12,8 @@ from scipy.stats import chisquare
 import speclab
 from speclab.decoding.acceptance import Sampler, warp
 from speclab.decoding.batch import BATCH_METHODS
-from speclab.models.causal import BatchCausalLM
-from speclab.models.fast_batch import FastBatchLM
+from speclab.models.hf import BatchCausalLM
+from speclab.models.lean.batch import LeanBatchLM
 from speclab.trace import Trace, replay
 
 NEW = 32
@@ -136,7 +136,7 @@ def _rows_see_only_their_own_keys(lm, alone, close):
 
 def test_batch_cache_rows_see_only_their_own_keys(tiny_llamas):
     """BatchCausalLM (rows of a transformers cache) against CausalLM alone."""
-    from speclab.models.causal import CausalLM
+    from speclab.models.hf import CausalLM
     m = tiny_llamas[1][0]
     _rows_see_only_their_own_keys(BatchCausalLM(m, 3), lambda ids: CausalLM(m).forward(torch.tensor(ids)),
                                   lambda a, b: torch.allclose(a, b, atol=1e-4))
@@ -144,41 +144,43 @@ def test_batch_cache_rows_see_only_their_own_keys(tiny_llamas):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shared_slot_cache_rows_see_only_their_own_keys(tiny_llamas, dtype):
-    """FastBatchLM (one lean-forward slot space for every sequence) against the lean forward alone.
+    """LeanBatchLM (one lean-forward slot space for every sequence) against the lean forward alone.
     In bf16 on a CPU with AVX512-BF16 (the fused kernel) each sequence's logits are bit for bit its
     logits alone, whatever the other sequences hold."""
     import copy as _copy
     from speclab.models import kernels
-    from speclab.models.fast_llama import FastLlama
+    from speclab.models.lean.forward import LeanLM
     m = _copy.deepcopy(tiny_llamas[0][0]).to(dtype)
-    lm = FastBatchLM(m, 3)
-    alone = lambda ids: FastLlama(m).forward(torch.tensor(ids))
+    lm = LeanBatchLM(m, 3)
+    alone = lambda ids: LeanLM(m).forward(torch.tensor(ids))
     bitwise = dtype == torch.bfloat16 and kernels.available("cpu", dtype)
     close = torch.equal if bitwise else (lambda a, b: torch.allclose(a, b, atol=1e-4 if dtype == torch.float32 else 0.1))
     _rows_see_only_their_own_keys(lm, alone, close)
 
 
 def test_shared_slot_cache_grows_when_compaction_is_not_enough(tiny_llamas):
-    from speclab.models.fast_llama import FastLlama
+    from speclab.models.lean.forward import LeanLM
     m = tiny_llamas[0][0]
-    lm = FastBatchLM(m, 1)
+    lm = LeanBatchLM(m, 1)
     assert lm.lm.max_len == 512
     ids = torch.randint(5, 200, (550,), generator=torch.Generator().manual_seed(0)).tolist()
     lm.forward([(ids[:300], None, 300)])
     lm.keep(0, 300, [])
     lg = lm.forward([(ids[300:], None, 250)])                   # 550 slots > 512: the cache doubles
     assert lm.lm.max_len == 1024 and lm.width == 550
-    assert torch.allclose(lg[0, :250], FastLlama(m).forward(torch.tensor(ids))[300:], atol=1e-4)
+    assert torch.allclose(lg[0, :250], LeanLM(m).forward(torch.tensor(ids))[300:], atol=1e-4)
 
 
-BACKENDS = {"auto": FastBatchLM, "hf": BatchCausalLM}
+BACKENDS = {"auto": LeanBatchLM, "hf": BatchCausalLM}
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("method,params", [("prompt-lookup", {}), ("tree-dynamic", dict(budget=8, width=3))])
 def test_compacting_every_round_changes_nothing(method, params, backend, target, draft, prompts, alone, monkeypatch):
-    import speclab.models.causal as causal
-    monkeypatch.setattr(causal, "COMPACT_AT", 0)           # compact whenever 64 slots are hidden
+    import speclab.models.hf as hf
+    import speclab.models.lean.batch as lean_batch
+    monkeypatch.setattr(hf, "COMPACT_AT", 0)
+    monkeypatch.setattr(lean_batch, "COMPACT_AT", 0)           # compact whenever 64 slots are hidden
     calls = []
     cls = BACKENDS[backend]
     real = cls.compact
@@ -214,14 +216,14 @@ def test_eos_in_one_lane_leaves_the_batch_early(backend, target, draft, prompts,
 
 
 def test_traces_replay_and_count(target, draft, prompts, tmp_path, monkeypatch):
-    from speclab.models.fast_llama import FastLlama
+    from speclab.models.lean.forward import LeanLM
     calls = {"draft": 0}
-    real = FastLlama.forward
+    real = LeanLM.forward
 
     def counted(self, *a, **kw):
         calls["draft"] += self.name == "draft"
         return real(self, *a, **kw)
-    monkeypatch.setattr(FastLlama, "forward", counted)
+    monkeypatch.setattr(LeanLM, "forward", counted)
     rs = speclab.generate(target, prompts[:3], "draft-model", draft=draft, max_new_tokens=NEW, record="full", k=3)
     assert sum(r.trace.totals.draft_forwards for r in rs) == calls["draft"]
     for b, r in enumerate(rs):

@@ -60,13 +60,14 @@ def test_probe_reads_the_models_own_packed_weights():
 
     from speclab.bench.bandwidth import BandwidthProbe, bandwidth_limit
     from speclab.models import kernels
-    from speclab.models.fast_llama import FastLlama, packed_matrices
+    from speclab.models.lean.forward import LeanLM
+    from speclab.models.lean.weights import packed_matrices
     if not kernels.available("cpu", torch.bfloat16):
         pytest.skip("needs speclab's bf16 kernel (a CPU with AVX512-BF16)")
     model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2)).to(torch.bfloat16)
     assert packed_matrices(model) == []                     # nothing built yet: nothing to read
-    FastLlama(model).forward(torch.tensor([1, 2, 3]))
+    LeanLM(model).forward(torch.tensor([1, 2, 3]))
     own = packed_matrices(model)
     assert len(own) == 2 * 4 + 1                           # qkv, o, gate|up, down a layer; the head
     assert sum(t.numel() for t in own) == sum(p.numel() for n, p in model.named_parameters()

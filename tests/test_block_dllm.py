@@ -9,7 +9,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from speclab.decoding.diffusion import denoise
 from speclab.decoding.dllm_policies import FreeDave, LowConfidence, Threshold
 from speclab.decoding.freedave import freedave
-from speclab.models.dllm import BlockDenoiser, additive, block_of, block_visible, make_denoiser, mark_dllm
+from speclab.models.dllm import BlockDenoiser, make_denoiser, mark_dllm
+from speclab.models.geometry import additive, block_of, block_visible
 
 V, MASK, B = 48, 47, 4
 

@@ -3,7 +3,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from speclab.models.causal import CausalLM, early_exit_view, tree_attention
+from speclab.models.geometry import tree_attention
+from speclab.models.hf import CausalLM, early_exit_view
 
 TOL = 1e-4  # fp32 logits: tree forward vs each path alone
 
@@ -84,9 +85,10 @@ def test_early_exit_rejects_unsupported_architecture():
 def test_fast_llama_matches_transformers(tiny):
     """The lean forward (fused ops, preallocated cache) gives transformers' logits: prefill, decode,
     trees, early exits and cache edits."""
-    from speclab.models.fast_llama import FastLlama, supports
+    from speclab.models.lean.archs import supports
+    from speclab.models.lean.forward import LeanLM
     assert supports(tiny)
-    hf, fast = CausalLM(tiny), FastLlama(tiny)
+    hf, fast = CausalLM(tiny), LeanLM(tiny)
     prefix = torch.tensor([5, 9, 11, 3, 40, 41])
     assert torch.allclose(hf.forward(prefix), fast.forward(prefix), atol=TOL)
     parents, tokens = [-1, -1, 0, 0, 1], torch.tensor([20, 21, 22, 23, 24])

@@ -67,18 +67,18 @@ def test_trace_is_faithful_fast_backend(method, params, target, draft, heldout_p
     """Replay of the saved trace equals the output; recorded forwards equal the forwards that ran
     (counted by wrapping the lean forward itself: full-depth calls on the target, everything else
     on the draft model or early exits)."""
-    from speclab.models.fast_llama import FastLlama
+    from speclab.models.lean.forward import LeanLM
     calls = {"target": 0, "draft": 0}
-    real = FastLlama.forward
+    real = LeanLM.forward
 
     def counted(self, ids, parents=None, n_prefix=0, logits_to_keep=0, n_layers=None):
         full_target = self.name == "target" and n_layers is None
         calls["target" if full_target else "draft"] += 1
         return real(self, ids, parents, n_prefix, logits_to_keep, n_layers)
 
-    monkeypatch.setattr(FastLlama, "forward", counted)
+    monkeypatch.setattr(LeanLM, "forward", counted)
     r = speclab.generate(target, heldout_prompts[1], method, draft=draft, max_new_tokens=48, record="full", **params)
-    assert r.trace.params["backend"] == "FastLlama"
+    assert r.trace.params["backend"] == "LeanLM"
     _check_trace(r, tmp_path, calls["target"], calls["draft"])
 
 

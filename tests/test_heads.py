@@ -124,7 +124,7 @@ def test_second_sampled_token_follows_target_distribution(method, which, params,
 def test_training_forward_equals_drafting_forward(target, heads):
     """train/heads.eagle_forward (the HF layer with the TTT mask) gives, at step 1 and step 2, the
     outputs the drafter computes with the lean forward and its own cache."""
-    from speclab.models.causal import make_lm
+    from speclab.models.backends import make_lm
     base, _ = target
     head = heads[0][0]
     T = 12

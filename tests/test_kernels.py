@@ -103,8 +103,8 @@ def llama(request):
 
 
 def test_fused_layers_agree_with_the_torch_op_layers(llama):
-    from speclab.models.fast_llama import FastLlama
-    fused, ops = FastLlama(llama), FastLlama(llama)
+    from speclab.models.lean.forward import LeanLM
+    fused, ops = LeanLM(llama), LeanLM(llama)
     ops.fused = False
     assert fused.fused and fused.layout == "packed"
     ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(1))
@@ -116,8 +116,8 @@ def test_fused_layers_agree_with_the_torch_op_layers(llama):
 
 
 def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama, loop):
-    from speclab.models.fast_llama import FastLlama
-    lm = FastLlama(llama)
+    from speclab.models.lean.forward import LeanLM
+    lm = LeanLM(llama)
     ids = torch.randint(0, 512, (20,), generator=torch.Generator().manual_seed(2))
     cont = [5, 77, 300, 12, 9, 41, 8, 250, 3, 19, 400, 66, 7, 180, 2, 90, 501, 33]   # 18: three groups of AMX rows
     one = [lm.forward(ids)[-1]] + [lm.forward(torch.tensor([t]))[-1] for t in cont]   # ar, token by token
@@ -136,9 +136,9 @@ def test_speclab_kernels_0_falls_back_to_f_linear():
     import subprocess
     import sys
     code = ("import torch; from transformers import LlamaConfig, LlamaForCausalLM; "
-            "from speclab.models import kernels; from speclab.models.fast_llama import FastLlama; "
+            "from speclab.models import kernels; from speclab.models.lean.forward import LeanLM; "
             "m = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, "
-            "num_hidden_layers=1, num_attention_heads=2)).to(torch.bfloat16); f = FastLlama(m); "
+            "num_hidden_layers=1, num_attention_heads=2)).to(torch.bfloat16); f = LeanLM(m); "
             "assert not kernels.available('cpu', torch.bfloat16) and f.layout == 'out_in' and not f.fused; "
             "print(f.forward(torch.tensor([1, 2, 3])).shape)")
     out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, SPECLAB_KERNELS="0"),

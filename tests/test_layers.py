@@ -69,7 +69,7 @@ def offenders(src_prefixes, dst_prefixes, exact_dst=()) -> list[str]:
 
 
 def test_the_walk_sees_the_whole_package():
-    for name in ("speclab.api", "speclab.trace", "speclab.decoding.speculative", "speclab.models.causal",
+    for name in ("speclab.api", "speclab.trace", "speclab.decoding.speculative", "speclab.models.hf",
                  "speclab.figures.tree", "speclab.widgets.player", "speclab.apps.dashboard", "speclab.bench.runner"):
         assert name in MODULES, name
     assert "speclab.decoding.drafters.lookup" in GRAPH["speclab.decoding.registry"]   # lazy imports count

@@ -86,7 +86,7 @@ def test_lean_bf16_forward_matches_transformers(bf16, fp32):
     the fp32 model's token at 0.959-0.973 of positions with mean |error| 0.115-0.130, transformers'
     bf16 at 0.968 with 0.125; a wrong attention or norm is far outside that (below 0.9, 2x)."""
     from speclab.bench.prompts import encode, load_prompts
-    from speclab.models.causal import make_lm
+    from speclab.models.backends import make_lm
     model, tok = bf16
     lean = make_lm(model, "t", "fast")
     assert lean.dtype == torch.bfloat16
@@ -244,7 +244,7 @@ def test_draft_model_vocab_drafts_only_the_heads_first_ids(bf16):
 
 
 def test_exact_verify_logits_equal_one_token_forwards(bf16):
-    from speclab.models.causal import make_lm
+    from speclab.models.backends import make_lm
     model, tok = bf16
     lm = make_lm(model, "t", "exact")
     ids = speclab.api.chat_prompt(tok, QUESTIONS[1])

@@ -39,12 +39,12 @@ def test_loads_as_a_block_diffusion_lm_and_leaves_the_base_alone(dllm):
                                        ("dllm-prophet", {}), ("dllm-sched", {}), ("dllm-localleap", {}),
                                        ("dllm-threshold", {"factor": 1.0})])
 def test_every_policy_decodes_a_chat_answer_and_replays(dllm, method, kw, monkeypatch):
-    from speclab.models.fast_llama import FastLlama
+    from speclab.models.lean.forward import LeanLM
     model, tok = dllm
     calls = []                        # network calls, on transformers' forward or the lean one
     hook = model.model.register_forward_hook(lambda *_: calls.append(1))
-    rows = FastLlama.forward_rows
-    monkeypatch.setattr(FastLlama, "forward_rows", lambda self, *a: calls.append(1) or rows(self, *a))
+    rows = LeanLM.forward_rows
+    monkeypatch.setattr(LeanLM, "forward_rows", lambda self, *a: calls.append(1) or rows(self, *a))
     try:
         r = speclab.run(dllm, Q, method, gen_length=64, chat=True, record="full", **kw)
     finally:

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from speclab.models.fast_llama import packed_matrices
+from speclab.models.lean.weights import packed_matrices
 
 
 def weight_bytes_per_token(model) -> int:

@@ -80,7 +80,7 @@ def bare_forward_s(model, T: int, ctx_len: int = 256, reps: int = 30, backend: s
 
     import torch
 
-    from speclab.models.causal import make_lm
+    from speclab.models.backends import make_lm
     lm = make_lm(model, "cost", backend)
     lm.reset()
     lm.forward(torch.arange(ctx_len, device=lm.device) % 100 + 10)

@@ -4,7 +4,7 @@
     verify    ONE target forward for the whole batch: lane b's pending tokens and draft nodes,
               padded to the longest lane; positions = lane b's own committed length (+ depth for
               tree nodes); a 4-D mask so each row sees only its lane's committed keys and, for a
-              draft node, its own ancestors (models/causal.py: make_batch_lm)
+              draft node, its own ancestors (models/backends.py: make_batch_lm)
     accept    per lane, the rule of a single run (walk_tree) with the lane's own generator
     commit    per lane: the batch cache keeps its pending tokens and accepted path; its drafter observes
     record    per lane: a Round of the lane's own trace
@@ -24,7 +24,8 @@ import torch
 from speclab.decoding.acceptance import Sampler, greedy_ids
 from speclab.decoding.speculative import (Context, Drafter, Outcome, RunState, accept, commit_round, record_round,
                                          trace_of)
-from speclab.models.causal import BatchSlots, make_batch_lm
+from speclab.models.backends import make_batch_lm
+from speclab.models.geometry import BatchSlots
 from speclab.trace import Round, Totals, Trace
 
 # methods whose drafters see only their own lane's text, logits and draft model

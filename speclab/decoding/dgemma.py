@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speclab.models.causal import cache_kw
+from speclab.models.hf import cache_kw
 from speclab.trace import DenoiseStep, Totals
 
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from speclab.models.causal import make_lm
+from speclab.models.backends import make_lm
 
 
 @dataclass

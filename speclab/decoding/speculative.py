@@ -18,7 +18,8 @@ import torch
 
 from speclab.decoding.acceptance import Sampler, greedy_ids, walk_tree, warp
 from speclab.decoding.tree import DraftTree
-from speclab.models.causal import CausalLM, is_chain
+from speclab.models.geometry import is_chain
+from speclab.models.hf import CausalLM
 from speclab.models.loading import token_table
 from speclab.trace import ACCEPTED, NOT_REACHED, REJECTED, DraftNode, Round, Sampling, Totals, Trace
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from speclab.models.causal import cache_kw
+from speclab.models.backends import make_rows_lm
+from speclab.models.geometry import additive, block_of, block_visible
+from speclab.models.hf import cache_kw
 
 
 def is_dllm(model) -> bool:
@@ -73,33 +75,11 @@ class Denoiser:
 
 # ----------------------------------------------------------------------------------------------
 # Block diffusion (Fast-dLLM v2, BD3-LM): causal across blocks, bidirectional inside the block
-# being denoised. A config with `speclab_block_causal: true` names its trained `speclab_block_length`.
+# being denoised (masks: models.geometry.block_visible). A config with `speclab_block_causal: true`
+# names its trained `speclab_block_length`.
 
 def is_block_causal(model) -> bool:
     return bool(getattr(getattr(model, "config", None), "speclab_block_causal", False))
-
-
-def block_of(pos: torch.Tensor, start: int, block_length: int) -> torch.Tensor:
-    """Block index of each position; blocks of `block_length` start at `start` (the prompt is < 0)."""
-    return torch.div(pos - start, block_length, rounding_mode="floor")
-
-
-def block_visible(q_pos, q_blk, q_grp, k_pos, k_blk, k_grp) -> torch.Tensor:
-    """(Q, K) bool, True = may attend. grp -1 marks clean (committed) tokens, grp g >= 0 the tokens
-    of noisy canvas g. Clean tokens attend causally to clean tokens (so committed text is cached
-    exactly like an AR model's); a noisy token sees the clean tokens of EARLIER blocks and every
-    token of its own block in its own canvas. Training (one noisy copy of the window beside the
-    clean one) and decoding (a canvas block after the cache) both build their masks here."""
-    qc, kc = (q_grp < 0)[:, None], (k_grp < 0)[None]
-    causal = qc & kc & (k_pos[None] <= q_pos[:, None])
-    prefix = ~qc & kc & (k_blk[None] < q_blk[:, None])
-    own = ~qc & ~kc & (k_grp[None] == q_grp[:, None]) & (k_blk[None] == q_blk[:, None])
-    return causal | prefix | own
-
-
-def additive(visible: torch.Tensor, dtype) -> torch.Tensor:
-    """bool (..., Q, K) -> float mask: 0 where visible, the dtype's minimum elsewhere."""
-    return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
 
 
 class BlockDenoiser(Denoiser):
@@ -119,8 +99,7 @@ class BlockDenoiser(Denoiser):
         super().__init__(model)
         # plain Llama bases run on speclab's lean forward (its cache, arbitrary visibility per row;
         # in bf16 on an AVX512-BF16 CPU the fused kernel, whose rows do not depend on each other)
-        from speclab.models.fast_llama import FastLlama, supports
-        self.lean = FastLlama(model, "dllm") if backend != "hf" and supports(model) else None
+        self.lean = make_rows_lm(model, "dllm", backend)
         self.start(0, int(getattr(model.config, "speclab_block_length", 32)))
 
     def start(self, prompt_len: int, block_length: int):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from speclab.models.causal import param_count
+from speclab.models.hf import param_count
 from speclab.models.zoo import load_shared
 from speclab.trace import ModelInfo
 

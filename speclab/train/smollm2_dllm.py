@@ -6,7 +6,7 @@ The text is the one the target wrote for `smollm2-draft` (speclab/train/smollm2_
 questions and answers, code continuations. Each window goes in twice, side by side (BD3-LM's
 layout): a clean copy x and a noisy copy x_t, cut into blocks of `block_length`; in each block of
 x_t every generated token is replaced by the mask token with probability t_b ~ U(t_min, 1). The
-attention (speclab.models.dllm.block_visible): clean tokens are causal among themselves, a noisy
+attention (speclab.models.geometry.block_visible): clean tokens are causal among themselves, a noisy
 token sees the clean tokens of earlier blocks and its own noisy block. AR-adapted with the shift:
 token i is predicted by output i-1, the noisy copy's when i-1 is in the same block, else the clean
 copy's (a block's first token is the AR prediction from the committed text). Loss: CE over masked
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from speclab.models.dllm import additive, block_of, block_visible
+from speclab.models.geometry import additive, block_of, block_visible
 from speclab.train.smollm2_data import ANSWER, CODE_GEN, QUESTION, split_rows
 
 MASK_TOKEN = "<empty_output>"

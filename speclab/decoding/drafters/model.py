@@ -19,7 +19,8 @@ import torch
 from speclab.decoding.acceptance import greedy_ids, sample, warp
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
-from speclab.models.causal import early_exit_view, make_lm
+from speclab.models.backends import make_lm
+from speclab.models.hf import early_exit_view
 
 
 def check_k(k: int, name: str = "k"):

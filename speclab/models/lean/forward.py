@@ -5,11 +5,11 @@ arithmetic. This runs the same math as `LlamaForCausalLM.forward` with a handful
 ops per layer, and a PREALLOCATED KV cache that is simply overwritten: keeping a prefix after a
 rejected draft is `self.n = n`, with nothing copied (gpt-fast's trick, no rollback needed).
 
-Same interface as `CausalLM` (forward / keep / keep_positions / exit_lm / capture), plus
+Same interface as `models.hf.CausalLM` (forward / keep / keep_positions / exit_lm / capture), plus
 `forward_rows` (rows at any positions with any visibility: a batch of sequences in one slot space,
 a block-diffusion canvas). Logits equal the transformers forward to rounding (tests/test_causal.py,
-tests/test_real_model.py). Used for plain Llama configs (no attention / MLP bias, default or
-linear-style static RoPE); anything else falls back to the transformers path.
+tests/test_real_model.py). Runs the architectures lean.archs supports (plain Llama and the deltas
+it implements); models.backends sends anything else to the transformers path.
 
 In bf16 on a CPU with AVX512-BF16 each layer is one call into speclab's native kernel
 (speclab.models.kernels): every row is then computed exactly as a one-token forward computes it,
@@ -22,20 +22,17 @@ import torch.nn.functional as F
 
 from speclab.models import kernels
 from speclab.models.adapter import scatter_subset
-from speclab.models.causal import is_chain, tree_depths_and_visibility, tree_positions
+from speclab.models.geometry import is_chain, tree_depths_and_visibility, tree_positions
+from speclab.models.lean.archs import arch_of
+from speclab.models.lean.weights import fuse, mm, pack_model, rope_tables, split_inner
 
 
-def supports(model) -> bool:
-    cfg = model.config
-    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
-    return (cfg.model_type == "llama" and not getattr(cfg, "attention_bias", False)
-            and not getattr(cfg, "mlp_bias", False) and rope in ("default", "linear", "llama3")
-            and getattr(cfg, "pretraining_tp", 1) == 1)
+class LeanLM:
+    """One sequence on the lean forward: its preallocated cache `kv`, `n` slots of it committed."""
 
-
-class FastLlama:
     def __init__(self, model, name: str = "", max_len: int | None = None, exact: bool = False):
         cfg = model.config
+        self.arch = arch_of(model)                  # ValueError (saying why) for a model it cannot run
         self.model, self.name, self.config = model.eval(), name, cfg
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -55,7 +52,7 @@ class FastLlama:
             self.layout = "packed"
         else:
             self.layout = "out_in" if self.dtype != torch.float32 else ("dual" if self.device.type == "cpu" else "in_out")
-        self.layers, self.head = _packed(model, self.layout, exact)
+        self.layers, self.head = pack_model(model, self.layout, exact)
         # all the layers in one native call where every matrix packs without padding
         self.fused = self.layout == "packed" and self.D in (32, 64, 128) and not any(
             w[n].padded for w in self.layers for n in ("wqkv_k", "wo_k", "w13_k", "w2_k"))
@@ -65,7 +62,7 @@ class FastLlama:
         self.embed, self.norm = inner.embed_tokens.weight, inner.norm.weight
         # + room for draft-tree nodes verified past the last committed position
         self.max_len = max_len or cfg.max_position_embeddings + 64
-        self.cos, self.sin = (t.to(self.dtype) for t in _rope_tables(model, self.max_len, self.D))
+        self.cos, self.sin = (t.to(self.dtype) for t in rope_tables(model, self.max_len, self.D))
         L = len(self.layers)
         # (layers, 2, Hkv, S, D): written in place, never reallocated; slots are read only after a write
         self.kv = torch.empty(L, 2, self.Hkv, self.max_len, self.D, device=self.device, dtype=self.dtype)
@@ -120,7 +117,7 @@ class FastLlama:
                      score: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (T, V) for rows ids (T,) at positions pos (T,), row r attending to the slots
         vis[r] (T, n + T) bool of the cache's first n slots and these rows (which take slots
-        n..n+T-1). Several sequences share one slot space this way (speclab.models.fast_batch).
+        n..n+T-1). Several sequences share one slot space this way (speclab.models.lean.batch).
         score: the rows (LongTensor) whose logits are wanted, (len(score), V) in that order."""
         T, past = ids.shape[0], self.n
         if past + T > self.max_len:
@@ -180,7 +177,7 @@ class FastLlama:
         Hq, Hkv, D = self.Hq, self.Hkv, self.D
         for i, w in enumerate(use):
             h = self.rms(x, w["ln1"])
-            qkv = _mm(h, w, "wqkv")                                      # (T, (Hq + 2 Hkv) D)
+            qkv = mm(h, w, "wqkv")                                      # (T, (Hq + 2 Hkv) D)
             qk = _rope(qkv[:, : (Hq + Hkv) * D].view(T, Hq + Hkv, D), cos, sin).transpose(0, 1)
             q, k = qk[:Hq], qk[Hq:]                                           # (Hq, T, D), (Hkv, T, D)
             v = qkv[:, (Hq + Hkv) * D:]
@@ -191,10 +188,10 @@ class FastLlama:
                 a = self._attend(q, K, V, mask)                               # (Hq, T, D)
             else:
                 a = self._attend_rows(q, i, rows)
-            x = x + _mm(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
+            x = x + mm(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
             h = self.rms(x, w["ln2"])
-            g, u = _mm(h, w, "w13").chunk(2, -1)
-            x = x + _mm(F.silu(g) * u, w, "w2")
+            g, u = mm(h, w, "w13").chunk(2, -1)
+            x = x + mm(F.silu(g) * u, w, "w2")
             if i + 1 in self.capture_layers:
                 self.captured[i + 1] = x[None]
         return x
@@ -258,7 +255,7 @@ class FastLlama:
         kv = torch.empty(*self.kv.shape[:3], max_len, self.D, device=self.device, dtype=self.dtype)
         kv[:, :, :, : self.n] = self.kv[:, :, :, : self.n]
         self.kv, self.max_len = kv, max_len
-        self.cos, self.sin = (t.to(self.dtype) for t in _rope_tables(self.model, max_len, self.D))
+        self.cos, self.sin = (t.to(self.dtype) for t in rope_tables(self.model, max_len, self.D))
 
     def keep(self, n: int):
         if n > self.n:
@@ -286,21 +283,21 @@ class FastLlama:
             raise ValueError(f"vocab must be an integer in 64..{0 if ids is None else len(ids)} "
                              f"(the draft has {have}), got {n!r}")
         self.head_ids = ids[:n]
-        self.head = _weights(self.layout, head=(self.model.lm_head.weight[:n],))
+        self.head = fuse(self.layout, head=(self.model.lm_head.weight[:n],))
         if self.exact and self.layout != "packed":      # as _packed builds an exact model's head
-            _split_inner(self.head)
+            split_inner(self.head)
 
     def final_norm_head(self, h: torch.Tensor, subset: bool = False) -> torch.Tensor:
-        logits = _mm(self.rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)
+        logits = mm(self.rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)
         if self.head_ids is None or subset:
             return logits
         return scatter_subset(logits, self.head_ids, self.vocab_size)
 
 
 class _ExitLM:
-    """The first n_layers of a FastLlama, sharing its cache (the LayerSkip draft)."""
+    """The first n_layers of a LeanLM, sharing its cache (the LayerSkip draft)."""
 
-    def __init__(self, base: FastLlama, n_layers: int):
+    def __init__(self, base: LeanLM, n_layers: int):
         self.base, self.n_layers, self.forwards = base, n_layers, 0
         self.device = base.device
 
@@ -316,98 +313,7 @@ class _ExitLM:
         return out
 
 
-def _packed(model, layout: str, exact: bool = False):
-    """The fused / transposed weights, built once per model and reused by every decode (building
-    them costs ~30 ms for the target). Rebuilt if any parameter was modified in place since."""
-    key = (layout, exact, sum(p._version for p in model.parameters()),
-           tuple(p.data_ptr() for p in model.parameters()))
-    cached = model.__dict__.setdefault("_speclab_packed", {}).get((layout, exact))
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    with torch.no_grad():
-        layers = [_weights(layout, wqkv=(l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight),
-                           wo=(l.self_attn.o_proj.weight,), w13=(l.mlp.gate_proj.weight, l.mlp.up_proj.weight),
-                           w2=(l.mlp.down_proj.weight,))
-                  | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight)
-                  for l in model.model.layers]
-        head = _weights(layout, head=(model.lm_head.weight,))
-        if exact and layout != "packed":        # the packed kernel is row-count invariant already
-            for w in layers + [head]:
-                _split_inner(w)
-    model._speclab_packed[(layout, exact)] = (key, (layers, head))
-    return layers, head
-
-
-def packed_matrices(model) -> list[torch.Tensor]:
-    """The packed matrices speclab's bf16 kernel reads for a decode step of `model` (each layer's
-    four and the LM head), as _packed built and cached them; [] if no forward has built them."""
-    built = model.__dict__.get("_speclab_packed", {}).get(("packed", False))
-    if built is None:
-        return []
-    layers, head = built[1]
-    return [w.data for d in layers + [head] for w in d.values() if isinstance(w, kernels.Packed)]
-
-
-# Measured on this CPU (torch 2.13, oneDNN): a bf16 F.linear gives every row the same result
-# whatever the number of rows while the inner dimension is <= 768; at 1536 (SmolLM2's MLP down
-# projection) rows of a 2+ row call round differently from a 1-row call. The exact mode splits such
-# weights along the inner dimension and sums the parts in fp32, for every row count alike.
-EXACT_INNER = 768
-MATMUL_ROWS = 64              # attention rows computed with plain matmuls (see FastLlama._attend)
-
-
-def _split_inner(w: dict):
-    for name in [n for n in w if not n.endswith("_t")]:
-        W = w[name]
-        if W.dim() == 2 and W.shape[1] > EXACT_INNER:
-            w[name + "_parts"] = [W[:, i:i + EXACT_INNER].contiguous() for i in range(0, W.shape[1], EXACT_INNER)]
-
-
-def _rope_tables(model, max_len: int, D: int):
-    """cos and signed sin (S, D) for positions 0..max_len-1, computed once per model and length.
-    rotate_half(x) * sin == roll(x, D/2) * sin_signed, so RoPE is one roll and two products."""
-    tables = model.__dict__.setdefault("_speclab_rope", {})
-    if max_len not in tables:
-        with torch.no_grad():
-            inner = model.model
-            pos = torch.arange(max_len, device=inner.embed_tokens.weight.device)[None]
-            cos, sin = inner.rotary_emb(inner.embed_tokens.weight[None, :1], pos)   # (1, S, D) each
-            tables[max_len] = cos[0], torch.cat([-sin[0, :, : D // 2], sin[0, :, D // 2:]], -1)
-    return tables[max_len]
-
-
-def _weights(layout: str, **groups) -> dict:
-    """name -> nn.Linear weights (out, in) to fuse along out. Gives name: the fused (out, in) matrix
-    (layouts "out_in", "dual"), name + "_t": its (in, out) contiguous transpose ("in_out", "dual"),
-    name + "_k": the kernel's packed copy ("packed")."""
-    out = {}
-    for name, ws in groups.items():
-        fused = torch.cat(ws) if len(ws) > 1 else ws[0]
-        if layout == "packed":
-            out[name + "_k"] = kernels.Packed(fused)
-        if layout in ("in_out", "dual"):
-            out[name + "_t"] = fused.t().contiguous()
-        if layout in ("out_in", "dual"):
-            out[name] = fused
-    return out
-
-
-def _mm(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
-    """x (T, in) times the weight `name` -> (T, out), on the layout measured fastest for T rows."""
-    packed = w.get(name + "_k")
-    if packed is not None:
-        return packed(x)
-    parts = w.get(name + "_parts")
-    if parts is not None:                     # exact mode: row-count-invariant pieces, fp32 sum
-        n = parts[0].shape[1]
-        y = F.linear(x[:, :n], parts[0]).float()
-        for i, p in enumerate(parts[1:], 1):
-            y += F.linear(x[:, i * n:(i + 1) * n], p).float()
-        return y.to(x.dtype)
-    t = w.get(name + "_t")
-    if t is None or (2 <= x.shape[0] <= 3 and name in w):
-        return F.linear(x, w[name])
-    return x @ t
+MATMUL_ROWS = 64              # attention rows computed with plain matmuls (see LeanLM._attend)
 
 
 def _rope(x, cos, sin_signed):

@@ -1,5 +1,7 @@
-"""Adapter over a Hugging Face causal LM: forward new tokens against a KV cache, verify a draft tree
-in one forward, and keep only the committed tokens afterwards.
+"""The transformers adapter: any Hugging Face causal LM, forwarding new tokens against its KV cache,
+verifying a draft tree in one forward and keeping only the committed tokens afterwards; and its batch
+form (B sequences in one transformers cache). Every architecture runs here, at transformers' speed;
+models.backends picks the lean forward instead where it supports the model.
 
 Cache convention used by every engine: the cache holds the committed tokens except the ones still
 `pending` (the last emitted token, or the whole prompt before the first forward).
@@ -16,7 +18,7 @@ import inspect
 
 import torch
 
-NEG_INF = float("-inf")
+from speclab.models.geometry import COMPACT_AT, BatchSlots, is_chain, row_layout, tree_attention, tree_positions
 
 
 def cache_kw(module, cache) -> dict:
@@ -136,59 +138,6 @@ class CausalLM:
                 layer.crop(-drop)
 
 
-def make_lm(model, name: str = "", backend: str = "auto", max_len: int | None = None):
-    """The fast path for plain Llama models ("auto" / "fast"), else the transformers path ("hf")."""
-    if backend not in ("auto", "fast", "exact", "hf"):
-        raise ValueError(f"backend must be 'auto', 'fast', 'exact' or 'hf', got {backend!r}")
-    from speclab.models.fast_llama import FastLlama, supports
-    if backend == "hf" or (backend == "auto" and not supports(model)):
-        return CausalLM(model, name)
-    if not supports(model):
-        raise ValueError(f"the fast backend supports plain Llama models; {type(model).__name__} needs backend='hf'")
-    return FastLlama(model, name, max_len, exact=backend == "exact")
-
-
-def is_chain(parents: list[int]) -> bool:
-    return all(p == i - 1 for i, p in enumerate(parents))
-
-
-def tree_attention(parents: list[int], n_prefix: int, past: int, device):
-    """Depth (N,) of each tree node and the 4-D float mask (1, 1, P+N, past+P+N) for the forward.
-
-    Rows: n_prefix causal tokens, then N tree nodes. A node sees the cache, the prefix and its
-    ancestors (and itself); 0 = visible, -inf = hidden.
-    """
-    depth, visible = tree_depths_and_visibility(parents, n_prefix, past)
-    T = visible.shape[0]
-    mask = torch.full(visible.shape, NEG_INF).masked_fill(visible, 0.0)
-    return depth, mask.view(1, 1, T, -1).to(device)
-
-
-def tree_depths_and_visibility(parents: list[int], n_prefix: int, past: int):
-    """Depth (N,) per tree node and the boolean visibility (P+N, past+P+N): True = may attend."""
-    N = len(parents)
-    depth, seen = [], []                # seen[i]: bit j set = node j is node i or an ancestor
-    for i, p in enumerate(parents):     # plain ints: per-node tensor ops cost ~10x more here
-        if p >= i:
-            raise ValueError(f"tree node {i} has parent {p}: parents must come before children")
-        depth.append(depth[p] + 1 if p >= 0 else 1)
-        seen.append((seen[p] if p >= 0 else 0) | 1 << i)
-    see = torch.tensor([[s >> j & 1 for j in range(N)] for s in seen], dtype=torch.bool).view(N, N)
-    P, T = n_prefix, n_prefix + N
-    visible = torch.zeros(T, past + T, dtype=torch.bool)
-    visible[:, :past] = True
-    visible[:P, past:past + P] = torch.tril(torch.ones(P, P, dtype=torch.bool))
-    visible[P:, past:past + P] = True
-    visible[P:, past + P:] = see
-    return torch.tensor(depth, dtype=torch.long), visible
-
-
-def tree_positions(depth: torch.Tensor, n_prefix: int) -> torch.Tensor:
-    """Position offsets of a verify's rows after the committed tokens: the prefix rows in order, each
-    tree node at the prefix's end + its depth (the length of its path)."""
-    return torch.cat([torch.arange(n_prefix), n_prefix - 1 + depth])
-
-
 def early_exit_view(model, n_layers: int):
     """A causal LM that runs only the first n_layers of `model`, then its final norm and head.
 
@@ -219,62 +168,6 @@ def early_exit_view(model, n_layers: int):
 
 def param_count(model) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-# a batch cache is compacted once its hidden slots (padding, rejected drafts) outgrow this many
-# times what is committed
-COMPACT_AT = 2
-
-
-def make_batch_lm(model, rows: int, backend: str = "auto"):
-    """B sequences in one cache: the lean shared-slot cache for plain Llama models (FastBatchLM),
-    else rows of a transformers cache (BatchCausalLM)."""
-    from speclab.models.fast_batch import FastBatchLM
-    from speclab.models.fast_llama import supports
-    if backend == "hf" or not supports(model):
-        return BatchCausalLM(model, rows)
-    return FastBatchLM(model, rows, exact=backend == "exact")
-
-
-def row_layout(parents: list[int] | None, n_prefix: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's n new rows: their positions after its committed tokens (n,), and which of
-    them each row sees (n, n) bool. A chain (or parents None) is causal; a tree's prefix rows are a
-    chain and each draft node sees its ancestors, at position prefix end + depth."""
-    if parents is None or is_chain(parents):
-        return torch.arange(n), torch.ones(n, n, dtype=torch.bool).tril()
-    depth, see = tree_depths_and_visibility(parents, n_prefix, 0)
-    return tree_positions(depth, n_prefix), see
-
-
-class BatchSlots:
-    """What a batch cache keeps per sequence: its committed cache slots, in order (every other slot
-    stays in the cache, hidden by the attention mask), and the first slot its inputs took in the
-    last forward. Subclasses hold the cache and run the forward."""
-
-    def __init__(self, model, rows: int, name: str):
-        self.model, self.name = model.eval(), name
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.slots: list[list[int]] = [[] for _ in range(rows)]
-        self.first: list[int] = [0] * rows
-        self.forwards = 0
-
-    @property
-    def config(self):
-        return self.model.config
-
-    def length(self, row: int) -> int:
-        return len(self.slots[row])
-
-    def keep(self, row: int, n_prefix: int, path: list[int]):
-        """Commit, for `row`, the first n_prefix inputs of the last forward and the tree slots `path`."""
-        f = self.first[row]
-        self.slots[row] += [f + i for i in range(n_prefix)] + [f + n_prefix + i for i in path]
-
-    def retain(self, rows: list[int]):
-        """Keep only these sequences (finished ones leave the batch)."""
-        self.slots = [self.slots[r] for r in rows]
-        self.first = [self.first[r] for r in rows]
 
 
 class BatchCausalLM(BatchSlots):

@@ -1,6 +1,6 @@
-"""B sequences in ONE lean-forward cache: the batch backend for plain Llama models.
+"""B sequences in ONE lean-forward cache: the batch backend for the models the lean forward runs.
 
-BatchCausalLM (models/causal.py) gives each sequence a row of a (B, S) cache and pads every
+BatchCausalLM (models/hf.py) gives each sequence a row of a (B, S) cache and pads every
 forward to the longest row's input. Here the sequences share one slot space instead: a forward
 appends only the rows' real inputs (no padding rows), each at its own sequence's position, and each
 row attends to its own sequence's committed slots and, for a draft node, its ancestors (an explicit
@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import torch
 
-from speclab.models import causal
-from speclab.models.causal import BatchSlots, row_layout
-from speclab.models.fast_llama import FastLlama
+from speclab.models.geometry import COMPACT_AT, BatchSlots, row_layout
+from speclab.models.lean.forward import LeanLM
 
 
-class FastBatchLM(BatchSlots):
-    def __init__(self, model, rows: int, name: str = "target", exact: bool = False):
+class LeanBatchLM(BatchSlots):
+    def __init__(self, model, rows: int, name: str = "target", exact: bool = False, lm: LeanLM | None = None):
         super().__init__(model, rows, name)
-        # the slot space starts at 512 a sequence and grows (doubling) when compaction is not enough
-        self.lm = FastLlama(model, name, max_len=512 * rows, exact=exact)
+        # the slot space starts at 512 a sequence and grows (doubling) when compaction is not enough;
+        # lm: the forward to run on (the static-shape runner on a GPU), LeanLM by default
+        self.lm = lm or LeanLM(model, name, max_len=512 * rows, exact=exact)
 
     @property
     def width(self) -> int:
@@ -33,7 +33,7 @@ class FastBatchLM(BatchSlots):
 
     def crowded(self) -> bool:
         """Hidden slots (rejected drafts, finished sequences) outnumber the committed ones."""
-        return self.width > causal.COMPACT_AT * sum(map(len, self.slots)) + 64
+        return self.width > COMPACT_AT * sum(map(len, self.slots)) + 64
 
     @torch.inference_mode()
     def forward(self, rows: list[tuple[list[int], list[int] | None, int]],

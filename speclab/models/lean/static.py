@@ -1,0 +1,298 @@
+"""The lean forward in static shapes: the runner a GPU replays as CUDA graphs.
+
+A forward whose shapes change every call (T new rows, attention over the `past + T` cached slots)
+can be neither captured nor compiled once: on a GPU it runs as a dozen eager kernel launches per
+layer plus Python, and the launches, not the weights' read, set the speed. StaticLM runs the same
+math (LeanLM's weights, cache and layers) with every shape fixed per bucket (gpt-fast, vLLM and
+SGLang do the same):
+
+- inputs live in persistent buffers: token ids, positions, the cache slot each row writes, each
+  row's visibility over the WHOLE preallocated cache, and the rows whose logits are kept;
+- a forward of T rows is padded to the next width in BUCKETS; padding row r writes slot n + r,
+  past the real rows, sees only that slot, and nothing reads it (the next forward overwrites it);
+- attention runs over all S slots of the cache with the visibility as its mask, never over a
+  slice whose length changes per call; S is sized for the request (prompt + new tokens + the widest
+  bucket) and doubles when a sequence outgrows it, never the model's context window;
+- on CUDA each (width, kept rows) bucket is captured once as a torch.cuda.CUDAGraph (or compiled
+  with torch.compile(mode="reduce-overhead", fullgraph=True): graphs="compile") and replayed; the
+  host copies one small staging tensor in and reads the logits out, with no sync inside a forward.
+
+Calls a bucket does not cover run on LeanLM's eager path over the same cache: a prefill or any
+forward wider than the widest bucket, early exits (n_layers), input vectors (embeds), a trimmed
+head's own ids (subset) and captured hidden states (capture_layers). On a CPU the runner runs
+eagerly with the same buffers, buckets and padding; in bf16 on a CPU with AVX512-BF16 its layers
+are the native kernel's call over those buffers (every row computed as a one-token forward, so
+padding changes no real row).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from speclab.models import kernels
+from speclab.models.geometry import is_chain, tree_depths_and_visibility, tree_positions
+from speclab.models.lean.forward import LeanLM, _rope
+from speclab.models.lean.weights import mm
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+GRAPH_MODES = (False, "cuda-graph", "compile")
+# what a runner hands on when it is dropped: its cache, buffers and captured graphs (a graph
+# replays on exactly the tensors it was captured with, so they travel together)
+KIT = ("kv", "cos", "sin", "max_len", "staging", "inputs", "vis", "_graphs", "_pool")
+
+
+def bucket(n: int) -> int:
+    """The narrowest width in BUCKETS that holds n rows."""
+    for b in BUCKETS:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} rows exceed the widest bucket ({BUCKETS[-1]})")
+
+
+def capacity_for(n: int) -> int:
+    """Cache slots for n: a power of two (at least 256), so RoPE tables and graphs are shared by
+    requests of similar length and a growing sequence re-captures only log2 times."""
+    return max(256, 1 << (max(n, 1) - 1).bit_length())
+
+
+def graph_mode(graphs, device: torch.device):
+    """graphs: None = "cuda-graph" on CUDA and off elsewhere; True = "cuda-graph"; False = off."""
+    if graphs is None:
+        graphs = device.type == "cuda"
+    if graphs is True:
+        graphs = "cuda-graph"
+    if graphs not in GRAPH_MODES:
+        raise ValueError(f"graphs must be True, False, None or 'compile', got {graphs!r}")
+    if graphs and device.type != "cuda":
+        raise ValueError(f"graphs={graphs!r} needs a CUDA device, the model is on {device}: use graphs=False")
+    return graphs
+
+
+class StaticLM(LeanLM):
+    """LeanLM's protocol (forward, forward_rows, keep, keep_positions, exit_lm) in static shapes.
+
+    max_len: the slots the request needs (prompt + new tokens + widest draft); None starts small.
+    graphs: None (CUDA graphs on CUDA, eager elsewhere), True, False or "compile".
+    """
+
+    def __init__(self, model, name: str = "", max_len: int | None = None, graphs=None):
+        device = next(model.parameters()).device
+        self.graphs = graph_mode(graphs, device)
+        need = capacity_for((max_len or 0) + BUCKETS[-1])
+        super().__init__(model, name, need)
+        self._compiled = None
+        self._staged = None                 # CUDA event: the last staging copy has been read
+        self.replays = 0                    # forwards served by a captured graph
+        # Runners of one model share nothing while alive; a dropped runner's cache, buffers and
+        # graphs go to an idle list on the model (as its packed weights do) and the next runner of
+        # the same weights and graph mode takes them: captures happen once per model, not per run.
+        self._idle = model.__dict__.setdefault("_speclab_static", {}).setdefault(
+            (self.graphs, id(self.layers), id(self.head)), [])
+        kit = next((k for k in self._idle if k["max_len"] >= need), None)
+        if kit is not None:
+            self._idle.remove(kit)
+            for a in KIT:
+                setattr(self, a, kit[a])
+        else:
+            with torch.inference_mode(False):
+                self.kv.zero_()             # hidden slots enter attention as 0-weighted terms: finite
+            self._alloc_buffers()
+        self._kit = kit or {}
+        self._save_kit()
+        weakref.finalize(self, _hand_on, self._idle, self._kit)
+
+    def _save_kit(self):
+        self._kit.update({a: getattr(self, a) for a in KIT})
+
+    # --- buffers -----------------------------------------------------------------------------
+
+    def _alloc_buffers(self):
+        W, S, dev = BUCKETS[-1], self.max_len, self.device
+        with torch.inference_mode(False):   # buffers outlive the forward that grows them
+            # rows of the staging tensor: ids, positions, slots written, rows kept (logits read)
+            self.staging = torch.zeros(4, W, dtype=torch.long, pin_memory=dev.type == "cuda")
+            self.inputs = torch.zeros(4, W, dtype=torch.long, device=dev)
+            self.vis = torch.zeros(W, S, dtype=torch.bool, device=dev)   # True = may attend
+        self._graphs: dict[tuple[int, int], tuple] = {}                   # (width, kept) -> replay
+        self._compiled = None
+        self._pool = None
+        if hasattr(self, "_kit"):
+            self._save_kit()
+
+    def resize(self, max_len: int):
+        """A cache of max_len slots (a power of two), the first self.n kept; graphs re-captured."""
+        old = self.n
+        with torch.inference_mode(False):   # the cache outlives the forward that grows it
+            super().resize(capacity_for(max_len))
+            self.kv[:, :, :, old:].zero_()
+        self._alloc_buffers()
+
+    def reset(self):
+        self.n = 0
+
+    def trim_head(self, n: int):
+        super().trim_head(n)
+        self._kit = {}                      # graphs of a trimmed head are this runner's alone
+        self._alloc_buffers()
+
+    # --- the protocol ------------------------------------------------------------------------
+
+    def _static(self, T: int, n_layers=None, embeds=None, subset=False) -> bool:
+        """This call fits a bucket (else LeanLM's eager path runs it, over the same cache)."""
+        return (T <= BUCKETS[-1] and n_layers is None and embeds is None and not subset
+                and not self.capture_layers)
+
+    @torch.inference_mode()
+    def forward(self, ids, parents=None, n_prefix: int = 0, logits_to_keep: int = 0, n_layers=None,
+                embeds=None, subset: bool = False) -> torch.Tensor:
+        T = (ids if embeds is None else embeds).shape[0]
+        if not self._static(T, n_layers, embeds, subset):
+            self._fit(self.n + T)
+            return super().forward(ids, parents, n_prefix, logits_to_keep, n_layers, embeds, subset)
+        past = self.n
+        if parents is not None and not is_chain(parents):
+            depth, vis = tree_depths_and_visibility(parents, n_prefix, 0)
+            pos = past + tree_positions(depth, n_prefix)
+        else:
+            pos, vis = past + torch.arange(T), torch.ones(T, T, dtype=torch.bool).tril()
+        k = logits_to_keep or T
+        return self._replay(ids, pos, torch.arange(T - k, T), own=vis)
+
+    @torch.inference_mode()
+    def forward_rows(self, ids, pos, vis, score=None) -> torch.Tensor:
+        T = ids.shape[0]
+        if not self._static(T):
+            self._fit(self.n + T)
+            return super().forward_rows(ids, pos, vis, score)
+        return self._replay(ids, pos.cpu(), torch.arange(T) if score is None else score.cpu(), full=vis)
+
+    def _fit(self, need: int):
+        """Grow the cache (and drop the graphs) when `need` slots plus a bucket exceed it."""
+        if need + BUCKETS[-1] > self.max_len:
+            self.resize(need + BUCKETS[-1])
+
+    def _replay(self, ids, pos, keep, own=None, full=None) -> torch.Tensor:
+        """Stage T rows (ids, positions, kept rows; visibility `own` (T, T) among themselves after
+        the whole committed cache, or `full` (T, n + T) over the cache) and run their bucket."""
+        T, past, K = len(ids), self.n, len(keep)
+        W, Kb = bucket(T), bucket(K)
+        self._fit(past + W)
+        s = self.staging
+        if self._staged is not None:        # the previous copy out of the pinned staging is done
+            self._staged.synchronize()
+        s.zero_()
+        s[0, :T] = ids.cpu() if isinstance(ids, torch.Tensor) else torch.tensor(ids)
+        s[1, :T] = pos
+        s[1, T:W] = past                                       # padding rows: any valid position
+        s[2, :W] = torch.arange(past, past + W)                # row r writes slot n + r
+        s[3, :K] = keep
+        self.inputs.copy_(s, non_blocking=True)
+        if self.device.type == "cuda":
+            self._staged = torch.cuda.Event()
+            self._staged.record()
+        v = self.vis
+        v[:W].zero_()
+        if full is not None:
+            v[:T, :past + T] = full.to(self.device, non_blocking=True)
+        else:
+            v[:T, :past] = True
+            v[:T, past:past + T] = own.to(self.device, non_blocking=True)
+        pad = torch.arange(T, W, device=self.device)
+        v[pad, past + pad] = True                              # a padding row sees only its own slot
+        out = self._run_bucket(W, Kb, past)
+        self.n = past + T
+        self.forwards += 1
+        return out[:K].clone()
+
+    def _run_bucket(self, W: int, Kb: int, past: int) -> torch.Tensor:
+        if not self.graphs:
+            return self._step(W, Kb, past)
+        if self.graphs == "compile":
+            if self._compiled is None:
+                self._compiled = torch.compile(self._step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+            self.replays += 1
+            return self._compiled(W, Kb, 0)
+        key = (W, Kb)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(W, Kb)
+        graph, out = self._graphs[key]
+        graph.replay()
+        self.replays += 1
+        return out
+
+    def _capture(self, W: int, Kb: int):
+        """Capture bucket (W, Kb) once. The warm-up runs compute exactly what the replay that
+        follows computes (same buffers), so their cache writes are the replay's own."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step(W, Kb, 0)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._step(W, Kb, 0)
+        self._pool = graph.pool()
+        self._save_kit()
+        return graph, out
+
+    # --- the step: every shape fixed by (W, Kb) ----------------------------------------------
+
+    def _step(self, W: int, Kb: int, past: int) -> torch.Tensor:
+        """Logits (Kb, V) float32 of the kept rows of a W-row forward, read from the buffers.
+        `past` is used by the native kernel only (eager, CPU); the torch ops read slots from the
+        buffers, so a captured step is valid for every cache length."""
+        ids, pos, slot, keep = self.inputs[0, :W], self.inputs[1, :W], self.inputs[2, :W], self.inputs[3, :Kb]
+        vis = self.vis[:W]                                                 # (W, S)
+        x = F.embedding(ids, self.embed)                                   # (W, C)
+        if self.fused:
+            x = kernels.module().layers(x.contiguous(), *self._span(), self.kv, 0, self.cos, self.sin,
+                                        pos, past, vis[:, :past + W].contiguous(), self.Hq, self.Hkv, self.eps)
+        else:
+            x = self._static_layers(x, pos, slot, vis)
+        x = x.index_select(0, keep)
+        return self.final_norm_head(x).float()
+
+    def _span(self):
+        L = len(self.layers)
+        if (0, L) not in self._spans:
+            ws = self.layers
+            self._spans[0, L] = ([w["ln1"] for w in ws], [w["wqkv_k"].data for w in ws], [w["wo_k"].data for w in ws],
+                                 [w["ln2"] for w in ws], [w["w13_k"].data for w in ws], [w["w2_k"].data for w in ws])
+        return self._spans[0, L]
+
+    def _static_layers(self, x, pos, slot, vis) -> torch.Tensor:
+        """LeanLM._layers over the whole cache: k, v written at `slot`, attention masked by `vis`."""
+        W = x.shape[0]
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]                 # (W, 1, D)
+        Hq, Hkv, D = self.Hq, self.Hkv, self.D
+        for i, w in enumerate(self.layers):
+            h = self.rms(x, w["ln1"])
+            qkv = mm(h, w, "wqkv")                                                # (W, (Hq + 2 Hkv) D)
+            qk = _rope(qkv[:, : (Hq + Hkv) * D].view(W, Hq + Hkv, D), cos, sin).transpose(0, 1)
+            q, k = qk[:Hq], qk[Hq:]                                               # (Hq, W, D), (Hkv, W, D)
+            v = qkv[:, (Hq + Hkv) * D:].view(W, Hkv, D).transpose(0, 1)
+            self.kv[i, 0].index_copy_(1, slot, k)                                 # (Hkv, S, D)
+            self.kv[i, 1].index_copy_(1, slot, v)
+            a = self._attend_all(q, self.kv[i, 0], self.kv[i, 1], vis)            # (Hq, W, D)
+            x = x + mm(a.transpose(0, 1).reshape(W, Hq * D), w, "wo")
+            h = self.rms(x, w["ln2"])
+            g, u = mm(h, w, "w13").chunk(2, -1)
+            x = x + mm(F.silu(g) * u, w, "w2")
+        return x
+
+    def _attend_all(self, q, K, V, vis):
+        """Attention over every slot of the cache, hidden ones masked. On CUDA the fused SDPA kernel
+        (a bool mask); elsewhere LeanLM's matmul attention, the CPU path's own arithmetic."""
+        if q.device.type == "cuda":
+            return F.scaled_dot_product_attention(q[None], K[None], V[None], attn_mask=vis,
+                                                  enable_gqa=self.Hq != self.Hkv)[0]
+        return self._attend(q, K, V, vis)
+
+
+def _hand_on(idle: list, kit: dict):
+    """A dropped runner's kit joins its model's idle list (a trimmed head's kit is empty: dropped)."""
+    if kit:
+        idle.append(kit)

@@ -1,0 +1,111 @@
+"""The lean forward's weights: each model's matrices fused (q|k|v, gate|up) and laid out for the
+device and dtype it runs in, built once per model and cached on it (`pack_model`), plus its RoPE
+tables. Layouts:
+
+  "packed"  speclab's native bf16 kernel's blocks (CPUs with AVX512-BF16, models.kernels)
+  "out_in"  nn.Linear's own (out, in), applied with F.linear (bf16 / fp16 anywhere, fp32 on a GPU)
+  "in_out"  the (in, out) transpose, applied as x @ w
+  "dual"    both: fp32 on a CPU, where F.linear on (out, in) is the faster for 2-3 rows and the
+            transpose for every other row count (mm picks per call)
+
+An `exact` model also splits wide inner dimensions so every row count rounds alike (EXACT_INNER).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from speclab.models import kernels
+
+
+def pack_model(model, layout: str, exact: bool = False):
+    """The fused / transposed weights, built once per model and reused by every decode (building
+    them is a copy of every matrix). Rebuilt if any parameter was modified in place since."""
+    key = (layout, exact, sum(p._version for p in model.parameters()),
+           tuple(p.data_ptr() for p in model.parameters()))
+    cached = model.__dict__.setdefault("_speclab_packed", {}).get((layout, exact))
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    with torch.no_grad():
+        layers = [fuse(layout, wqkv=(l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight),
+                           wo=(l.self_attn.o_proj.weight,), w13=(l.mlp.gate_proj.weight, l.mlp.up_proj.weight),
+                           w2=(l.mlp.down_proj.weight,))
+                  | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight)
+                  for l in model.model.layers]
+        head = fuse(layout, head=(model.lm_head.weight,))
+        if exact and layout != "packed":        # the packed kernel is row-count invariant already
+            for w in layers + [head]:
+                split_inner(w)
+    model._speclab_packed[(layout, exact)] = (key, (layers, head))
+    return layers, head
+
+
+def packed_matrices(model) -> list[torch.Tensor]:
+    """The packed matrices speclab's bf16 kernel reads for a decode step of `model` (each layer's
+    four and the LM head), as _packed built and cached them; [] if no forward has built them."""
+    built = model.__dict__.get("_speclab_packed", {}).get(("packed", False))
+    if built is None:
+        return []
+    layers, head = built[1]
+    return [w.data for d in layers + [head] for w in d.values() if isinstance(w, kernels.Packed)]
+
+
+# Measured on this CPU (torch 2.13, oneDNN): a bf16 F.linear gives every row the same result
+# whatever the number of rows while the inner dimension is <= 768; at 1536 (SmolLM2's MLP down
+# projection) rows of a 2+ row call round differently from a 1-row call. The exact mode splits such
+# weights along the inner dimension and sums the parts in fp32, for every row count alike.
+EXACT_INNER = 768
+
+
+def split_inner(w: dict):
+    for name in [n for n in w if not n.endswith("_t")]:
+        W = w[name]
+        if W.dim() == 2 and W.shape[1] > EXACT_INNER:
+            w[name + "_parts"] = [W[:, i:i + EXACT_INNER].contiguous() for i in range(0, W.shape[1], EXACT_INNER)]
+
+
+def rope_tables(model, max_len: int, D: int):
+    """cos and signed sin (S, D) for positions 0..max_len-1, computed once per model and length.
+    rotate_half(x) * sin == roll(x, D/2) * sin_signed, so RoPE is one roll and two products."""
+    tables = model.__dict__.setdefault("_speclab_rope", {})
+    if max_len not in tables:
+        with torch.no_grad():
+            inner = model.model
+            pos = torch.arange(max_len, device=inner.embed_tokens.weight.device)[None]
+            cos, sin = inner.rotary_emb(inner.embed_tokens.weight[None, :1], pos)   # (1, S, D) each
+            tables[max_len] = cos[0], torch.cat([-sin[0, :, : D // 2], sin[0, :, D // 2:]], -1)
+    return tables[max_len]
+
+
+def fuse(layout: str, **groups) -> dict:
+    """name -> nn.Linear weights (out, in) to fuse along out. Gives name: the fused (out, in) matrix
+    (layouts "out_in", "dual"), name + "_t": its (in, out) contiguous transpose ("in_out", "dual"),
+    name + "_k": the kernel's packed copy ("packed")."""
+    out = {}
+    for name, ws in groups.items():
+        fused = torch.cat(ws) if len(ws) > 1 else ws[0]
+        if layout == "packed":
+            out[name + "_k"] = kernels.Packed(fused)
+        if layout in ("in_out", "dual"):
+            out[name + "_t"] = fused.t().contiguous()
+        if layout in ("out_in", "dual"):
+            out[name] = fused
+    return out
+
+
+def mm(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
+    """x (T, in) times the weight `name` -> (T, out), on the layout measured fastest for T rows."""
+    packed = w.get(name + "_k")
+    if packed is not None:
+        return packed(x)
+    parts = w.get(name + "_parts")
+    if parts is not None:                     # exact mode: row-count-invariant pieces, fp32 sum
+        n = parts[0].shape[1]
+        y = F.linear(x[:, :n], parts[0]).float()
+        for i, p in enumerate(parts[1:], 1):
+            y += F.linear(x[:, i * n:(i + 1) * n], p).float()
+        return y.to(x.dtype)
+    t = w.get(name + "_t")
+    if t is None or (2 <= x.shape[0] <= 3 and name in w):
+        return F.linear(x, w[name])
+    return x @ t

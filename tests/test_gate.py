@@ -3,6 +3,8 @@ off (ar rounds, recorded with their inputs) and probed now and then; one that pa
 outputs stay identical to ar either way."""
 import time
 
+import pytest
+
 import speclab
 from speclab.decoding.gate import CostGate
 from speclab.decoding.speculative import Drafter
@@ -61,3 +63,69 @@ def test_gate_parameter():
     assert isinstance(gated(Drafter(), "auto", True), CostGate)
     assert not isinstance(gated(Drafter(), "auto", False), CostGate)
     assert not isinstance(gated(Drafter(), "off", True), CostGate)
+
+
+def test_choose_compares_median_costs_per_token():
+    from speclab.decoding.gate import choose, rates
+    # drafting: 12 ms a round for 1.2 tokens = 10 ms a token; plain rounds 9 ms a token
+    spec, ar = [(0.012, 1)] * 4 + [(0.012, 2)] * 1, [0.009] * 4
+    assert choose(spec, ar) == "ar"
+    assert choose(spec, [0.011] * 4) == "spec"
+    assert choose([(0.010, 1)], [0.010]) == "spec"            # a tie drafts
+    assert choose([], ar) is None and choose(spec, []) is None
+    s, a = rates(spec, ar)
+    assert s == pytest.approx(1.2 / 0.012) and a == pytest.approx(1 / 0.009)
+
+
+def test_one_descheduled_round_does_not_flip_the_decision():
+    from speclab.decoding.gate import choose
+    spec, ar = [(0.012, 1)] * 6, [0.009] * 6
+    # a plain round that waited a time slice (0.5 s) would make plain decoding look slow to a
+    # running mean; the median keeps the measured order
+    assert choose(spec, ar + [0.5]) == "ar"
+    assert choose(spec + [(0.5, 1)], [0.013] * 6) == "spec"   # and a slow drafting round likewise
+
+
+def test_gate_decisions_follow_the_measured_costs_deterministically(target, heldout_prompts):
+    """A clock that charges 3 s to a drafting round and 1 s to a plain one: after the warm-up and
+    the plain rounds that measure ar, the gate drafts only in its probes, and the output is ar's."""
+    prompt = heldout_prompts[1]
+    ref = speclab.generate(target, prompt, "ar", max_new_tokens=60, record=None).ids
+    t = [0.0]
+    gate = CostGate(Oracle.__new__(Oracle), warm=3, ar_samples=2,
+                    clock=lambda: t.__setitem__(0, t[0] + (3.0 if gate.last_mode == "spec" else 1.0)) or t[0])
+    Oracle.__init__(gate.inner, speclab.generate(target, prompt, "ar", max_new_tokens=60, record=None).trace.prompt_ids + ref)
+    r = speclab.generate(target, prompt, gate, max_new_tokens=60)
+    assert r.ids == ref
+    modes = [rnd.info["gate"] for rnd in r.trace.rounds[1:]]
+    # the oracle's rounds commit up to 9 tokens for 3 s (0.33 s a token) against 1 s a plain token:
+    # drafting pays, so the gate keeps drafting after measuring ar twice
+    assert modes[:5] == ["spec", "spec", "spec", "ar", "ar"] and modes[5:].count("spec") >= len(modes[5:]) - 2
+
+
+def test_plain_rounds_of_layer_skip_run_without_its_captures(target, heldout_prompts):
+    """layer-skip's exit scoring captures hidden states that only drafting rounds use: the gate
+    switches the captures off in plain rounds (a plain round then costs what ar's does) and back on
+    before the next draft; the output stays ar's."""
+    from speclab.decoding.drafters.model import LayerSkipDrafter
+    prompt = heldout_prompts[2]
+    ref = speclab.generate(target, prompt, "ar", max_new_tokens=40, record=None).ids
+    seen = []
+
+    class Watch(LayerSkipDrafter):
+        def propose(self, ctx):
+            seen.append(("spec", tuple(self.target.capture_layers)))
+            return super().propose(ctx)
+
+        def observe(self, out):
+            if not len(out.tree):
+                seen.append(("ar", tuple(self.target.capture_layers)))
+            super().observe(out)
+    t = [0.0]
+    gate = CostGate(Watch(target[0], exit_layer="auto"), probe=4,
+                    clock=lambda: t.__setitem__(0, t[0] + (3.0 if gate.last_mode == "spec" else 1.0)) or t[0])
+    r = speclab.generate(target, prompt, gate, max_new_tokens=40)
+    assert r.ids == ref
+    assert {c for m, c in seen if m == "ar"} == {()}               # plain rounds: nothing captured
+    assert all(c for m, c in seen if m == "spec")                  # drafting rounds: the exits captured
+    assert "ar" in [m for m, _ in seen] and [m for m, _ in seen][-8:].count("spec") >= 1   # probes draft again

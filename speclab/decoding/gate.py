@@ -2,41 +2,71 @@
 valid speculation length).
 
 The gate times every round from one propose() to the next: that period holds everything the round
-cost (drafting, the verify forward, acceptance, the drafter's own bookkeeping). It keeps running
-means of
+cost (drafting, the verify forward, acceptance, the drafter's own bookkeeping). It keeps the last
+`window` periods of each mode
 
-    spec rounds   tokens committed per round and seconds per round   -> tokens/s with drafting
-    ar rounds     seconds per round (one token each)                 -> tokens/s without
+    spec rounds   seconds per round and tokens committed per round -> seconds per token with drafting
+    ar rounds     seconds per round (one token each)               -> seconds per token without
 
-and drafts in a round only while the first rate beats the second. The other mode is probed now and
-then so its estimate stays fresh: after `probe` rounds, doubling each time a probe confirms the
-current choice (up to `max_probe`), back to `probe` when a probe wins. Under `gate="auto"` it decides for greedy decoding
-only (see CostGate), so a seeded sampled run stays reproducible. An ar round is a drafter that
-proposes nothing: lossless by construction. Each round's decision and its inputs go into the
-round's info (`gate`, `spec_tok_s`, `ar_tok_s`), so the trace shows why a round did not draft.
+and drafts in a round only while the first cost is no higher than the second (`choose`). Each
+cost is a MEDIAN of recent periods, not a running mean: on a busy machine one round in a few is
+descheduled and takes many times its cost, and a mean let that one round decide (a slow ar round
+made drafting look cheap, a slow spec round the reverse). The ar cost is measured early: right
+after `warm` drafting rounds, `ar_samples` plain rounds, so the first decision already compares two
+medians. The other mode is probed now and then so its estimate stays fresh: after `probe` rounds,
+doubling each time a probe confirms the current choice (up to `max_probe`), back to `probe` when a
+probe wins. Under `gate="auto"` it decides for greedy decoding only (see CostGate), so a seeded
+sampled run stays reproducible. An ar round is a drafter that proposes nothing: lossless by
+construction. Each round's decision and its inputs go into the round's info (`gate`, `spec_tok_s`,
+`ar_tok_s`), so the trace shows why a round did not draft.
+
+A plain round must cost what `ar`'s round costs, or the gate compares against the wrong baseline
+and every round pays the difference: an inner drafter that makes the target capture hidden states
+only for its own use in drafting rounds (`captures_only_when_drafting`, layer-skip's exit scoring:
+29 captured layers split the native forward into 29 calls) has the captures switched off in plain
+rounds and back on before it drafts again.
 
 The inner drafter observes every round either way (its caches and online statistics stay in step
 with the committed text; layer-skip keeps scoring its exits), so switching back costs nothing.
 """
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 
-EMA = 0.3
+WINDOW = 8          # recent periods per mode whose median is its cost
+
+
+def choose(spec: list[tuple[float, int]], ar: list[float]) -> str | None:
+    """The cheaper mode per token from measured rounds: spec = [(seconds, tokens committed), ...],
+    ar = [seconds, ...] (one token each). Medians of the seconds, so one descheduled round among
+    several moves neither cost. Ties go to "spec". None while either mode has no measurement."""
+    if not spec or not ar:
+        return None
+    spec_cost = statistics.median(s for s, _ in spec) / (sum(t for _, t in spec) / len(spec))
+    return "spec" if spec_cost <= statistics.median(ar) else "ar"
+
+
+def rates(spec, ar) -> tuple[float | None, float | None]:
+    """Tokens per second of each mode (the medians `choose` compares), None without a measurement."""
+    s = (sum(t for _, t in spec) / len(spec)) / statistics.median(p for p, _ in spec) if spec else None
+    return s, (1.0 / statistics.median(ar) if ar else None)
 
 
 class CostGate(Drafter):
     """greedy_only: stand aside under sampling. Its decisions follow measured times, so under
     sampling they would change which random numbers a run draws: the same seed would give another
-    (equally distributed) text from run to run. Greedy output never depends on them."""
+    (equally distributed) text from run to run. Greedy output never depends on them.
+    clock: the time source (seconds); a test passes its own to drive the decisions."""
 
     def __init__(self, inner: Drafter, probe: int = 8, max_probe: int = 64, warm: int = 3,
-                 greedy_only: bool = False):
+                 greedy_only: bool = False, window: int = WINDOW, ar_samples: int = 2, clock=time.perf_counter):
         self.inner, self.probe0, self.max_probe, self.warm = inner, probe, max_probe, warm
-        self.greedy_only = greedy_only
+        self.greedy_only, self.window, self.ar_samples, self.clock = greedy_only, window, ar_samples, clock
         self.name = inner.name
 
     @property
@@ -54,36 +84,33 @@ class CostGate(Drafter):
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
         self.inner.begin(ctx, target, sampler, gen, record)
-        self.spec_s = self.spec_tok = self.ar_s = None     # running means
-        self.n_spec = 0
+        self.spec, self.ar = deque(maxlen=self.window), deque(maxlen=self.window)
         self.mode, self.last_mode, self.t_last = "spec", None, None
         self.since, self.interval = 0, self.probe0
         self.committed = 0
         self.active = sampler.greedy or not self.greedy_only
+        self.paused = None                  # the target's capture_layers while plain rounds run without them
 
     def end(self):
+        self._resume_captures()
         self.inner.end()
 
     def _account(self, dt: float):
         """Charge the period since the last propose() to the mode that round ran in."""
-        ema = lambda old, new: new if old is None else (1 - EMA) * old + EMA * new
         if self.last_mode == "spec":
-            self.spec_s, self.spec_tok = ema(self.spec_s, dt), ema(self.spec_tok, self.committed)
-            self.n_spec += 1
+            self.spec.append((dt, self.committed))
         else:
-            self.ar_s = ema(self.ar_s, dt)
+            self.ar.append(dt)
 
     def rates(self) -> tuple[float | None, float | None]:
-        spec = self.spec_tok / self.spec_s if self.spec_s else None
-        return spec, (1.0 / self.ar_s if self.ar_s else None)
+        return rates(self.spec, self.ar)
 
     def _decide(self) -> str:
-        if self.n_spec < self.warm:
+        if len(self.spec) < self.warm:
             return "spec"
-        spec, ar = self.rates()
-        if ar is None:                      # one ar round to learn what a plain round costs
+        if len(self.ar) < self.ar_samples:  # what a plain round costs, measured before deciding
             return "ar"
-        best = "spec" if spec >= ar else "ar"
+        best = choose(list(self.spec), list(self.ar))
         if best != self.mode:               # the estimates moved: switch, probe soon
             self.mode, self.since, self.interval = best, 0, self.probe0
         self.since += 1
@@ -93,10 +120,22 @@ class CostGate(Drafter):
             return "ar" if self.mode == "spec" else "spec"
         return self.mode
 
+    def _pause_captures(self):
+        if self.paused is None and getattr(self.inner, "captures_only_when_drafting", False):
+            self.paused = tuple(getattr(self.target, "capture_layers", ()) or ())
+            if self.paused:
+                self.target.capture_layers = ()
+
+    def _resume_captures(self):
+        if self.paused is not None:
+            if self.paused:
+                self.target.capture_layers = self.paused
+            self.paused = None
+
     def propose(self, ctx: Context) -> DraftTree:
         if not self.active:
             return self.inner.propose(ctx)
-        now = time.perf_counter()
+        now = self.clock()
         if self.last_mode is not None:
             self._account(now - self.t_last)
         self.t_last = now
@@ -108,7 +147,9 @@ class CostGate(Drafter):
         info = {"gate": mode, "spec_tok_s": None if spec is None else round(spec, 2),
                 "ar_tok_s": None if ar is None else round(ar, 2)}
         if mode == "ar":
+            self._pause_captures()
             return DraftTree(info=info)
+        self._resume_captures()
         tree = self.inner.propose(ctx)
         tree.info.update(info)
         return tree

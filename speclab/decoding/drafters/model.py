@@ -149,6 +149,7 @@ class DraftModelDrafter(OwnDraftLM, ChainDrafter):
 
 class LayerSkipDrafter(ChainDrafter):
     name = "layer-skip"
+    captures_only_when_drafting = True   # observe() scores exits only after rounds that drafted
 
     def __init__(self, target_model, exit_layer: int | str = "auto", candidates=None,
                  overhead: float = 0.25, per_round: int = 3, **kw):

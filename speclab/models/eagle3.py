@@ -482,6 +482,9 @@ def export(draft: Eagle3Draft, out, dtype: torch.dtype | None = torch.bfloat16, 
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        tmp.chmod(0o755)                        # mkdtemp's 0700: a drafter is read by other users and engines
+        for f in tmp.iterdir():
+            f.chmod(0o644)
         old = None
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")

@@ -29,6 +29,7 @@ from speclab.apps.viewer import Viewer
 from speclab.bench import timing
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.figures.compare import compare_chart
+from speclab.figures.costmodel import costmodel_figure
 from speclab.figures.race import race_iframe
 from speclab.models.zoo import ModelLoadError
 from speclab.trace import Trace, TraceError
@@ -36,6 +37,7 @@ from speclab.trace import Trace, TraceError
 pn.extension("plotly")
 
 PROJECTOR_ZOOM = 1.4
+PROJECTOR_FIGURE = 1.15     # the step figure's own scale in projector mode: strip and tree on one screen
 # what the progress line says before the first token: a model's first run loads it (seconds), and
 # every run reads its prompt first, so "0 of 64 tokens" would look like a hang
 LOADING = "loading the model and reading the prompt (a model's first run loads it: a few seconds)"
@@ -68,6 +70,9 @@ class Dashboard:
         self.compare_repeats = w.IntSlider(name="timed runs per method (interleaved)", start=1, end=15,
                                            value=COMPARE_REPEATS, css_classes=["speclab-compare-repeats"])
         self.compare_timing = None          # the last comparison's timing.Interleaved
+        # the cost model of each compared speculative method against ar (speclab.metrics.cost_model)
+        self.compare_cost = pn.pane.Plotly(None, css_classes=["speclab-compare-costmodel"], sizing_mode="stretch_width",
+                                           visible=False)
         self.compare_button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
         self.compare_out = pn.pane.HTML("", css_classes=["speclab-compare-out"])
         self.compare_chart = pn.pane.Plotly(None, css_classes=["speclab-compare-chart"], sizing_mode="stretch_width",
@@ -117,7 +122,8 @@ class Dashboard:
             "times as the slider says. Each cell is the median with its spread (min-max); a speed-up is the median "
             "of the per-turn ratios, marked unreliable (with the reason) when the runs disagree, the spread "
             "crosses 1.0 or other programs were using the CPUs. The table and the race show each method's median run.",
-            self.compare_methods, self.compare_repeats, self.compare_button, self.compare_out, self.compare_chart, self.race_out)
+            self.compare_methods, self.compare_repeats, self.compare_button, self.compare_out, self.compare_chart,
+            self.compare_cost, self.race_out)
         files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
                           self.download)
         self.tabs = pn.Tabs(("Step", self.viewer.step_column()), ("Summary", self.viewer.summary_column()),
@@ -138,6 +144,11 @@ class Dashboard:
             self.main.styles = {"zoom": str(PROJECTOR_ZOOM)} if on else {}
             self.intro.visible = self.guide_card.visible = not on
             self.viewer.keys_note.visible = not on
+            # the status keeps two lines (a chat prompt's template would take eight; it scrolls): the
+            # step figure's title repeats its numbers
+            self.viewer.status.styles = {"max-height": "2.6em", "overflow-y": "auto"} if on else {}
+            # the step figure at 1.15x: its token strip and tree together fit a projector's screen
+            self.viewer.step_fig.styles = {"zoom": f"{PROJECTOR_FIGURE / PROJECTOR_ZOOM:.4f}"} if on else {}
 
     def _fit_compare(self) -> None:
         """Offer the methods of the form's family (speculative or diffusion), two chosen to start."""
@@ -345,6 +356,9 @@ class Dashboard:
         self.compare_out.object = runs.rows_html(self.compare_table) if traces else ""
         chart = compare_chart(traces, reference, ref, spread) if traces else None
         self.compare_chart.object, self.compare_chart.visible = chart, chart is not None
+        models = runs.cost_models(traces, reference, spread) if ref == "ar" and reference is not None else {}
+        self.compare_cost.object = costmodel_figure(models) if models else None
+        self.compare_cost.visible = bool(models)
         lanes = [t for t in [reference, *traces.values()] if t is not None and t.rounds]
         self.race_out.object = race_iframe(lanes) if len(lanes) > 1 else ""
         if errors:

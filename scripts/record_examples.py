@@ -16,7 +16,7 @@ def main() -> None:
     guide.EXAMPLES.mkdir(exist_ok=True)
     for method, target, draft, kw in RUNS:
         speclab.run(target, CHAT_PROMPT, method, draft=draft, chat=True, max_new_tokens=4, record=None, **kw)  # warm-up
-        r = speclab.run(target, CHAT_PROMPT, method, draft=draft, chat=True, max_new_tokens=48, record="full", **kw)
+        r = speclab.run(target, CHAT_PROMPT, method, draft=draft, chat=True, max_new_tokens=64, record="full", **kw)
         path = guide.example_path(method, target, draft)
         r.trace.save(path)
         print(f"{path}: {len(r.ids)} tokens, tau {r.trace.totals.tau:.2f}: {r.text!r}")

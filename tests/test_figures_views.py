@@ -189,8 +189,10 @@ def test_projector_mode_moves_the_reading_matter_aside():
     d = Dashboard()
     d.projector.value = True
     assert d.main.styles == {"zoom": "1.4"} and not d.intro.visible and not d.guide_card.visible
+    assert d.viewer.status.styles["max-height"] and float(d.viewer.step_fig.styles["zoom"]) * 1.4 == pytest.approx(1.15, abs=1e-3)
     d.projector.value = False
     assert d.main.styles == {} and d.intro.visible and d.guide_card.visible
+    assert d.viewer.status.styles == {} and d.viewer.step_fig.styles == {}
 
 
 def test_the_default_token_budget_ends_the_default_chat_answer():

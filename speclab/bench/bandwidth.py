@@ -10,6 +10,10 @@ The streaming read is of a buffer larger than the caches. Where speclab's bf16 k
 probe also reads the model's own packed matrices, the bytes a decode step reads: on a CPU whose
 L3 holds the weights (a 300 MiB L3, SmolLM2's 269 MB) they come faster than from memory, and `ar`
 ran at 1.10-1.25 of the big buffer's "limit"; against its own weights' read, at 0.99-1.01.
+
+On CUDA the rate is a device-to-device copy's (bytes read plus bytes written, over the time between
+two CUDA events around it), the figure a GPU's memory is rated by and the one a decode step that
+streams its weights from HBM can approach.
 """
 from __future__ import annotations
 
@@ -45,9 +49,9 @@ class BandwidthProbe:
     its weight) and one matrix-vector product over a `mib_gemv` MiB weight in the kernel a decode step
     runs (speclab's bf16 kernel where it runs, else F.linear; usually a little below the plain read).
 
-    Why sampled: on a shared machine (a VM) these rates drift by up to 2x over minutes (measured
-    here: 34 and 61 GB/s best-of-5 snapshots in two runs an hour apart). The bench samples right after
-    each of `ar`'s prompts, so the median is the bandwidth `ar` itself saw, not a snapshot's."""
+    Why sampled: on a shared machine (a VM) these rates drift by up to 2x over minutes. The bench
+    samples right after each of `ar`'s prompts, so the median is the bandwidth `ar` itself saw, not a
+    snapshot's."""
 
     def __init__(self, device="cpu", dtype=torch.bfloat16, mib_stream: int = 512, mib_gemv: int = 256,
                  model=None):
@@ -64,11 +68,19 @@ class BandwidthProbe:
         else:
             self.mm, self.kernel = (lambda v: torch.nn.functional.linear(v, w)), "F.linear"
         # the plain read: speclab's native one where it runs (nothing but loads), else torch's fp32
-        # sum over the same bytes. Not a bf16 sum: measured here, that one is bound by its own
-        # arithmetic (13-17 GB/s where a plain read reached 29 and the fp32 sum 28)
+        # sum over the same bytes. Not a bf16 sum: on some CPUs that one is bound by its own
+        # arithmetic, at about half the rate of a plain read. On CUDA a copy into a second buffer,
+        # counted as read + write
         native = kernels.module() if self.device.type == "cpu" else None
         flat = self.x.view(torch.float32)
-        self.read = (lambda: native.stream_read(self.x)) if native else flat.sum
+        self.stream_bytes = self.x.numel() * self.x.element_size()
+        if self.device.type == "cuda":
+            y = torch.empty_like(self.x)
+            self.read, self.stream_bytes = (lambda: y.copy_(self.x)), 2 * self.stream_bytes
+            self.stream_kind = "device-to-device copy"
+        else:
+            self.read = (lambda: native.stream_read(self.x)) if native else flat.sum
+            self.stream_kind = "streaming read"
         # and the model's own packed weights read the same way: the bytes a decode step reads, from
         # wherever they live. Measured on a host whose 300 MiB L3 holds SmolLM2's 269 MB when its
         # other guests are quiet: ar ran at 1.10-1.25x the 512 MiB read's "limit" there
@@ -83,12 +95,18 @@ class BandwidthProbe:
             self.mm(self.v)
 
     def _timed(self, fn) -> float:
+        """Seconds fn's work takes; on CUDA between two events on the device's stream, after the
+        work queued before it has drained (the decode just timed must not count)."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
         t0 = time.perf_counter()
         fn()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     @torch.inference_mode()
@@ -96,7 +114,7 @@ class BandwidthProbe:
         """n samples of each rate; ar_tokens_per_s: the rate of the ar run just before, paired with
         this stream sample (paired_share)."""
         for _ in range(n):
-            self.stream.append(self.x.numel() * self.x.element_size() / self._timed(self.read))
+            self.stream.append(self.stream_bytes / self._timed(self.read))
             self.gemv.append(self.w_bytes / self._timed(lambda: self.mm(self.v)))
             own = packed_matrices(self.model) if self.model is not None and self.native else []
             if own:
@@ -111,7 +129,7 @@ class BandwidthProbe:
         """Median, min and max of the samples, GB/s (JSON-ready)."""
         gb = lambda xs: dict(median=round(statistics.median(xs) / 1e9, 2), min=round(min(xs) / 1e9, 2),
                              max=round(max(xs) / 1e9, 2), samples=len(xs))
-        out = dict(stream=gb(self.stream), gemv=gb(self.gemv), gemv_kernel=self.kernel,
+        out = dict(stream=gb(self.stream), stream_kind=self.stream_kind, gemv=gb(self.gemv), gemv_kernel=self.kernel,
                    pairs=[(r, round(bw / 1e9, 2)) for r, bw in self.pairs])
         if self.own:
             out |= dict(own=gb(self.own), own_pairs=[(r, round(bw / 1e9, 2)) for r, bw in self.own_pairs])
@@ -142,6 +160,7 @@ def bandwidth_limit(model, measured: dict | None = None) -> dict:
                limit_tokens_per_s=round(bw / nbytes, 1), gemv_gb_s=round(gemv / 1e9, 2),
                gemv_kernel=measured["gemv_kernel"], gemv_limit_tokens_per_s=round(gemv / nbytes, 1),
                bandwidth_range_gb_s=[measured["stream"]["min"], measured["stream"]["max"]],
+               bandwidth_kind=measured.get("stream_kind", "streaming read"),
                samples=measured["stream"]["samples"])
     if "own" in measured:                   # the model's own packed weights, read where they live
         own = measured["own"]["median"] * 1e9

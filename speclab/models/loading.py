@@ -33,7 +33,7 @@ def as_model(m, device=None, dtype="auto"):
 
 def check_vocab(target, draft):
     vt, vd = target[0].config.vocab_size, draft[0].config.vocab_size
-    if vt != vd or len(target[1]) != len(draft[1]):
+    if vt != vd or draft[1] is not None and len(target[1]) != len(draft[1]):    # None: an EAGLE-3 drafter's
         raise ValueError(f"draft and target have different vocabularies (target {vt} tokens, draft {vd}): "
                          "a draft model must share the target's tokenizer")
 

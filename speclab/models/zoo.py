@@ -130,6 +130,10 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
         model = load_dag(where, device=dev)
         return model, model.vocab
     from speclab.models.adapter import adapter_info, load_draft
+    from speclab.models.eagle3 import is_eagle3_dir
+    if Path(where).is_dir() and is_eagle3_dir(where):    # an EAGLE-3 drafter: no tokenizer, the target's ids
+        from speclab.models.eagle3 import load as load_eagle3
+        return load_eagle3(where, dev, pick_dtype(dtype, dev)), None
     adapter = adapter_info(where) if Path(where).is_dir() else None
     # the zoo is stored in fp16 and upcast: fp16 matmuls are slow on CPU
     dtype = pick_dtype(dtype, dev, toy=adapter is None and where.startswith(str(ZOO_DIR)))

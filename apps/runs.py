@@ -207,6 +207,19 @@ def why_slower(trace: Trace, reference: Trace, measured_speedup: float | None) -
     return metrics.slower_reason(trace, reference, measured_speedup) or "-"
 
 
+def cost_models(traces: dict[str, Trace], reference: Trace, spread: dict | None = None) -> dict:
+    """method -> metrics.cost_model against the ar reference, for the speculative runs that drafted;
+    the measured speed-up is the comparison's median ratio where one was measured (spread)."""
+    out = {}
+    for name, t in traces.items():
+        m = metrics.cost_model(t, reference) if t.engine == "speculative" and t.totals.drafted else None
+        if m is not None and m["k"]:
+            if spread and name in spread:
+                m["measured_speedup"] = spread[name].median
+            out[name] = m
+    return out
+
+
 def copy_history(history):
     """A SuffixHistory holding the same requests (a comparison's timed runs each start from it)."""
     from speclab.decoding.drafters.lookup import SuffixHistory

@@ -13,14 +13,15 @@ from speclab.apps.keys import StepKeys
 from speclab.apps.status import player_css, status_html
 from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, detail_html, move_current,
                              round_strip, step_figure, step_label, step_title, timing, update_step)
+from speclab.figures.costmodel import costmodel_summary
 from speclab.figures.distributions import distributions
 from speclab.figures.mask import mask_figure
 from speclab.metrics import n_steps
 from speclab.trace import Trace
 
-SUMMARY = {"speculative": (round_strip, acceptance_summary, timing),   # Summary tab figures by engine
+SUMMARY = {"speculative": (round_strip, acceptance_summary, timing, costmodel_summary),   # Summary tab figures by engine
            "diffusion": (confidence_bands, decoding_order)}
-SUMMARY_HEIGHTS = (260, 380, 300)
+SUMMARY_HEIGHTS = (260, 380, 300, 380)
 EMPTY = "No run yet: choose a method and press Run, or open a saved trace."
 
 
@@ -116,6 +117,8 @@ class Viewer:
             self._show_distributions()
             self._show_mask()
             for pane in self.summary_figs[:len(makers)]:       # the "current" markers follow the step
+                if pane.object is None:                        # a maker with nothing to draw for this run
+                    continue
                 move_current(pane.object, step)
                 pane.param.trigger("object")
 

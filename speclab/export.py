@@ -81,6 +81,9 @@ def to_html(trace: Trace, path: str | Path) -> Path:
     figs = [animated(trace)]
     if trace.engine == "speculative":
         figs += [acceptance_summary(trace), timing(trace)]
+        from speclab.figures.costmodel import costmodel_summary
+        cost = costmodel_summary(trace)
+        figs += [cost] if cost is not None else []
     if trace.engine == "diffusion":
         figs += [confidence_bands(trace), decoding_order(trace)]
     divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, auto_play=False,

@@ -115,3 +115,40 @@ def test_bench_reports_spread_verdict_and_cost_model(capsys, tmp_path):
     assert m["k"] == 3 and m["c"] > 0 and 0 <= m["token_alpha"] <= 1 and m["token_alpha"] >= m["alpha"]
     assert ("why_slower" in dm) == (dm["speedup_median"] < 1.0)
     assert rows["ar"]["speedup_median"] == 1.0 and "cost_model" not in rows["ar"]
+
+
+def test_cost_model_of_a_run_alone_in_summary_and_export(tmp_path):
+    from speclab.export import to_html
+    from speclab.figures.costmodel import costmodel_summary, trace_model
+    # a gated run: two plain rounds give the ar step in the run itself
+    t = _trace([_chain_round(4, 0, 0.0, 0.5)] + [_chain_round(4, a, 0.010, 0.020) for a in (0, 1, 4)]
+               + [Round(emitted=1, kept=1, verify_s=0.020)] * 2, 0.62)
+    m = trace_model(t)
+    assert m["c"] == pytest.approx((3 * 0.030 + 2 * 0.020) / 5 / 0.020) and m["k"] == 4
+    fig = costmodel_summary(t)
+    assert [d.name for d in fig.data][0].startswith("expected, draft-model: k 4")
+    # every round drafted: c is unknown, so three round costs are drawn around the run's alpha
+    alone = _trace([_chain_round(4, 0, 0.0, 0.5)] + [_chain_round(4, 2, 0.010, 0.020)] * 3, 0.3)
+    assert trace_model(alone)["c"] is None
+    names = [d.name for d in costmodel_summary(alone).data if d.name.startswith("expected")]
+    assert names == ["expected, c = 1.0: k 4, c 1.00", "expected, c = 1.5: k 4, c 1.50", "expected, c = 2.0: k 4, c 2.00"]
+    ar = _trace([Round(kept=1, verify_s=0.5), Round(kept=1, verify_s=0.02)], 1.0, "ar")
+    assert costmodel_summary(ar) is None                          # nothing drafted: no model to draw
+    out = to_html(t, tmp_path / "run.html")
+    assert "cost model: expected speed-up" in out.read_text()
+
+
+def test_compare_draws_the_cost_model_of_each_method():
+    pn = pytest.importorskip("panel")  # noqa: F841
+    from speclab.apps.dashboard import Dashboard
+    d = Dashboard()
+    d.form.method.value, d.form.prompt.value, d.form.max_new_tokens.value = "draft-model", "def parse(line):", 12
+    d.compare_methods.value = ["draft-model"]
+    d.compare_repeats.value = 2
+    rows = d.compare_now()
+    dm = next(r for r in rows if r["method"] == "draft-model")
+    assert "why slower" in dm
+    fig = d.compare_cost.object
+    assert d.compare_cost.visible and any(tr.name.startswith("expected, draft-model") for tr in fig.data)
+    if dm["why slower"] != "-":
+        assert dm["why slower"].startswith("per-token alpha ") and "ar steps" in dm["why slower"]

@@ -36,7 +36,7 @@ def test_html_is_self_contained_with_frames_and_slider(trace, tmp_path):
     assert [f["name"] for f in frames] == [str(k) for k in range(len(trace.rounds))]
     assert 0 not in frames[0]["traces"]              # the big token-strip trace is not repeated per frame
     assert '"sliders"' in page and len(animated(trace)["layout"]["sliders"][0]["steps"]) == len(trace.rounds)
-    assert page.count("Plotly.newPlot(") == 3        # the step view, acceptance summary, timing
+    assert page.count("Plotly.newPlot(") == 4        # the step view, acceptance summary, timing, cost model
 
 
 def test_cli_exports_a_saved_trace_in_a_fresh_process_without_loading_a_model(trace, tmp_path):

@@ -62,3 +62,37 @@ def costmodel_figure(models, label: str | None = None, height: int = 360) -> go.
                                  gridcolor="#eeeeee"),
                       yaxis=dict(title="speed-up over ar", range=[0, top * 1.1], gridcolor="#eeeeee"))
     return fig
+
+
+def trace_model(trace) -> dict | None:
+    """The cost model from one run alone: its plain rounds (a gate's, or a lookup that found
+    nothing) give the ar step; without any, c is unknown (None) and so is the expected speed-up."""
+    from types import SimpleNamespace
+    if trace.engine != "speculative" or len(trace.rounds) < 2 or not trace.totals.drafted:
+        return None
+    plain = [r for r in trace.rounds[1:] if not r.drafted]
+    ref = SimpleNamespace(rounds=[trace.rounds[0]] + (plain or trace.rounds[1:]), totals=SimpleNamespace(wall_s=0.0))
+    m = metrics.cost_model(trace, ref)
+    if m is None or not m["k"]:
+        return None
+    if not plain:
+        m.update(c=None, ar_step_s=None, expected_speedup=None, break_even=None)
+    return m
+
+
+def costmodel_summary(trace, step: int = 0) -> go.Figure | None:
+    """The Summary tab's cost model of one run (the viewer's figure maker signature): the run's k
+    and c where the run measured an ar step; otherwise curves for c = 1, 1.5 and 2 around the run's
+    alpha (the Compare tab measures c against a real ar run)."""
+    m = trace_model(trace)
+    if m is None:
+        return None
+    if m["c"] is not None:
+        fig = costmodel_figure(m, label=trace.method)
+    else:
+        fig = costmodel_figure({f"c = {c}": dict(m, c=c, expected_speedup=metrics.expected_speedup(m["expected_tau"], c),
+                                                 break_even=metrics.break_even(m["k"], c), measured_speedup=None)
+                                for c in (1.0, 1.5, 2.0)})
+        fig.update_layout(title=f"cost model at k {m['k']}: this run's alpha against three round costs "
+                                "(Compare measures c against ar)")
+    return fig

@@ -152,3 +152,20 @@ def test_compare_draws_the_cost_model_of_each_method():
     assert d.compare_cost.visible and any(tr.name.startswith("expected, draft-model") for tr in fig.data)
     if dm["why slower"] != "-":
         assert dm["why slower"].startswith("per-token alpha ") and "ar steps" in dm["why slower"]
+
+
+def test_sliders_redraw_the_curve_and_read_the_numbers_out():
+    pytest.importorskip("ipywidgets")
+    from speclab.widgets.costmodel import CostModelExplorer
+    m = {"k": 4, "c": 1.52, "token_alpha": 0.08, "alpha": 0.05, "expected_tau": 1.09, "expected_speedup": 0.717,
+         "measured_speedup": 0.70, "break_even": metrics.break_even(4, 1.52), "drafting_share": 1.0}
+    x = CostModelExplorer(m)
+    assert (x.alpha.value, x.k.value, x.c.value) == (0.08, 4, 1.52)      # the sliders start at the run
+    assert x.text.value.startswith("alpha 0.08 at k 4: expected tau 1.09, round cost 1.52 ar steps: <b>0.72x</b>")
+    x.alpha.value, x.k.value, x.c.value = 0.5, 2, 1.0
+    curve, point = x.fig.data[-2], x.fig.data[-1]
+    assert curve.y[-1] == pytest.approx(3.0) and list(point.x) == [0.5] and point.y[0] == pytest.approx(1.75)
+    assert "<b>1.75x</b>" in x.text.value and "break-even alpha 0.00" in x.text.value
+    x.c.value = 3.0
+    assert "break-even alpha none" in x.text.value
+    assert any(t.name == "measured, measured run" for t in x.fig.data)   # the run's point stays

@@ -264,3 +264,18 @@ def print_spread(res: dict) -> None:
         print(line)
         if r.get("why_slower"):
             print(f"    slower than ar: {r['why_slower']}")
+
+
+def spread_markdown(res: dict) -> str:
+    """A bench result's speed-ups as a markdown table: median, range over the repeats, the verdict,
+    the cost model's expected speed-up and, for a row slower than ar, why."""
+    head = "| method | set | speed-up (median) | range | timing | expected (cost model) | why slower |\n|---|---|---|---|---|---|---|\n"
+    body = ""
+    for r in res["rows"]:
+        if "speedup_median" not in r:
+            continue
+        m = r.get("cost_model")
+        body += (f"| {r['method']} | {r['prompt_set']} | {r['speedup_median']:.2f}x | "
+                 f"{r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f} | {r['timing']} | "
+                 f"{'' if not m else format(m['expected_speedup'], '.2f') + 'x'} | {r.get('why_slower', '')} |\n")
+    return head + body

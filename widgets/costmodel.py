@@ -1,0 +1,55 @@
+"""The cost model with sliders: alpha, k and c beside a measured run (notebook 08).
+
+    CostModelExplorer(m).view        m: speclab.metrics.cost_model(run, ar_run) (or None: sliders only)
+
+The figure is speclab.figures.costmodel's, as a FigureWidget updated in place: the run's own curve
+and points stay, and one more curve and point follow the sliders (expected speed-up =
+tau(alpha, k) / c), with a line of text that reads the sliders' numbers out.
+"""
+from __future__ import annotations
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from speclab import metrics
+from speclab.figures.costmodel import costmodel_curve, costmodel_figure
+
+
+class CostModelExplorer:
+    def __init__(self, m: dict | None = None):
+        self.m = m
+        a0 = m["token_alpha"] if m and m.get("token_alpha") is not None else 0.6
+        k0 = m["k"] if m and m.get("k") else 4
+        c0 = m["c"] if m and m.get("c") else 1.3
+        self.alpha = W.FloatSlider(value=round(a0, 2), min=0.0, max=1.0, step=0.01, description="alpha",
+                                   continuous_update=True)
+        self.k = W.IntSlider(value=k0, min=1, max=16, description="k")
+        self.c = W.FloatSlider(value=round(c0, 2), min=0.5, max=6.0, step=0.05, description="c")
+        self.text = W.HTML()
+        base = costmodel_figure(m, label="measured run") if m and m.get("c") else costmodel_figure({})
+        self.fig = go.FigureWidget(base)
+        self.fig.add_scatter(x=[], y=[], mode="lines", name="sliders", line=dict(color="black", dash="dash"))
+        self.fig.add_scatter(x=[], y=[], mode="markers", name="sliders: at alpha",
+                             marker=dict(color="black", size=10, symbol="diamond"))
+        for s in (self.alpha, self.k, self.c):
+            s.observe(lambda _: self.update(), "value")
+        self.update()
+        self.view = W.VBox([W.HBox([self.alpha, self.k, self.c]), self.text, self.fig])
+
+    def update(self) -> dict:
+        """Redraw the sliders' curve and point in place; returns the numbers it shows."""
+        a, k, c = self.alpha.value, self.k.value, self.c.value
+        tau = metrics.expected_tau(a, k)
+        up = metrics.expected_speedup(tau, c)
+        be = metrics.break_even(k, c)
+        xs, ys = costmodel_curve(k, c)
+        with self.fig.batch_update():
+            curve, point = self.fig.data[-2], self.fig.data[-1]
+            curve.x, curve.y = xs, ys
+            point.x, point.y = [a], [up]
+            self.fig.layout.yaxis.range = [0, max(1.2, max(ys), *(t.y[0] for t in self.fig.data[:-2]
+                                                                   if t.mode == "markers" and t.y)) * 1.1]
+        self.text.value = (f"alpha {a:.2f} at k {k}: expected tau {tau:.2f}, round cost {c:.2f} ar steps: "
+                           f"<b>{up:.2f}x</b>; break-even alpha "
+                           + (f"{be:.2f}" if be is not None else "none (c >= k + 1: no draft can pay)"))
+        return {"tau": tau, "speedup": up, "break_even": be}

@@ -44,6 +44,8 @@ class ModelInfo:
     params: int
     dtype: str
     device: str
+    backend: str | None = None      # the forward that ran it (LeanLM, StaticLM, CausalLM, ...); None: not recorded
+    graphs: bool | None = None      # its forwards replayed captured CUDA graphs
 
 
 @dataclass

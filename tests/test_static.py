@@ -143,3 +143,19 @@ def test_graphs_need_cuda_and_a_known_mode():
     with pytest.raises(ValueError, match="graphs must be"):
         StaticLM(m, graphs="sometimes")
     assert StaticLM(m).graphs is False                                    # CPU default: eager
+
+
+def test_trace_records_each_roles_forward_and_graphs(target, draft, heldout_prompts, tmp_path):
+    from speclab.trace import Trace
+    r = speclab.generate(target, heldout_prompts[0], "draft-model", draft=draft, max_new_tokens=8,
+                         backend="static-eager", k=3)
+    info = r.trace.models
+    assert (info["target"].backend, info["target"].graphs) == ("StaticLM", False)
+    assert info["draft"].backend == "StaticLM" and info["target"].device == "cpu"
+    back = Trace.load(r.trace.save(tmp_path / "t.json"))
+    assert back.models["target"].backend == "StaticLM" and back.models["target"].graphs is False
+    d = r.trace.to_dict()                                # a trace written before these fields existed
+    for m in d["models"].values():
+        m.pop("backend"), m.pop("graphs")
+    old = Trace.from_dict(d)
+    assert old.models["target"].backend is None and old.models["target"].graphs is None

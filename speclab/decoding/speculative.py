@@ -12,7 +12,7 @@ The engine's seam is `run(...) -> Trace` (`decode` plus the trace of what ran); 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -256,4 +256,15 @@ def run(target: CausalLM, drafter: Drafter, tok, prompt_ids: list[int], max_new_
     new, rounds, totals = decode(target, drafter, prompt_ids, max_new_tokens, sampler, seed, record,
                                  tok.eos_token_id, progress)
     params = dict(params, backend=type(target).__name__)
+    models = with_runners(models, target, getattr(getattr(drafter, "inner", drafter), "lm", None))
     return trace_of(tok, method, params, models, sampler, seed, record, prompt_ids, new, rounds, totals)
+
+
+def with_runners(models: dict, target, draft_lm=None) -> dict:
+    """`models` with, per role, the forward that ran it and whether CUDA graphs replayed it (a
+    static-shape runner counts its replays)."""
+    out = dict(models)
+    for role, lm in (("target", target), ("draft", draft_lm)):
+        if lm is not None and role in out:
+            out[role] = replace(out[role], backend=type(lm).__name__, graphs=getattr(lm, "replays", 0) > 0)
+    return out

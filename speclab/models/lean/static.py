@@ -183,12 +183,16 @@ class StaticLM(LeanLM):
         if self._staged is not None:        # the previous copy out of the pinned staging is done
             self._staged.synchronize()
         s.zero_()
-        s[0, :T] = ids.cpu() if isinstance(ids, torch.Tensor) else torch.tensor(ids)
+        on_device = isinstance(ids, torch.Tensor) and ids.device.type != "cpu"
+        if not on_device:
+            s[0, :T] = ids if isinstance(ids, torch.Tensor) else torch.tensor(ids)
         s[1, :T] = pos
         s[1, T:W] = past                                       # padding rows: any valid position
         s[2, :W] = torch.arange(past, past + W)                # row r writes slot n + r
         s[3, :K] = keep
         self.inputs.copy_(s, non_blocking=True)
+        if on_device:                       # ids already on the device: copied there, no round trip
+            self.inputs[0, :T].copy_(ids)
         if self.device.type == "cuda":
             self._staged = torch.cuda.Event()
             self._staged.record()
@@ -271,7 +275,7 @@ class StaticLM(LeanLM):
         for i, w in enumerate(self.layers):
             h = self.rms(x, w["ln1"])
             qkv = mm(h, w, "wqkv")                                                # (W, (Hq + 2 Hkv) D)
-            qk = _rope(qkv[:, : (Hq + Hkv) * D].view(W, Hq + Hkv, D), cos, sin).transpose(0, 1)
+            qk = _rope(self.qk_heads(qkv, w), cos, sin).transpose(0, 1)
             q, k = qk[:Hq], qk[Hq:]                                               # (Hq, W, D), (Hkv, W, D)
             v = qkv[:, (Hq + Hkv) * D:].view(W, Hkv, D).transpose(0, 1)
             self.kv[i, 0].index_copy_(1, slot, k)                                 # (Hkv, S, D)

@@ -1,0 +1,330 @@
+"""One script for the first CUDA machine: speed and losslessness of speclab on a GPU.
+
+    python scripts/gpu_check.py [--out gpu_check.json]      # a CUDA GPU, a few minutes
+    python scripts/gpu_check.py --smoke                     # the same code on a CPU, tiny shapes
+
+For three Llama-shaped models (SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B configs) with random
+layers and an LM head that maps token t to t+1 (so greedy decoding has wide margins and every method
+can be held to `ar` token for token), it measures in bf16, batch 1, on random prompts:
+
+  ar, oracle[k=2,4,8] (a perfect draft: the ceiling a draft of length k reaches), prompt-lookup (a
+  prompt with nothing to find), a batch of 8 ar, transformers' generate eager and with
+  cache_implementation="static" (warmed until compiled), ar with graphs off (the static runner
+  eager, and the eager lean forward), the bandwidth limit (weight bytes per token over a measured
+  device copy rate), each output's equality with ar, and a torch.profiler summary of ar (device
+  kernel time against wall time per round).
+
+Then every method of the toy zoo against ar on the same device in fp32 and bf16. It prints a table
+and writes JSON (--out, default stdout). Timings on CUDA wait for the device before every clock
+read; each timed row runs once untimed first (graph capture, compilation) and reports the median of
+--repeats runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import speclab  # noqa: E402
+from speclab.bench.bandwidth import BandwidthProbe, bandwidth_limit  # noqa: E402
+from speclab.bench.peers import run_peer  # noqa: E402
+
+# (hidden, intermediate, layers, heads, kv heads, vocab, rope theta)
+SHAPES = {
+    "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 100000.0),
+    "llama-1b": (2048, 8192, 16, 32, 8, 128256, 500000.0),
+    "llama-8b": (4096, 14336, 32, 32, 8, 128256, 500000.0),
+}
+# --smoke: the same three names, each shrunk to a size a CPU test runs in seconds
+SMOKE = {name: (64, 128, 2, 4, 2, 512, theta) for name, (*_, theta) in SHAPES.items()}
+ZOO_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\ndef walk(root):"]
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(shape, device, dtype, seed: int = 0):
+    """A Llama of `shape` with random layers whose head maps token t to t+1: the embedding dominates
+    the residual stream (the layers' output projections are scaled down), and the head's row t+1 is
+    the embedding of t, so the last position's logits peak at its own token + 1 by a wide margin."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    C, F, L, H, Hkv, V, theta = shape
+    cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=F, num_hidden_layers=L,
+                      num_attention_heads=H, num_key_value_heads=Hkv, max_position_embeddings=131072,
+                      rope_theta=theta, tie_word_embeddings=False, bos_token_id=0, eos_token_id=V - 1)
+    torch.manual_seed(seed)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        emb.normal_(0.0, 1.0)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.1)
+            layer.mlp.down_proj.weight.mul_(0.1)
+        model.lm_head.weight.copy_(torch.roll(emb, 1, 0) * (10.0 / C))
+    return model.eval()
+
+
+def tokenizer(V: int):
+    """A word-level tokenizer of V tokens t0..t{V-1}; the last is the end of text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    tk = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=f"t{V - 1}", pad_token="t0", unk_token="t0")
+
+
+def prompts(V: int, n: int, length: int, new: int, seed: int = 1) -> list[list[int]]:
+    """Random prompts whose greedy continuations (t+1, t+2, ...) never reach the end-of-text token."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, V - new - 8, (n, length), generator=g).tolist()
+
+
+def timed(fn, device, repeats: int, warm: bool = True):
+    """fn() -> (ids, new tokens, extra dict, its own wall or None); median wall over `repeats` timed
+    calls, after one untimed call (graph capture, compilation). A row's own wall is the engine's
+    (speclab's decode loop, without the oracle's reference run) or the peer's, each read after the
+    device finished; otherwise the call is timed here, between two device syncs."""
+    if warm:
+        fn()
+    walls, out = [], None
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        walls.append(out[3] if out[3] is not None else time.perf_counter() - t0)
+    wall = statistics.median(walls)
+    ids, new, extra, _ = out
+    return dict(ids=ids, wall_s=round(wall, 4), tokens_per_s=round(new / wall, 1), **extra)
+
+
+def speclab_row(target, prompt, method, params, new, backend="auto"):
+    def fn():
+        r = speclab.generate(target, prompt, method, max_new_tokens=new, record=None, backend=backend, **params)
+        t = r.trace.totals
+        return r.ids, t.new_tokens, dict(tau=round(t.tau, 3), target_forwards=t.target_forwards,
+                                         backend=r.trace.params.get("backend")), t.wall_s
+    return fn
+
+
+def batch_row(target, batch_prompts, new):
+    def fn():
+        rs = speclab.generate(target, batch_prompts, "ar", max_new_tokens=new, record=None)
+        return rs[0].ids, sum(r.trace.totals.new_tokens for r in rs), dict(
+            batch=len(rs), backend=rs[0].trace.params.get("backend")), None
+    return fn
+
+
+def peer_row(name, model, tok, prompt, new):
+    def fn():
+        r = run_peer(name, model, tok, prompt, new)
+        return r["ids"], len(r["ids"]), dict(target_forwards=r["target_forwards"]), r["wall_s"]
+    return fn
+
+
+def profile_ar(target, prompt, new, device) -> dict:
+    """torch.profiler over one ar run: device kernel time against wall time, per round."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        r = speclab.generate(target, prompt, "ar", max_new_tokens=new, record=None)
+        sync(device)
+        wall = time.perf_counter() - t0
+    rounds = max(r.trace.totals.target_forwards, 1)
+    ka = prof.key_averages()
+    dev_t = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0
+    kernel_s = sum(dev_t(e) for e in ka) / 1e6 if device.type == "cuda" else None
+    top = sorted(ka, key=lambda e: dev_t(e) if device.type == "cuda" else e.self_cpu_time_total, reverse=True)[:8]
+    return dict(rounds=rounds, wall_ms_per_round=round(1e3 * wall / rounds, 3),
+                kernel_ms_per_round=None if kernel_s is None else round(1e3 * kernel_s / rounds, 3),
+                kernel_share=None if kernel_s is None else round(kernel_s / wall, 3),
+                top=[dict(op=e.key, calls=e.count,
+                          ms_per_round=round((dev_t(e) if device.type == "cuda" else e.self_cpu_time_total)
+                                             / 1e3 / rounds, 4)) for e in top])
+
+
+def check_shape(name, shape, device, args) -> dict:
+    dtype = torch.bfloat16
+    t0 = time.perf_counter()
+    model = build(shape, device, dtype)
+    tok = tokenizer(shape[5])
+    target = (model, tok)
+    ps = prompts(shape[5], 8, args.prompt_len, args.new)
+    p = ps[0]
+    rep = args.repeats
+    rows = {}
+    # (label, callable, warm): ar first, the reference every output is held to
+    plan = [("ar", speclab_row(target, p, "ar", {}, args.new))]
+    plan += [(f"oracle[k={k}]", speclab_row(target, p, "oracle", dict(k=k), args.new)) for k in (2, 4, 8)]
+    plan += [("prompt-lookup", speclab_row(target, p, "prompt-lookup", {}, args.new)),
+             ("ar[batch=8]", batch_row(target, ps, args.new)),
+             ("ar[graphs=off]", speclab_row(target, p, "ar", {}, args.new, backend="static-eager")),
+             ("ar[lean eager]", speclab_row(target, p, "ar", {}, args.new, backend="fast")),
+             ("hf-greedy", peer_row("hf-greedy", model, tok, p, args.new)),
+             ("hf-static", peer_row("hf-static", model, tok, p, args.new))]
+    if device.type == "cuda" and args.compile_shape == name:
+        plan.append(("ar[static-compile]", speclab_row(target, p, "ar", {}, args.new, backend="static-compile")))
+    for label, fn in plan:
+        try:
+            rows[label] = timed(fn, device, rep, warm=not args.smoke)
+        except Exception as e:                  # one failing row must not hide the others' numbers
+            rows[label] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    ar = rows["ar"]
+    ref = ar.get("ids")
+    for label, r in rows.items():
+        if "ids" in r:
+            r["identical_to_ar"] = r["ids"] == ref
+            r["speedup_vs_ar"] = round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if "tokens_per_s" in ar else None
+            r["new_tokens"] = len(r.pop("ids"))
+    probe = BandwidthProbe(device, dtype, mib_stream=16 if args.smoke else 1024, mib_gemv=8 if args.smoke else 256)
+    probe.sample(2 if args.smoke else 5)
+    limit = bandwidth_limit(model, probe.summary())
+    prof = profile_ar(target, p, args.new, device)
+    out = dict(shape=name, config=dict(zip(("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab",
+                                             "rope_theta"), shape)),
+               params=sum(x.numel() for x in model.parameters()), dtype=str(dtype).replace("torch.", ""),
+               bandwidth=limit, rows=rows, profile_ar=prof, build_and_run_s=round(time.perf_counter() - t0, 1))
+    out["goals"] = goals(rows, limit)
+    del model, target
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def goals(rows: dict, limit: dict) -> dict:
+    """The issue's targets for this shape, each True / False (None where a row is missing)."""
+    tps = lambda k: rows.get(k, {}).get("tokens_per_s")
+    ratio = lambda a, b: None if tps(a) is None or tps(b) is None else round(tps(a) / tps(b), 3)
+    ar_limit = None if tps("ar") is None else round(tps("ar") / limit["limit_tokens_per_s"], 3)
+    return dict(ar_vs_hf_static=ratio("ar", "hf-static"), ar_share_of_bandwidth_limit=ar_limit,
+                oracle4_vs_ar=ratio("oracle[k=4]", "ar"), prompt_lookup_vs_ar=ratio("prompt-lookup", "ar"),
+                graphs_on_vs_off=ratio("ar", "ar[graphs=off]"))
+
+
+def check_zoo(name: str, device, dtype, new: int, smoke: bool) -> dict:
+    """Every lossless speculative method on zoo target `name` against ar on `device` in `dtype`,
+    token for token; drafts and heads are the zoo's pairing for the target (code-draft for the toy)."""
+    from speclab.decoding.registry import methods
+    from speclab.models.zoo import load
+    target = load(name, device=device, dtype=dtype)
+    draft = load("code-draft", device=device, dtype=dtype) if name == "code-target" else None
+    names = [m["name"] for m in methods() if m["family"] not in ("diffusion", "dag") and m["lossless"]]
+    prompts_ = ZOO_PROMPTS[:1] if smoke else ZOO_PROMPTS
+    ref = [speclab.generate(target, p, "ar", max_new_tokens=new, record=None).ids for p in prompts_]
+    res = {}
+    for m_name in names:
+        try:
+            need = next(m["needs_draft"] for m in methods() if m["name"] == m_name)
+            kw = dict(draft=draft) if need and draft is not None and m_name in ("draft-model", "tree-static",
+                                                                                 "tree-dynamic") else {}
+            ids = [speclab.generate(target, p, m_name, max_new_tokens=new, record=None, **kw).ids for p in prompts_]
+            res[m_name] = dict(identical=ids == ref)
+        except Exception as e:                  # e.g. a feature head the zoo does not ship for it
+            res[m_name] = dict(skipped=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    ran = [r for r in res.values() if "identical" in r]
+    return dict(target=name, methods=res, identical=sum(r["identical"] for r in ran), ran=len(ran),
+                prompts=len(prompts_), new_tokens=new)
+
+
+def table(report: dict) -> str:
+    lines = [f"# speclab gpu_check on {report['device']} (torch {report['torch']}, transformers "
+             f"{report['transformers']}), bf16, batch 1, prompt {report['prompt_len']}, {report['new_tokens']} new tokens"]
+    for s in report["shapes"]:
+        b = s["bandwidth"]
+        lines += ["", f"## {s['shape']} ({s['params'] / 1e6:.0f}M params): bandwidth limit "
+                      f"{b['limit_tokens_per_s']} tok/s ({b['weight_mb_per_token']} MB/token at {b['bandwidth_gb_s']} GB/s)",
+                  "| row | tok/s | x ar | tau | = ar | backend |", "|---|---|---|---|---|---|"]
+        for label, r in s["rows"].items():
+            if "error" in r:
+                lines.append(f"| {label} | error: {r['error'][:80]} | | | | |")
+                continue
+            lines.append(f"| {label} | {r['tokens_per_s']} | {r.get('speedup_vs_ar')} | {r.get('tau', '')} | "
+                         f"{'yes' if r.get('identical_to_ar') else 'NO'} | {r.get('backend', '')} |")
+        pr = s["profile_ar"]
+        lines.append(f"ar profile: {pr['wall_ms_per_round']} ms wall / round, kernels {pr['kernel_ms_per_round']} ms "
+                     f"({pr['kernel_share']} of wall); goals: {s['goals']}")
+    for dt, z in report.get("zoo", {}).items():
+        if "error" in z:
+            lines.append(f"zoo {dt}: {z['error']}")
+            continue
+        bad = [n for n, r in z["methods"].items() if r.get("identical") is False]
+        lines.append(f"zoo {dt}: {z['identical']}/{z['ran']} methods identical to ar"
+                     + (f"; DIFFER: {', '.join(bad)}" if bad else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the JSON here (default: stdout)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, few tokens, one run each: the code path on a CPU")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, from " + ", ".join(SHAPES))
+    ap.add_argument("--new", type=int, default=None, help="new tokens per run (128; --smoke 8)")
+    ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (200; --smoke 24)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs per row, median reported (3; --smoke 1)")
+    ap.add_argument("--compile-shape", default="smollm2-135m",
+                    help="the shape that also times the static runner under torch.compile (CUDA only)")
+    ap.add_argument("--zoo", default=None,
+                    help="zoo targets whose methods are held to ar (default: code-target, and smollm2-135m with its "
+                         "heads on CUDA; --smoke: code-target); 'none' skips")
+    args = ap.parse_args(argv)
+    args.new = args.new or (8 if args.smoke else 128)
+    args.prompt_len = args.prompt_len or (24 if args.smoke else 200)
+    args.repeats = args.repeats or (1 if args.smoke else 3)
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        ap.error("no CUDA device here: run on a GPU machine, or pass --smoke to run the code path on this CPU")
+    device = torch.device("cuda" if cuda and not args.smoke else "cpu")
+    shapes = SMOKE if args.smoke else SHAPES
+    unknown = [s for s in args.shapes.split(",") if s not in shapes]
+    if unknown:
+        ap.error(f"unknown shape(s) {', '.join(unknown)}: use {', '.join(shapes)}")
+    import transformers
+    report = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                  torch=torch.__version__, transformers=transformers.__version__, smoke=args.smoke,
+                  new_tokens=args.new, prompt_len=args.prompt_len, repeats=args.repeats, shapes=[])
+    t0 = time.perf_counter()
+    for name in args.shapes.split(","):
+        print(f"gpu_check: {name} ...", file=sys.stderr, flush=True)
+        report["shapes"].append(check_shape(name, shapes[name], device, args))
+    zoo = args.zoo or ("code-target" if args.smoke or device.type != "cuda" else "code-target,smollm2-135m")
+    report["zoo"] = {}
+    for target in [] if zoo == "none" else zoo.split(","):
+        for dtype in (torch.float32, torch.bfloat16):
+            key = f"{target} {str(dtype).replace('torch.', '')}"
+            print(f"gpu_check: zoo methods, {key} ...", file=sys.stderr, flush=True)
+            try:
+                report["zoo"][key] = check_zoo(target, device, dtype, 8 if args.smoke else 48, args.smoke)
+            except Exception as e:          # a target not installed here
+                report["zoo"][key] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    report["total_s"] = round(time.perf_counter() - t0, 1)
+    print(table(report), file=sys.stderr if not args.out else sys.stdout, flush=True)
+    text = json.dumps(report, indent=1)
+    if args.out:
+        tmp = Path(args.out).with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(args.out)
+    else:
+        print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -107,3 +107,12 @@ def test_dag_export_has_a_frame_per_strategy(tmp_path):
     page = to_html(dag, tmp_path / "dag.html").read_text(encoding="utf-8")
     frames = frames_in(page)
     assert len(frames) == len(dag.dag.paths) and page.count("Plotly.newPlot(") == 1
+
+
+def test_export_help_lists_its_options(capsys):
+    from speclab.cli import main
+    with pytest.raises(SystemExit) as done:
+        main(["export", "-h"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: speclab export" in out and "--html" in out

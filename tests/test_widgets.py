@@ -42,6 +42,17 @@ def test_slider_updates_the_same_figure_in_place(result):
     assert v.slider.value == 0 and data(fig) == first
 
 
+def test_mask_view_follows_the_step_in_place(result):
+    from speclab.figures.mask import mask_dict
+    v = show(result)
+    mask = v.mask
+    step = max(range(len(result.trace.rounds)), key=lambda k: len(result.trace.rounds[k].nodes))
+    v.slider.value = step
+    assert v.mask is mask                                   # the same FigureWidget, moved
+    assert [list(r) for r in mask.data[0].z] == mask_dict(result.trace, step)["data"][0]["z"]
+    assert mask.layout.title.text.startswith(f"round {step + 1} of")
+
+
 def test_detail_panel_follows_the_step(result):
     v = show(result.trace)
     for k, r in enumerate(result.trace.rounds):

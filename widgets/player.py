@@ -5,8 +5,9 @@
 
 One `go.FigureWidget` (token strip over draft tree, the diffusion canvas, or the DAG) is created
 once and updated in a `batch_update` per step, so the page never re-renders the whole figure. Under
-it: a detail panel for the step and the whole run as a strip (tokens per round for speculative
-runs, confidence bands for diffusion runs) whose "current" marker follows the step.
+it: a detail panel for the step, the whole run as a strip (tokens per round for speculative
+runs, confidence bands for diffusion runs) whose "current" marker follows the step, and, folded,
+the attention mask the step's forward used (figures.mask).
 No model is needed: everything comes from the trace.
 """
 from __future__ import annotations
@@ -17,8 +18,10 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from speclab.figures import move_current, n_steps, run_strip, step_dict, step_label, step_title, update_step
-from speclab.trace import Trace
+from speclab.figures.compose import update_figure
 from speclab.figures.detail import detail_html
+from speclab.figures.mask import mask_dict
+from speclab.trace import Trace
 
 WIDTH = 960         # px: a JupyterLab output area at its default width
 
@@ -59,16 +62,28 @@ class Player(widgets.VBox):
         self.strip = go.FigureWidget(strip) if strip is not None else None
         if self.strip is not None:
             self.strip.layout.width = WIDTH
+        # the attention mask the step's forward used, folded away until asked for (not for a DAG)
+        self.mask = None
+        if trace.engine in ("speculative", "diffusion"):
+            self.mask = go.FigureWidget(mask_dict(trace, 0))
+            self.mask.layout.width = WIDTH
         self.step = 0
         self.slider.observe(lambda change: self.update(change["new"]), names="value")
         parts = [widgets.HBox([self.play, self.slider, self.label]), self.figure, self.detail]
-        super().__init__(parts + ([self.strip] if self.strip is not None else []))
+        parts += [self.strip] if self.strip is not None else []
+        if self.mask is not None:
+            fold = widgets.Accordion(children=[self.mask], selected_index=None)
+            fold.set_title(0, "attention mask of this step")
+            parts.append(fold)
+        super().__init__(parts)
 
     def update(self, step: int) -> None:
         """Show `step`: the slider calls this; so can a test or a notebook cell."""
         update_step(self.figure, self.trace, step)
         if self.strip is not None:
             move_current(self.strip, step)
+        if self.mask is not None:
+            update_figure(self.mask, mask_dict(self.trace, step))
         self.detail.value = detail_html(self.trace, step)
         self.label.value = step_title(self.trace, step)
         self.step = step

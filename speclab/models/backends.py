@@ -38,15 +38,16 @@ def _check(backend: str):
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
 
 
-def resolve(model, backend: str = "auto") -> str:
-    """The concrete backend `backend` means for this model on its device."""
+def resolve(model, backend: str = "auto", positions: int | None = None) -> str:
+    """The concrete backend `backend` means for this model on its device. positions: how far the
+    request reaches, where known (a sliding-window model runs lean only inside its window)."""
     _check(backend)
     if backend == "auto":
-        if not supports(model):
+        if not supports(model, positions):
             return "hf"
         return "static" if next(model.parameters()).device.type == "cuda" else "fast"
-    if backend != "hf" and not supports(model):
-        raise ValueError(f"backend {backend!r}: {why_not(model)}; use backend='hf'")
+    if backend != "hf" and not supports(model, positions):
+        raise ValueError(f"backend {backend!r}: {why_not(model, positions)}; use backend='hf'")
     return backend
 
 
@@ -54,7 +55,7 @@ def make_lm(model, name: str = "", backend: str = "auto", max_len: int | None = 
     """The forward for one sequence of `model` on `backend` (see the module's docstring).
     max_len: the cache slots the request needs (prompt + new tokens + widest draft), where known;
     the static runner sizes its cache (and so its attention) by it."""
-    backend = resolve(model, backend)
+    backend = resolve(model, backend, max_len)
     if backend == "hf":
         return CausalLM(model, name)
     if backend in GRAPHS:

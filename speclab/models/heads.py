@@ -31,10 +31,12 @@ from speclab.models.adapter import SubsetHead, build_draft
 
 def head_config(base_cfg, kind: str, n_heads: int = 4, layers=None):
     """A one-layer Llama config with the base's dimensions (eagle, + eagle_layers if it reads
-    several target layers), or the same + medusa_heads."""
+    several target layers), or the same + medusa_heads. A Llama whatever the base's family (its
+    model_type is not carried over: a Qwen2 base's head has no attention biases)."""
     from transformers import LlamaConfig
     cfg = LlamaConfig(**{k: v for k, v in base_cfg.to_dict().items()
-                         if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version")})
+                         if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version",
+                                      "model_type")})
     cfg.num_hidden_layers = 1
     cfg.tie_word_embeddings = False
     if kind == "medusa":

@@ -32,21 +32,68 @@ class Arch:
         """The names of the deltas this config sets."""
         return {f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (False, None)}
 
+    @property
+    def native(self) -> bool:
+        """Whether speclab's bf16 kernel (models.kernels) can run the layers: its layer call knows
+        plain Llama (no biases, no q/k norms). A window changes nothing while requests fit it."""
+        return not self.flags() - {"sliding_window"}
+
 
 def _llama(cfg) -> Arch:
     bias = bool(getattr(cfg, "attention_bias", False))
     return Arch(qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(cfg, "mlp_bias", False)))
 
 
+def _window(cfg) -> int | None:
+    """Qwen's sliding window where any layer slides (with use_sliding_window, the layers from
+    max_window_layers on: layer_types says which); None where every layer attends to all."""
+    w = getattr(cfg, "sliding_window", None)
+    return w if w and "sliding_attention" in (getattr(cfg, "layer_types", None) or ()) else None
+
+
+def _qwen2(cfg) -> Arch:
+    # q, k and v always carry biases in Qwen2 / Qwen2.5 (no config switch); o and the MLP never do
+    return Arch(qkv_bias=True, sliding_window=_window(cfg))
+
+
+def _qwen3(cfg) -> Arch:
+    bias = bool(getattr(cfg, "attention_bias", False))
+    return Arch(qkv_bias=bias, o_bias=bias, qk_norm=True, sliding_window=_window(cfg))
+
+
+def _mistral(cfg) -> Arch:
+    # every layer slides over the same window (Mistral 7B v0.1: 4,096); None from v0.2 on
+    return Arch(sliding_window=getattr(cfg, "sliding_window", None))
+
+
 # model_type -> the reader of its deltas
-READERS: dict[str, Callable[[object], Arch]] = {"llama": _llama}
+READERS: dict[str, Callable[[object], Arch]] = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3,
+                                                "mistral": _mistral}
 
-# the deltas lean.forward computes; a model asking for any other runs through transformers
-IMPLEMENTED: frozenset[str] = frozenset()
+# the deltas lean.forward computes; a model asking for any other runs through transformers. The
+# sliding window is computed by not needing it: a request that reaches no further than the window
+# sees every earlier position either way, and one that would reach further runs on transformers
+# (why_not with the request's positions; the forward refuses a step past the window)
+IMPLEMENTED: frozenset[str] = frozenset({"qkv_bias", "o_bias", "mlp_bias", "qk_norm", "sliding_window"})
 
 
-def why_not(model) -> str | None:
-    """None if the lean forward runs `model`, else what it lacks (one line)."""
+def why_not(model, positions: int | None = None) -> str | None:
+    """None if the lean forward runs `model` for a request reaching `positions` (default: the
+    model's max_position_embeddings), else what it lacks (one line)."""
+    reason = _lacks(model)
+    if reason is not None:
+        return reason
+    cfg = model.config
+    window = READERS[cfg.model_type](cfg).sliding_window
+    reach = positions or getattr(cfg, "max_position_embeddings", None)
+    if window is not None and (reach is None or reach > window):
+        return (f"the request may reach {reach} positions, past {cfg.model_type}'s sliding window of {window} "
+                f"(the lean forward attends to every earlier position)")
+    return None
+
+
+def _lacks(model) -> str | None:
+    """What the lean forward lacks to run `model` at all (a sliding window aside)."""
     cfg = model.config
     reader = READERS.get(cfg.model_type)
     if reader is None:
@@ -62,13 +109,14 @@ def why_not(model) -> str | None:
     return None
 
 
-def supports(model) -> bool:
-    return why_not(model) is None
+def supports(model, positions: int | None = None) -> bool:
+    return why_not(model, positions) is None
 
 
 def arch_of(model) -> Arch:
-    """The deltas `model` asks for; ValueError (saying why) if the lean forward cannot run it."""
-    reason = why_not(model)
+    """The deltas `model` asks for; ValueError (saying why) if the lean forward cannot run it. A
+    sliding window is checked by each forward (LeanLM._check_window), against where it reaches."""
+    reason = _lacks(model)
     if reason is not None:
         raise ValueError(f"{reason}: use backend='hf'")
     return READERS[model.config.model_type](model.config)

@@ -48,7 +48,10 @@ class LeanLM:
         # layout there (LM head of SmolLM2: 3.0 ms at 1 row, 3.9 ms at 16) and row for row the same
         # result whatever the number of rows, so no second copy. bf16 on a CPU with AVX512-BF16:
         # speclab's own kernel over a packed copy (speclab.models.kernels; 2-4x faster at 1-16 rows).
-        if kernels.available(self.device, self.dtype):
+        # The kernel's layer call computes plain Llama layers: a model with biases or q / k norms
+        # (Qwen2, Qwen3) runs its layers as torch ops in bf16 too, F.linear adding each bias
+        # inside the product as transformers' nn.Linear does (lean.archs.Arch.native)
+        if kernels.available(self.device, self.dtype) and self.arch.native:
             self.layout = "packed"
         else:
             self.layout = "out_in" if self.dtype != torch.float32 else ("dual" if self.device.type == "cpu" else "in_out")
@@ -91,6 +94,18 @@ class LeanLM:
         x32 = x.float()
         return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
+    def qk_heads(self, qkv: torch.Tensor, w: dict) -> torch.Tensor:
+        """The q and k heads (T, Hq + Hkv, D) of a layer's fused projection qkv (T, (Hq + 2 Hkv) D),
+        each RMS-normed over its D where the layer has q / k norms (Qwen3, as its q_norm / k_norm
+        compute it), ready for RoPE."""
+        Hq, Hkv, D = self.Hq, self.Hkv, self.D
+        qk = qkv[:, : (Hq + Hkv) * D].view(qkv.shape[0], Hq + Hkv, D)
+        if "q_norm" not in w:
+            return qk
+        norm = torch.cat([w["q_norm"].expand(Hq, D), w["k_norm"].expand(Hkv, D)])    # (Hq + Hkv, D)
+        x32 = qk.float()
+        return norm * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(qk.dtype)
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor | None, parents: list[int] | None = None, n_prefix: int = 0,
                 logits_to_keep: int = 0, n_layers: int | None = None,
@@ -103,6 +118,7 @@ class LeanLM:
         T, past = (ids if embeds is None else embeds).shape[0], self.n
         if past + T > self.max_len:
             raise ValueError(f"sequence of {past + T} tokens exceeds the context window of {self.max_len}")
+        self._check_window(past + T)
         mask, vis = None, None
         if parents is not None and not is_chain(parents):
             depth, vis = tree_depths_and_visibility(parents, n_prefix, past)
@@ -122,8 +138,18 @@ class LeanLM:
         T, past = ids.shape[0], self.n
         if past + T > self.max_len:
             raise ValueError(f"{past + T} cache slots exceed the cache of {self.max_len}")
+        if self.arch.sliding_window is not None and T:
+            self._check_window(int(pos.max()) + 1)
         vis = vis.to(self.device)
         return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, 0 if score is None else score, None)
+
+    def _check_window(self, reach: int):
+        """A sliding window (Mistral) changes nothing while every position is inside it; past it
+        this forward, which attends to every earlier position, would differ."""
+        w = self.arch.sliding_window
+        if w is not None and reach > w:
+            raise ValueError(f"position {reach} is past {self.config.model_type}'s sliding window of {w}, which the "
+                             f"lean forward does not apply: use backend='hf' for requests longer than the window")
 
     def _run(self, ids, embeds, pos, past: int, n_prefix: int, mask, vis, logits_to_keep, n_layers,
              subset: bool = False) -> torch.Tensor:
@@ -178,7 +204,7 @@ class LeanLM:
         for i, w in enumerate(use):
             h = self.rms(x, w["ln1"])
             qkv = mm(h, w, "wqkv")                                      # (T, (Hq + 2 Hkv) D)
-            qk = _rope(qkv[:, : (Hq + Hkv) * D].view(T, Hq + Hkv, D), cos, sin).transpose(0, 1)
+            qk = _rope(self.qk_heads(qkv, w), cos, sin).transpose(0, 1)
             q, k = qk[:Hq], qk[Hq:]                                           # (Hq, T, D), (Hkv, T, D)
             v = qkv[:, (Hq + Hkv) * D:]
             self.kv[i, 0, :, past:past + T] = k

@@ -30,7 +30,7 @@ def pack_model(model, layout: str, exact: bool = False):
         layers = [fuse(layout, wqkv=(l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight),
                            wo=(l.self_attn.o_proj.weight,), w13=(l.mlp.gate_proj.weight, l.mlp.up_proj.weight),
                            w2=(l.mlp.down_proj.weight,))
-                  | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight)
+                  | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight) | deltas(l)
                   for l in model.model.layers]
         head = fuse(layout, head=(model.lm_head.weight,))
         if exact and layout != "packed":        # the packed kernel is row-count invariant already
@@ -38,6 +38,24 @@ def pack_model(model, layout: str, exact: bool = False):
                 split_inner(w)
     model._speclab_packed[(layout, exact)] = (key, (layers, head))
     return layers, head
+
+
+def deltas(layer) -> dict:
+    """What a layer has beyond Llama's weights (lean.archs): the projections' biases, fused as
+    their matrices are (name + "_b", added by mm), and Qwen3's per-head q / k norm weights."""
+    a, m = layer.self_attn, layer.mlp
+    out = {}
+    if a.q_proj.bias is not None:
+        out["wqkv_b"] = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+    if a.o_proj.bias is not None:
+        out["wo_b"] = a.o_proj.bias
+    if m.gate_proj.bias is not None:
+        out["w13_b"] = torch.cat([m.gate_proj.bias, m.up_proj.bias])
+    if m.down_proj.bias is not None:
+        out["w2_b"] = m.down_proj.bias
+    if getattr(a, "q_norm", None) is not None:
+        out["q_norm"], out["k_norm"] = a.q_norm.weight, a.k_norm.weight
+    return out
 
 
 def packed_matrices(model) -> list[torch.Tensor]:
@@ -94,9 +112,11 @@ def fuse(layout: str, **groups) -> dict:
 
 
 def mm(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
-    """x (T, in) times the weight `name` -> (T, out), on the layout measured fastest for T rows."""
+    """x (T, in) times the weight `name` -> (T, out), on the layout measured fastest for T rows;
+    plus its bias name + "_b" where the model has one (added as nn.Linear adds it, in the product)."""
+    b = w.get(name + "_b")
     packed = w.get(name + "_k")
-    if packed is not None:
+    if packed is not None:                    # plain Llama only (lean.archs.Arch.native): no bias
         return packed(x)
     parts = w.get(name + "_parts")
     if parts is not None:                     # exact mode: row-count-invariant pieces, fp32 sum
@@ -104,8 +124,8 @@ def mm(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
         y = F.linear(x[:, :n], parts[0]).float()
         for i, p in enumerate(parts[1:], 1):
             y += F.linear(x[:, i * n:(i + 1) * n], p).float()
-        return y.to(x.dtype)
+        return (y if b is None else y + b.float()).to(x.dtype)
     t = w.get(name + "_t")
     if t is None or (2 <= x.shape[0] <= 3 and name in w):
-        return F.linear(x, w[name])
-    return x @ t
+        return F.linear(x, w[name], b)
+    return x @ t if b is None else torch.addmm(b, x, t)

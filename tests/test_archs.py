@@ -1,0 +1,181 @@
+"""The hub architectures on the lean forward: Qwen2 / Qwen2.5 (biases on q, k, v), Qwen3 (an RMSNorm
+on each head of q and k) and Mistral (a sliding window), each a transformers model built from a
+tiny config with random weights (biases and norm weights drawn too: transformers starts them at 0
+and 1, where a forward that skipped them would still agree). The lean forward must give transformers'
+own logits to fp32 rounding in every step a decode takes (prefill, one-row decode, chain verify,
+tree verify, rollback, a kept tree path), and every speculative method must decode exactly what
+`ar` decodes. Drafts share the target's vocabulary: a one-layer model of the same family, the
+target itself (every draft accepted), and EAGLE / Medusa heads with random weights."""
+import pytest
+import torch
+from transformers import (MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
+
+import speclab
+from speclab.decoding.registry import get_method, methods
+from speclab.models.backends import make_lm
+from speclab.models.hf import CausalLM
+from speclab.models.lean.archs import supports, why_not
+from speclab.models.lean.forward import LeanLM
+
+TOL = 1e-4          # fp32 logits of the lean forward against transformers' (the Llama tests' bound)
+NEW = 16
+
+FAMILIES = {
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen2-tied": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True)),     # Qwen2.5-0.5B's head
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32)),                         # head_dim != C / H
+    "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),           # Mistral v0.2+
+}
+
+
+def build(family: str, tok, seed: int, layers: int = 2, **extra):
+    """A random model of `family` on the zoo tokenizer's vocabulary, every parameter drawn."""
+    cfg_cls, model_cls, kw = FAMILIES[family]
+    torch.manual_seed(seed)
+    cfg = cfg_cls(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  initializer_range=0.3, **(kw | extra))
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
+            elif "norm" in name:                    # RMSNorm weights, q_norm / k_norm included
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tok(target):
+    return target[1]
+
+
+@pytest.fixture(scope="module")
+def models(tok):
+    """family -> (target, draft): the draft a one-layer model of the same family and vocabulary."""
+    return {f: (build(f, tok, 0), build(f, tok, 1, layers=1)) for f in FAMILIES}
+
+
+def test_the_deltas_are_there_to_get_wrong(models):
+    """The drawn parameters make each delta matter: without it the logits would differ."""
+    q2, q3 = models["qwen2"][0], models["qwen3"][0]
+    assert q2.model.layers[0].self_attn.q_proj.bias.abs().max() > 0.1
+    assert (q3.model.layers[0].self_attn.q_norm.weight - 1).abs().max() > 0.1
+    assert q3.config.head_dim * q3.config.num_attention_heads != q3.config.hidden_size
+    assert models["qwen2-tied"][0].lm_head.weight is models["qwen2-tied"][0].model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_lean_forward_runs_the_architecture(family, models):
+    model = models[family][0]
+    assert why_not(model) is None and supports(model)
+    assert isinstance(make_lm(model, "target"), LeanLM)          # auto picks it
+
+
+def _steps(lm, ref):
+    """The same decode steps on both forwards; yields (step, lean logits, transformers logits)."""
+    prompt = torch.tensor([5, 9, 11, 3, 40, 41, 7, 300])
+    yield "prefill", lm.forward(prompt), ref.forward(prompt)
+    yield "decode", lm.forward(torch.tensor([12])), ref.forward(torch.tensor([12]))
+    chain = torch.tensor([13, 20, 21, 22])                      # 1 pending + 3 drafted: a chain verify
+    yield "chain verify", lm.forward(chain, n_prefix=1), ref.forward(chain, n_prefix=1)
+    lm.keep(11); ref.keep(11)                                   # rollback: 2 of the 3 accepted
+    nxt = torch.tensor([30])
+    yield "after rollback", lm.forward(nxt), ref.forward(nxt)
+    parents, tree = [-1, -1, 0, 0, 1, 4], torch.tensor([31, 50, 51, 52, 53, 54, 55])
+    yield ("tree verify", lm.forward(tree, parents=parents, n_prefix=1),
+           ref.forward(tree, parents=parents, n_prefix=1))
+    lm.keep_positions(13, [1, 4, 5]); ref.keep_positions(13, [1, 4, 5])   # the path 51 -> 54 -> 55
+    nxt = torch.tensor([60, 61])
+    yield "after a tree path", lm.forward(nxt), ref.forward(nxt)
+
+
+@pytest.mark.parametrize("backend", ["fast", "static-eager"])     # the eager forward and the static runner
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lean_logits_equal_transformers_in_every_step(family, backend, models):
+    model = models[family][0]
+    lm, ref = make_lm(model, "target", backend, max_len=64), CausalLM(model, "target")
+    assert isinstance(lm, LeanLM)
+    worst = 0.0
+    for step, a, b in _steps(lm, ref):
+        assert a.shape == b.shape, step
+        diff = (a - b).abs().max().item()
+        worst = max(worst, diff)
+        assert diff < TOL, f"{family} {step}: max |lean - transformers| = {diff:.2e}"
+    # the cache the steps left: prompt, 12, 13 20 (kept), 30, 31 51 54 55, 60 61, as one plain forward
+    seq = torch.tensor([[5, 9, 11, 3, 40, 41, 7, 300, 12, 13, 20, 30, 31, 51, 54, 55, 60, 61]])
+    with torch.no_grad():
+        full = model(seq).logits[0, -2:]
+    assert (a - full).abs().max().item() < TOL
+    print(f"\n{family} ({backend}): fp32 max |lean - transformers| over every step = {worst:.2e}")
+
+
+def _spec_methods() -> list[str]:
+    return [m["name"] for m in methods() if get_method(m["name"]).engine == "speculative" and m["lossless"]
+            and m["name"] != "ar"]
+
+
+def _draft(method: str, family: str, models, which: str):
+    """The draft a method takes: the family's small model or the target itself, or random heads."""
+    from speclab.models.heads import build_eagle, build_medusa, head_config
+    target, small = models[family]
+    kind = get_method(method).draft.kind if get_method(method).needs_draft else None
+    if kind is None:
+        return None
+    if kind == "draft":
+        return small if which == "small" else target
+    torch.manual_seed(2)
+    ids = torch.arange(target.config.vocab_size)
+    head = (build_eagle if kind == "eagle" else build_medusa)(target, head_config(target.config, kind, n_heads=3), ids)
+    with torch.no_grad():
+        for p in head.parameters():
+            if p.requires_grad:
+                p.normal_(0.0, 0.3)
+    if kind == "eagle":                 # its one layer is a Llama: the lean forward runs it
+        head.eval()
+    return head
+
+
+CASES = [(m, "small") for m in _spec_methods()] + [("draft-model", "self"), ("tree-dynamic", "self")]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
+def test_every_method_decodes_what_ar_decodes(family, models, tok):
+    """fp32, greedy: every lossless speculative method of the registry against ar, on the lean
+    forward (the target as its own draft accepts every token: the acceptance path runs too)."""
+    target = (models[family][0], tok)
+    prompt = [7, 8, 9, 7, 8, 9, 7, 8, 40, 41, 7, 8]        # repeats: the lookup methods find matches
+    want = speclab.generate(target, prompt, "ar", max_new_tokens=NEW, record=None).ids
+    assert len(want) == NEW
+    for method, which in CASES:
+        dft = _draft(method, family, models, which)
+        params = dict(exit_layer=1) if method == "layer-skip" else {}
+        r = speclab.generate(target, prompt, method, draft=(dft, tok) if dft is not None else None,
+                             max_new_tokens=NEW, record=None, **params)
+        assert r.ids == want, f"{family} {method} ({which} draft) differs from ar"
+        if which == "self":
+            assert r.trace.totals.tau > 2, f"{family} {method}: the target as its own draft was rejected"
+
+
+def test_a_sliding_window_runs_lean_within_it_and_on_transformers_past_it(tok):
+    """Mistral 7B v0.1 slides a window over the keys; a request that stays inside it sees every
+    earlier position either way, so the lean forward runs it; a longer one runs on transformers."""
+    model = build("mistral", tok, 3, sliding_window=100)
+    assert "sliding window of 100" in why_not(model)                     # 256 positions by default
+    assert isinstance(make_lm(model, max_len=90), LeanLM)
+    assert isinstance(make_lm(model, max_len=110), CausalLM)
+    with pytest.raises(ValueError, match="sliding window of 100"):
+        make_lm(model, backend="fast", max_len=110)
+    lm, ref = LeanLM(model), CausalLM(model)
+    prompt = torch.arange(3, 99)
+    assert (lm.forward(prompt) - ref.forward(prompt)).abs().max() < TOL
+    with pytest.raises(ValueError, match="past mistral's sliding window of 100"):
+        lm.forward(torch.arange(5))                                      # 101 positions
+    # through the API (the factory told the request's reach, or else the model's whole context):
+    # 8 + 6 inside the window, 8 + 40 past it; both decode what transformers' ar decodes
+    ids = [7, 8, 9, 7, 8, 9, 7, 8]
+    for new in (6, 40):
+        want = speclab.generate((model, tok), ids, "ar", max_new_tokens=new, record=None, backend="hf").ids
+        for method in ("ar", "prompt-lookup"):
+            assert speclab.generate((model, tok), ids, method, max_new_tokens=new, record=None).ids == want

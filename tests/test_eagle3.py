@@ -330,3 +330,19 @@ def test_a_few_training_steps_lower_the_loss(tiny):
         opt.step()
         losses.append(float(loss.detach()))
     assert losses[-1] < losses[0] and set(st) == {"acc1", "acc2", "acc3", "n1", "n2", "n3"}
+
+
+def test_packed_layers_compute_the_same_draft(tiny):
+    """Where speclab's bf16 CPU kernel runs, the drafter's packed linear layers give the draft's own
+    outputs (to bf16 rounding)."""
+    model = tiny[0]
+    d = make_draft(model).to(torch.bfloat16)
+    fast = d.packed()
+    if fast is None:
+        pytest.skip("speclab's bf16 kernel does not run on this machine")
+    g = torch.randn(6, 3 * 64, dtype=torch.bfloat16)
+    tok, embed = torch.arange(200, 206), model.get_input_embeddings().weight.to(torch.bfloat16)
+    outs = [d(tok, d.fuse(g, f), E.Cache(), embed=embed, fast=f) for f in (None, fast)]
+    for a, b in zip(outs[0], outs[1]):
+        assert torch.allclose(a.float(), b.float(), atol=0.05, rtol=0.05)
+    assert torch.allclose(d.logits(outs[0][0]).float(), d.logits(outs[0][0], fast).float(), atol=0.05, rtol=0.05)

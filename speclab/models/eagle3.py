@@ -57,6 +57,14 @@ def default_aux_layers(n_layers: int) -> tuple[int, int, int]:
     return (2, n_layers // 2, n_layers - 3)
 
 
+def lin(mod: nn.Linear, x: torch.Tensor, fast: dict | None, name: str) -> torch.Tensor:
+    """mod(x), or its packed copy fast[name] (speclab's bf16 kernel, rows (T, K)) where there is one."""
+    f = fast.get(name) if fast else None
+    if f is None:
+        return mod(x)
+    return f(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+
+
 class RMSNorm(nn.Module):
     """Llama's RMSNorm (statistics in fp32, weight applied in the input's dtype)."""
 
@@ -93,8 +101,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(C, I, bias=bias)
         self.down_proj = nn.Linear(I, C, bias=bias)
 
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x, fast=None):
+        g, u = lin(self.gate_proj, x, fast, "gate"), lin(self.up_proj, x, fast, "up")
+        return lin(self.down_proj, F.silu(g) * u, fast, "down")
 
 
 class Layer(nn.Module):
@@ -159,12 +168,14 @@ class Eagle3Draft(nn.Module):
 
     # -- forward over a KV cache the caller owns ------------------------------------------------
     def forward(self, tokens: torch.Tensor, g: torch.Tensor, cache: "Cache", parents: list[int] | None = None,
-                embed: torch.Tensor | None = None, keep_new: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                embed: torch.Tensor | None = None, keep_new: bool = True,
+                fast: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run T entries after `cache`: tokens (T,) target ids, g (T, C) (a fused feature or a
         previous step's pre-norm output). Without parents the entries are a causal sequence at
         positions length..length+T-1; with parents (index of each entry's parent among these T, -1 =
         the last cached entry) a tree: each entry sees the cache and its ancestors, at
         length + depth - 1. embed: the target's token embedding (V, C) when the draft ships none.
+        fast: packed copies of the linear layers (packed()).
         Returns (normed (T, C) for the head, pre-norm (T, C) to feed back); keep_new=False leaves the
         cache as it was."""
         T, S = len(tokens), cache.length
@@ -182,12 +193,13 @@ class Eagle3Draft(nn.Module):
             pos, vis = torch.tensor(depth, device=dev) + S - 1, vis.to(dev)
         mask = torch.cat([torch.ones(T, S, dtype=torch.bool, device=dev), vis], 1)
         normed, pre, k, v = self.block(self.embed(tokens, embed)[None], g[None], pos[None], mask,
-                                       None if cache.k is None else (cache.k, cache.v))
+                                       None if cache.k is None else (cache.k, cache.v), fast)
         if keep_new:
             cache.k, cache.v = k, v
         return normed[0], pre[0]
 
-    def block(self, e: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, past=None):
+    def block(self, e: torch.Tensor, g: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, past=None,
+              fast: dict | None = None):
         """The layer on a batch: token embeddings e (B, T, C), features g (B, T, C), positions (B, T),
         mask (T, S + T) bool (True = visible) over past keys then these; past: (K, V) each
         (B, nkv, S, hd). Returns normed (B, T, C), pre-norm (B, T, C) and the keys / values with
@@ -199,9 +211,9 @@ class Eagle3Draft(nn.Module):
         gn = lay.hidden_norm(g.to(e.dtype))
         resid = gn if self.config.norm_before_residual else g.to(e.dtype)
         a = torch.cat([e, gn], -1)                                             # (B, T, 2C)
-        q = at.q_proj(a).view(B, T, at.nh, at.hd).transpose(1, 2)              # (B, nh, T, hd)
-        k = at.k_proj(a).view(B, T, at.nkv, at.hd).transpose(1, 2)
-        v = at.v_proj(a).view(B, T, at.nkv, at.hd).transpose(1, 2)
+        q = lin(at.q_proj, a, fast, "q").view(B, T, at.nh, at.hd).transpose(1, 2)      # (B, nh, T, hd)
+        k = lin(at.k_proj, a, fast, "k").view(B, T, at.nkv, at.hd).transpose(1, 2)
+        v = lin(at.v_proj, a, fast, "v").view(B, T, at.nkv, at.hd).transpose(1, 2)
         if self.rotary.inv_freq.device != e.device:
             self.rotary.to(e.device)
         cos, sin = self.rotary(v, pos)
@@ -211,17 +223,30 @@ class Eagle3Draft(nn.Module):
         rep = at.nh // at.nkv
         o = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
                                            attn_mask=mask[None, None])
-        h = resid + at.o_proj(o.transpose(1, 2).reshape(B, T, at.nh * at.hd))
-        h = h + lay.mlp(lay.post_attention_layernorm(h))
+        h = resid + lin(at.o_proj, o.transpose(1, 2).reshape(B, T, at.nh * at.hd), fast, "o")
+        h = h + lay.mlp(lay.post_attention_layernorm(h), fast)
         return self.norm(h), h, k, v
 
-    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+    def fuse(self, aux: torch.Tensor, fast: dict | None = None) -> torch.Tensor:
         """(T, 3 Ct) the target's states at the aux layers, concatenated in layer order -> g (T, C)."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        return lin(self.fc, aux.to(self.fc.weight.dtype), fast, "fc")
 
-    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+    def logits(self, normed: torch.Tensor, fast: dict | None = None) -> torch.Tensor:
         """(T, C) -> (T, N) over the draft vocabulary (draft id i = target id draft_ids[i])."""
-        return self.lm_head(normed)
+        return lin(self.lm_head, normed, fast, "lm_head")
+
+    def packed(self) -> dict | None:
+        """The linear layers in speclab's bf16 CPU kernel where it runs (F.linear reads bf16 weights
+        several times slower there), for a drafter to pass as `fast`; None elsewhere."""
+        from speclab.models import kernels
+        w = self.fc.weight
+        if not kernels.available(w.device, w.dtype):
+            return None
+        at, mlp = self.layers[0].self_attn, self.layers[0].mlp
+        mods = {"fc": self.fc, "q": at.q_proj, "k": at.k_proj, "v": at.v_proj, "o": at.o_proj,
+                "gate": mlp.gate_proj, "up": mlp.up_proj, "down": mlp.down_proj, "lm_head": self.lm_head}
+        return {n: kernels.Packed(m.weight.detach(), None if m.bias is None else m.bias.detach())
+                for n, m in mods.items()}
 
     def aux_layers(self, n_layers: int) -> tuple[int, ...]:
         ids = self.config.eagle_aux_hidden_state_layer_ids

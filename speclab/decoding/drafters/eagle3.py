@@ -39,6 +39,7 @@ class Eagle3ChainDrafter(FeatureReader, ChainDrafter):
                              f"{type(draft).__name__}")
         self.layers = tuple(sorted(check_target(draft, target_model, verifier)))   # vLLM concatenates in layer order
         self.draft = draft
+        self.fast = draft.packed()                      # its linear layers in speclab's kernel where it runs
         self.embed_w = None if draft.embed_tokens is not None else target_model.get_input_embeddings().weight
         self.ids = draft.draft_ids                      # (N,) draft id -> target id
         self.drafts_from(self.ids, target_model.config.vocab_size)
@@ -53,11 +54,12 @@ class Eagle3ChainDrafter(FeatureReader, ChainDrafter):
     @torch.no_grad()
     def prepare(self, xs: list[torch.Tensor]) -> torch.Tensor:
         """The committed rows' states at the aux layers -> the fused features g (rows, C)."""
-        return self.draft.fuse(torch.cat(xs, -1))
+        return self.draft.fuse(torch.cat(xs, -1), self.fast)
 
     def step(self, tokens, g, parents=None, keep_new=True):
         self.forwards += 1
-        return self.draft(tokens, g, self.cache, parents=parents, embed=self.embed_w, keep_new=keep_new)
+        return self.draft(tokens, g, self.cache, parents=parents, embed=self.embed_w, keep_new=keep_new,
+                          fast=self.fast)
 
     def widen(self, logits: torch.Tensor) -> torch.Tensor:
         """(..., N) over the draft vocabulary -> (..., V) over the target's, -inf elsewhere."""
@@ -74,7 +76,7 @@ class Eagle3ChainDrafter(FeatureReader, ChainDrafter):
         nxt = torch.tensor(ctx.ids[self.fed + 1:n], device=self.feats.device)
         normed, pre = self.step(nxt, self.feats)
         self.fed, self.feats = n - 1, None
-        return self.draft.logits(normed[-1:])[0], pre[-1:]
+        return self.draft.logits(normed[-1:], self.fast)[0], pre[-1:]
 
     def name_source(self, tree: DraftTree) -> DraftTree:
         if not self.named and len(tree):
@@ -95,7 +97,7 @@ class Eagle3ChainDrafter(FeatureReader, ChainDrafter):
                 logits, state["h"] = self.feed(ctx)
             else:
                 normed, state["h"] = self.step(inp, state["h"])
-                logits = self.draft.logits(normed)[-1]
+                logits = self.draft.logits(normed, self.fast)[-1]
             return logits if subset else self.widen(logits)
         tokens, q_tok, dists = self.run_chain(step, None, self.ids if subset else None)
         self.cache.keep(self.fed)               # drop the draft's speculative entries
@@ -136,7 +138,7 @@ class Eagle3Drafter(Eagle3ChainDrafter):
             toks = torch.tensor(tree.tokens, device=g.device)
             normed, pre = self.step(toks, g, parents=tree.parents, keep_new=False)  # tree entries never kept
             out_of.update((i, pre[i:i + 1]) for i in range(len(tree)))
-            return torch.cat([root_q[0], self.draft.logits(normed).float().softmax(-1)])
+            return torch.cat([root_q[0], self.draft.logits(normed, self.fast).float().softmax(-1)])
         tree = grow_dynamic(self.budget, self.width, self.depth, q_at, label=lambda d: self.label(t, d - 1),
                             ids=self.ids, threshold=self.tree_threshold)
         return self.name_source(tree)

@@ -179,3 +179,23 @@ def test_a_sliding_window_runs_lean_within_it_and_on_transformers_past_it(tok):
         want = speclab.generate((model, tok), ids, "ar", max_new_tokens=new, record=None, backend="hf").ids
         for method in ("ar", "prompt-lookup"):
             assert speclab.generate((model, tok), ids, method, max_new_tokens=new, record=None).ids == want
+
+
+def test_a_saved_qwen2_checkpoint_runs_lean_from_the_cli(tok, tmp_path, capsys):
+    """`speclab run --target DIR` on a Qwen2 checkpoint saved by transformers (safetensors) runs the
+    lean forward, and the trace says which forward ran the target."""
+    import json
+
+    from speclab.cli import main
+    from speclab.trace import Trace
+    model = build("qwen2", tok, 4)
+    model.save_pretrained(tmp_path / "qwen2")
+    tok.save_pretrained(tmp_path / "qwen2")
+    assert (tmp_path / "qwen2" / "model.safetensors").exists()
+    code = main(["run", "--target", str(tmp_path / "qwen2"), "--prompt", "def add(a, b):", "--method", "prompt-lookup",
+                 "--max-new-tokens", "8", "--dtype", "fp32", "--check", "--json", "--trace", str(tmp_path / "t.json")])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and out["identical"] and len(out["ids"]) == 8
+    info = Trace.load(tmp_path / "t.json").models["target"]
+    assert info.backend == "LeanLM" and info.dtype == "float32" and info.device == "cpu"
+    assert "LeanLM" in info.runs_on()

@@ -32,7 +32,7 @@ def status_html(trace: Trace) -> str:
     """One line about the run, built from the trace alone (so it shows what really ran)."""
     t = trace.totals
     alpha = "-" if t.alpha is None else f"{t.alpha:.2f}"
-    models = ", ".join(f"{role} {m.name}" for role, m in trace.models.items())
+    models = ", ".join(f"{role} {m.name} ({m.runs_on()})" for role, m in trace.models.items())
     if trace.engine == "diffusion":     # no draft: one model checks its own parallel proposals
         stats = f"{t.new_tokens} new tokens in {t.target_forwards} forwards ({t.tau:.2f} tokens per forward)"
     elif trace.engine == "dag":         # no draft, no rounds: one forward, then a path through the DAG

@@ -65,7 +65,8 @@ def stats_table(trace: Trace) -> str:
     prompt = "".join(trace.text_of(i) for i in trace.prompt_ids)
     output = "".join(trace.text_of(i) for i in trace.output_ids)
     rows = [("prompt", f"<code>{html.escape(prompt)}</code>"), ("output", f"<code>{html.escape(output)}</code>"),
-            ("models", ", ".join(f"{role}: {html.escape(m.name)} ({m.params:,} params)" for role, m in trace.models.items())),
+            ("models", ", ".join(f"{role}: {html.escape(m.name)} ({m.params:,} params; {html.escape(m.runs_on())})"
+                                 for role, m in trace.models.items())),
             ("params", html.escape(json.dumps(trace.params))),
             ("totals", f"{t.new_tokens} new tokens, {t.target_forwards} target forwards, "
                        + ("tokens per forward" if trace.engine == "diffusion" else "tau") + f" {t.tau:.2f}, "

@@ -47,6 +47,11 @@ class ModelInfo:
     backend: str | None = None      # the forward that ran it (LeanLM, StaticLM, CausalLM, ...); None: not recorded
     graphs: bool | None = None      # its forwards replayed captured CUDA graphs
 
+    def runs_on(self) -> str:
+        """Where and how it ran, for a view: "bfloat16 on cuda, StaticLM, CUDA graphs"."""
+        return ", ".join([f"{self.dtype} on {self.device}"] + ([self.backend] if self.backend else [])
+                         + (["CUDA graphs"] if self.graphs else []))
+
 
 @dataclass
 class Sampling:

@@ -152,6 +152,9 @@ def test_trace_records_each_roles_forward_and_graphs(target, draft, heldout_prom
     info = r.trace.models
     assert (info["target"].backend, info["target"].graphs) == ("StaticLM", False)
     assert info["draft"].backend == "StaticLM" and info["target"].device == "cpu"
+    assert info["target"].runs_on() == "float32 on cpu, StaticLM"                 # what the views print
+    from speclab.export import stats_table
+    assert "float32 on cpu, StaticLM" in stats_table(r.trace)
     back = Trace.load(r.trace.save(tmp_path / "t.json"))
     assert back.models["target"].backend == "StaticLM" and back.models["target"].graphs is False
     d = r.trace.to_dict()                                # a trace written before these fields existed

@@ -21,6 +21,7 @@ from speclab.figures import move_current, n_steps, run_strip, step_dict, step_la
 from speclab.figures.compose import update_figure
 from speclab.figures.detail import detail_html
 from speclab.figures.mask import mask_dict
+from speclab.figures.offline import keep_figures, offline_html
 from speclab.trace import Trace
 
 WIDTH = 960         # px: a JupyterLab output area at its default width
@@ -76,6 +77,16 @@ class Player(widgets.VBox):
             fold.set_title(0, "attention mask of this step")
             parts.append(fold)
         super().__init__(parts)
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The widget for Jupyter, and for nbconvert and notebook viewers (no widget runs there) a
+        self-contained copy of the step figure, the detail and the strip at the current step."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        figs = [self.figure] + ([self.strip] if self.strip is not None else [])
+        note = (f"{self.label.value}: a still of the player (run the notebook in Jupyter to step through "
+                f"the {n_steps(self.trace)} steps)")
+        bundle["text/html"] = offline_html(*figs[:1], note=note) + self.detail.value + offline_html(*figs[1:])
+        return bundle
 
     def update(self, step: int) -> None:
         """Show `step`: the slider calls this; so can a test or a notebook cell."""

@@ -241,12 +241,12 @@ def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], max_new_to
 def trace_of(tok, method: str, params: dict, models: dict, sampler: Sampler, seed: int, record: str | None,
              prompt_ids: list[int], new: list[int], rounds: list[Round], totals: Totals) -> Trace:
     """The Trace of one speculative run (or one lane of a batch): what ran, with the text of every
-    token it mentions (prompt, output, draft nodes, emitted tokens)."""
-    table_ids = prompt_ids + new + [n.token for r in rounds for n in r.nodes] + [r.emitted for r in rounds]
-    return Trace(engine="speculative", method=method, params=params, models=models,
-                 sampling=Sampling(sampler.temperature, sampler.top_k, sampler.top_p, seed), record=record,
-                 prompt_ids=prompt_ids, output_ids=new, token_text=token_table(tok, table_ids),
-                 totals=totals, rounds=rounds)
+    token it mentions (prompt, output, draft nodes, emitted tokens, recorded top-k candidates)."""
+    trace = Trace(engine="speculative", method=method, params=params, models=models,
+                  sampling=Sampling(sampler.temperature, sampler.top_k, sampler.top_p, seed), record=record,
+                  prompt_ids=prompt_ids, output_ids=new, totals=totals, rounds=rounds)
+    trace.token_text = token_table(tok, trace.mentioned_ids())
+    return trace
 
 
 def run(target: CausalLM, drafter: Drafter, tok, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler,

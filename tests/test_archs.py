@@ -172,13 +172,14 @@ def test_a_sliding_window_runs_lean_within_it_and_on_transformers_past_it(tok):
     assert (lm.forward(prompt) - ref.forward(prompt)).abs().max() < TOL
     with pytest.raises(ValueError, match="past mistral's sliding window of 100"):
         lm.forward(torch.arange(5))                                      # 101 positions
-    # through the API (the factory told the request's reach, or else the model's whole context):
+    # through the API the request's reach decides (prompt + new tokens + a verify's room of 64):
     # 8 + 6 inside the window, 8 + 40 past it; both decode what transformers' ar decodes
     ids = [7, 8, 9, 7, 8, 9, 7, 8]
-    for new in (6, 40):
+    for new, forward in ((6, "LeanLM"), (40, "CausalLM")):
         want = speclab.generate((model, tok), ids, "ar", max_new_tokens=new, record=None, backend="hf").ids
         for method in ("ar", "prompt-lookup"):
-            assert speclab.generate((model, tok), ids, method, max_new_tokens=new, record=None).ids == want
+            r = speclab.generate((model, tok), ids, method, max_new_tokens=new, record=None)
+            assert r.ids == want and r.trace.models["target"].backend == forward
 
 
 def test_a_saved_qwen2_checkpoint_runs_lean_from_the_cli(tok, tmp_path, capsys):

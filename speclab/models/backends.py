@@ -51,11 +51,14 @@ def resolve(model, backend: str = "auto", positions: int | None = None) -> str:
     return backend
 
 
-def make_lm(model, name: str = "", backend: str = "auto", max_len: int | None = None):
+def make_lm(model, name: str = "", backend: str = "auto", max_len: int | None = None,
+            positions: int | None = None):
     """The forward for one sequence of `model` on `backend` (see the module's docstring).
     max_len: the cache slots the request needs (prompt + new tokens + widest draft), where known;
-    the static runner sizes its cache (and so its attention) by it."""
-    backend = resolve(model, backend, max_len)
+    the static runner sizes its cache (and so its attention) by it. positions: how far the request
+    reaches, where known without sizing a cache by it (default max_len): a sliding-window model
+    runs lean only inside its window."""
+    backend = resolve(model, backend, positions or max_len)
     if backend == "hf":
         return CausalLM(model, name)
     if backend in GRAPHS:

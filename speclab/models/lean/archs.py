@@ -66,6 +66,11 @@ def _mistral(cfg) -> Arch:
     return Arch(sliding_window=getattr(cfg, "sliding_window", None))
 
 
+# how far past its committed tokens a request's verify may reach (its draft's depth): the room the
+# lean forward's cache keeps, the static runner's widest bucket
+VERIFY_ROOM = 64
+
+
 # model_type -> the reader of its deltas
 READERS: dict[str, Callable[[object], Arch]] = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3,
                                                 "mistral": _mistral}

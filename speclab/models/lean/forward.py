@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from speclab.models import kernels
 from speclab.models.adapter import scatter_subset
 from speclab.models.geometry import is_chain, tree_depths_and_visibility, tree_positions
-from speclab.models.lean.archs import arch_of
+from speclab.models.lean.archs import VERIFY_ROOM, arch_of
 from speclab.models.lean.weights import fuse, mm, pack_model, rope_tables, split_inner
 
 
@@ -64,7 +64,7 @@ class LeanLM:
         self.vocab_size = cfg.vocab_size
         self.embed, self.norm = inner.embed_tokens.weight, inner.norm.weight
         # + room for draft-tree nodes verified past the last committed position
-        self.max_len = max_len or cfg.max_position_embeddings + 64
+        self.max_len = max_len or cfg.max_position_embeddings + VERIFY_ROOM
         self.cos, self.sin = (t.to(self.dtype) for t in rope_tables(model, self.max_len, self.D))
         L = len(self.layers)
         # (layers, 2, Hkv, S, D): written in place, never reallocated; slots are read only after a write

@@ -227,7 +227,7 @@ def check_zoo(name: str, device, dtype, new: int, smoke: bool) -> dict:
     target = load(name, device=device, dtype=dtype)
     draft = load("code-draft", device=device, dtype=dtype) if name == "code-target" else None
     names = [m["name"] for m in methods() if m["family"] not in ("diffusion", "dag") and m["lossless"]]
-    prompts_ = ZOO_PROMPTS[:1] if smoke else ZOO_PROMPTS
+    prompts_ = ZOO_PROMPTS[:1] if smoke else ZOO_PROMPTS[:2]
     ref = [speclab.generate(target, p, "ar", max_new_tokens=new, record=None).ids for p in prompts_]
     res = {}
     for m_name in names:
@@ -311,7 +311,7 @@ def main(argv=None):
             key = f"{target} {str(dtype).replace('torch.', '')}"
             print(f"gpu_check: zoo methods, {key} ...", file=sys.stderr, flush=True)
             try:
-                report["zoo"][key] = check_zoo(target, device, dtype, 8 if args.smoke else 48, args.smoke)
+                report["zoo"][key] = check_zoo(target, device, dtype, 8 if args.smoke else 32, args.smoke)
             except Exception as e:          # a target not installed here
                 report["zoo"][key] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
     report["total_s"] = round(time.perf_counter() - t0, 1)

@@ -132,6 +132,8 @@ def test_a_wrong_pairing_says_what_to_do(tiny, tmp_path):
         model.name_or_path = "tiny-llama"
     with pytest.raises(ValueError, match="reads target layers \\[2, 4, 9\\] but the target has 8"):
         Eagle3ChainDrafter(model, make_draft(model, aux=[2, 4, 9]))
+    with pytest.raises(ValueError, match="reads target layers \\[2, 4, 4\\]"):
+        Eagle3ChainDrafter(model, make_draft(model, aux=[2, 4, 4]))
     with pytest.raises(ValueError, match="needs an EAGLE-3 drafter"):
         Eagle3ChainDrafter(model, model)
     # directories that are not EAGLE-3 checkpoints

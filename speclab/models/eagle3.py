@@ -429,7 +429,7 @@ def check_target(draft: Eagle3Draft, target, verifier: bool = True) -> tuple[int
                          f"target's {tc.hidden_size}: it needs a checkpoint with embed_tokens.weight")
     n = len(target.model.layers)
     layers = draft.aux_layers(n)
-    if len(layers) != 3 or any(not 1 <= l <= n for l in layers):
+    if len(set(layers)) != 3 or any(not 1 <= l <= n for l in layers):     # vLLM captures each layer once
         raise ValueError(f"{src} reads target layers {list(layers)} but the target has {n} (ids 1..{n}: the state after "
                          f"that many layers): use the drafter trained for this target")
     want = (dc.verifier or {}).get("name_or_path")

@@ -1,5 +1,6 @@
 """The hub architectures on the lean forward: Qwen2 / Qwen2.5 (biases on q, k, v), Qwen3 (an RMSNorm
-on each head of q and k) and Mistral (a sliding window), each a transformers model built from a
+on each head of q and k), Mistral (a sliding window) and a Llama with every bias (attention_bias,
+mlp_bias), each a transformers model built from a
 tiny config with random weights (biases and norm weights drawn too: transformers starts them at 0
 and 1, where a forward that skipped them would still agree). The lean forward must give transformers'
 own logits to fp32 rounding in every step a decode takes (prefill, one-row decode, chain verify,
@@ -8,8 +9,8 @@ tree verify, rollback, a kept tree path), and every speculative method must deco
 target itself (every draft accepted), and EAGLE / Medusa heads with random weights."""
 import pytest
 import torch
-from transformers import (MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 import speclab
 from speclab.decoding.registry import get_method, methods
@@ -26,6 +27,7 @@ FAMILIES = {
     "qwen2-tied": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True)),     # Qwen2.5-0.5B's head
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32)),                         # head_dim != C / H
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),           # Mistral v0.2+
+    "llama-bias": (LlamaConfig, LlamaForCausalLM, dict(attention_bias=True, mlp_bias=True)),   # every bias
 }
 
 

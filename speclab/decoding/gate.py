@@ -15,7 +15,16 @@ made drafting look cheap, a slow spec round the reverse). The ar cost is measure
 after `warm` drafting rounds, `ar_samples` plain rounds, so the first decision already compares two
 medians. The other mode is probed now and then so its estimate stays fresh: after `probe` rounds,
 doubling each time a probe confirms the current choice (up to `max_probe`), back to `probe` when a
-probe wins. Under `gate="auto"` it decides for greedy decoding only (see CostGate), so a seeded
+probe wins.
+
+What the gate itself costs is bounded, so that a drafter it switches off still runs at ~ar's speed
+on a short run (64 tokens): the prompt's prefill round drafts nothing (its draft would push the
+whole prompt through the drafter before anything says drafting pays); the plain rounds that
+measure ar come first (they cost what ar's do); the warm-up's drafting rounds stop at the first
+that costs over LOSING times ar per token; and a probe of a drafter that loses waits until its
+expected loss (its round's seconds beyond what its tokens cost plain) is at most PROBE_SHARE of
+the time since the last probe, however the doubling schedule stands. A drafter whose round costs
+six ar steps for one token then costs one such round in 64 tokens, not six. Under `gate="auto"` it decides for greedy decoding only (see CostGate), so a seeded
 sampled run stays reproducible. An ar round is a drafter that proposes nothing: lossless by
 construction. Each round's decision and its inputs go into the round's info (`gate`, `spec_tok_s`,
 `ar_tok_s`), so the trace shows why a round did not draft.
@@ -39,6 +48,8 @@ from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 
 WINDOW = 8          # recent periods per mode whose median is its cost
+LOSING = 1.5        # a warm-up drafting round this many times ar's cost per token ends the warm-up
+PROBE_SHARE = 0.05  # a losing drafter's probe may cost at most this share of the rounds since the last
 
 
 def choose(spec: list[tuple[float, int]], ar: list[float]) -> str | None:
@@ -49,6 +60,17 @@ def choose(spec: list[tuple[float, int]], ar: list[float]) -> str | None:
         return None
     spec_cost = statistics.median(s for s, _ in spec) / (sum(t for _, t in spec) / len(spec))
     return "spec" if spec_cost <= statistics.median(ar) else "ar"
+
+
+def probe_wait(spec: list[tuple[float, int]], ar: list[float], share: float = PROBE_SHARE) -> int:
+    """Plain rounds to run before probing a drafter that loses, so that the probe's expected loss
+    (its median round's seconds beyond what its mean tokens cost in plain rounds) is at most
+    `share` of those rounds' time. 0 when a drafting round costs no more than its tokens plain."""
+    if not spec or not ar:
+        return 0
+    a = statistics.median(ar)
+    loss = statistics.median(p for p, _ in spec) - a * sum(t for _, t in spec) / len(spec)
+    return max(0, int(loss / (share * a) + 0.999)) if loss > 0 else 0
 
 
 def rates(spec, ar) -> tuple[float | None, float | None]:
@@ -87,6 +109,7 @@ class CostGate(Drafter):
         self.spec, self.ar = deque(maxlen=self.window), deque(maxlen=self.window)
         self.mode, self.last_mode, self.t_last = "spec", None, None
         self.since, self.interval = 0, self.probe0
+        self.warming = True
         self.committed = 0
         self.active = sampler.greedy or not self.greedy_only
         self.paused = None                  # the target's capture_layers while plain rounds run without them
@@ -106,15 +129,19 @@ class CostGate(Drafter):
         return rates(self.spec, self.ar)
 
     def _decide(self) -> str:
-        if len(self.spec) < self.warm:
-            return "spec"
-        if len(self.ar) < self.ar_samples:  # what a plain round costs, measured before deciding
+        if len(self.ar) < self.ar_samples:  # what a plain round costs, measured first
             return "ar"
+        if self.warming and len(self.spec) < self.warm:
+            spec = list(self.spec)
+            if not spec or choose([(p / LOSING, t) for p, t in spec], list(self.ar)) == "spec":
+                return "spec"
+        self.warming = False                # warm-up over (or cut short by a drafter that loses)
         best = choose(list(self.spec), list(self.ar))
         if best != self.mode:               # the estimates moved: switch, probe soon
             self.mode, self.since, self.interval = best, 0, self.probe0
         self.since += 1
-        if self.since >= self.interval:     # probe the other mode once
+        wait = self.interval if self.mode == "spec" else max(self.interval, probe_wait(list(self.spec), list(self.ar)))
+        if self.since >= wait:              # probe the other mode once
             self.since = 0
             self.interval = min(self.max_probe, self.interval * 2)
             return "ar" if self.mode == "spec" else "spec"
@@ -139,8 +166,8 @@ class CostGate(Drafter):
         if self.last_mode is not None:
             self._account(now - self.t_last)
         self.t_last = now
-        if ctx.pending > 1:     # the prompt's prefill round: its period says nothing about either mode
-            mode, self.last_mode = "spec", None
+        if ctx.pending > 1:     # the prompt's prefill round: plain, and its period says nothing about either mode
+            mode, self.last_mode = "ar", None
         else:
             mode = self.last_mode = self._decide()
         spec, ar = self.rates()

@@ -17,6 +17,8 @@ step, so a player can update a figure in place and an export can animate it with
     decoding_order(trace, step)    position x step confidence heatmap, marked where committed
     confidence_bands(trace, step)  min / median / max confidence and commits per denoising step
     run_strip(trace, step)         the run at a glance under a step view (round strip or bands)
+    mask_figure(trace, step)       the attention mask a step's forward used (a verify's tree mask,
+                                   a diffusion step's block-causal or bidirectional mask)
     step_title(trace, step)        "round 3 of 20": how every view numbers a step (1-based)
     detail_html(trace, step)       everything recorded about one step, as an HTML table
     update_step(fig, trace, step)  a step figure moved to another step in place (players)
@@ -26,6 +28,7 @@ from speclab.figures.compare import compare_chart
 from speclab.figures.dag import dag_figure
 from speclab.figures.detail import detail_html
 from speclab.figures.diffusion import canvas_figure, confidence_bands, decoding_order
+from speclab.figures.mask import mask_figure
 from speclab.figures.steps import step_label, step_names, step_title
 from speclab.figures.summary import acceptance_summary, calibration_figure, per_position, round_strip, timing
 from speclab.figures.tokens import cells, token_strip
@@ -35,4 +38,4 @@ __all__ = ["token_strip", "draft_tree", "step_figure", "round_strip", "acceptanc
            "calibration_figure",
            "dag_figure", "per_position", "cells", "n_steps", "step_dict", "canvas_figure", "decoding_order",
            "confidence_bands", "run_strip", "step_label", "step_names", "step_title", "detail_html",
-           "update_figure", "update_step", "move_current", "compare_chart"]
+           "update_figure", "update_step", "move_current", "compare_chart", "mask_figure"]

@@ -259,8 +259,9 @@ def print_spread(res: dict) -> None:
         line = f"  {r['method']:<28} {r['prompt_set']:<12} {r['speedup_median']:.3f}x ({lo:.3f}-{hi:.3f}) {r['timing']}"
         m = r.get("cost_model")
         if m:
-            line += (f"; cost model: per-token alpha {m['token_alpha'] if m['token_alpha'] is not None else '-'} "
-                     f"(accepted/drafted {m['alpha']}), k {m['k']}, c {m['c']:.2f} -> expected {m['expected_speedup']:.2f}x")
+            fmt = lambda v: "-" if v is None else f"{v:.2f}"
+            line += (f"; cost model: per-token alpha {fmt(m['token_alpha'])} (accepted / drafted {fmt(m['alpha'])}), "
+                     f"k {m['k']}, c {m['c']:.2f} -> expected {m['expected_speedup']:.2f}x")
         print(line)
         if r.get("why_slower"):
             print(f"    slower than ar: {r['why_slower']}")

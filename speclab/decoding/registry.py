@@ -104,6 +104,17 @@ def _eagle_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", 
     return EagleChainDrafter(target, draft, vocab=vocab, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
 
 
+def _eagle3(target, draft, budget=5, width=3, depth=3, threshold=0.2, verifier=True):
+    from speclab.decoding.drafters.eagle3 import Eagle3Drafter
+    return Eagle3Drafter(target, draft, budget=budget, width=width, depth=depth, threshold=threshold, verifier=verifier)
+
+
+def _eagle3_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", verifier=True):
+    from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter
+    return Eagle3ChainDrafter(target, draft, verifier=verifier, k=k, threshold=threshold, max_k=max_k,
+                              schedule=schedule)
+
+
 def _medusa(target, draft, paths=None, budget=None):
     from speclab.decoding.drafters.heads import MedusaDrafter
     return MedusaDrafter(target, draft, paths=paths, budget=budget)
@@ -134,6 +145,12 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            "EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE head)", _eagle, "eagle"),
     Method("eagle-chain", "feature-head", "speculative", True, True,
            "EAGLE: the head drafts a chain of k tokens from the target's hidden state (draft: an EAGLE head)", _eagle_chain, "eagle"),
+    Method("eagle3", "feature-head", "speculative", True, True,
+           "EAGLE-2's tree from an EAGLE-3 drafter in the layout vLLM, SGLang and speculators use (draft: its "
+           "directory, speculators or SpecForge)", _eagle3, "eagle3"),
+    Method("eagle3-chain", "feature-head", "speculative", True, True,
+           "an EAGLE-3 drafter (speculators / SpecForge layout) drafts a chain of k tokens, as vLLM does",
+           _eagle3_chain, "eagle3"),
     Method("medusa", "feature-head", "speculative", True, True,
            "Medusa-1: K heads on the last hidden state, a static tree of top-k products (draft: Medusa heads)", _medusa, "medusa"),
 ]}

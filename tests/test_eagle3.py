@@ -348,3 +348,21 @@ def test_packed_layers_compute_the_same_draft(tiny):
     for a, b in zip(outs[0], outs[1]):
         assert torch.allclose(a.float(), b.float(), atol=0.05, rtol=0.05)
     assert torch.allclose(d.logits(outs[0][0]).float(), d.logits(outs[0][0], fast).float(), atol=0.05, rtol=0.05)
+
+
+def test_eagle3_runs_by_name_with_its_directory_as_the_draft(tiny, tmp_path):
+    """`eagle3` / `eagle3-chain` from the registry: the draft is a directory (loaded in the target's
+    dtype), the parameters are the drafter's, and greedy output is ar's."""
+    from speclab.decoding.registry import method_params
+    model = tiny[0]
+    out = E.export(make_draft(model), tmp_path / "e3", dtype=None)       # fp32 weights: the run stays fp32
+    prompt = list(range(40, 52))
+    ref = speclab.generate(tiny, prompt, "ar", max_new_tokens=16, record=None).ids
+    for method, params in (("eagle3", dict(budget=6)), ("eagle3-chain", dict(k=3))):
+        r = speclab.generate(tiny, prompt, method, draft=str(out), max_new_tokens=16, **params)
+        assert r.ids == ref and r.trace.totals.drafted > 0
+        assert r.trace.models["draft"].name == str(out)
+    assert {"budget", "width", "depth", "threshold", "verifier"} <= set(method_params("eagle3"))
+    assert {"k", "verifier"} <= set(method_params("eagle3-chain"))
+    with pytest.raises(ValueError, match="needs an EAGLE-3 drafter"):
+        speclab.generate(tiny, prompt, "eagle3", draft=(model, tiny[1]), max_new_tokens=4)

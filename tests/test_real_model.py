@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import speclab
+from speclab.decoding import registry
 from speclab.decoding.equality import diagnose, first_difference, rounding_step
 from speclab.models import gguf, zoo
 
@@ -85,7 +86,7 @@ def test_lean_bf16_forward_matches_transformers(bf16, fp32):
     variants of the kernel (AVX-512 or AMX loops, scores and weighted sums on tiles or not) chose
     the fp32 model's token at 0.959-0.973 of positions with mean |error| 0.115-0.130, transformers'
     bf16 at 0.968 with 0.125; a wrong attention or norm is far outside that (below 0.9, 2x)."""
-    from speclab.bench.prompts import encode, load_prompts
+    from speclab.prompts import encode, load_prompts
     from speclab.models.backends import make_lm
     model, tok = bf16
     lean = make_lm(model, "t", "fast")
@@ -132,7 +133,7 @@ def test_fp32_lossless_methods_identical_to_ar(fp32, fp32_ar, method):
             pytest.skip("smollm2-draft is not in the zoo")
         kw = dict(draft=zoo.load_shared("smollm2-draft", "cpu", "fp32"), k=4)
     elif method in ("eagle", "eagle-chain", "medusa") and \
-            zoo.paired_draft("smollm2-135m", "medusa" if method == "medusa" else "eagle") is None:
+            registry.paired_draft("smollm2-135m", "medusa" if method == "medusa" else "eagle") is None:
         pytest.skip(f"no head for {method} in the zoo")     # else the zoo's head, loaded in fp32
     for q, ref in zip(QUESTIONS, fp32_ar):
         r = speclab.generate(fp32, q, method, max_new_tokens=32, chat=True, record=None, **kw)
@@ -151,7 +152,7 @@ def test_bf16_oracle_drafts_are_all_accepted_where_the_kernel_runs(bf16):
 
 
 def test_bf16_divergences_are_near_ties(bf16):
-    from speclab.bench.prompts import encode, load_prompts
+    from speclab.prompts import encode, load_prompts
     model, tok = bf16
     for item in load_prompts("code-edit", 3):
         ids = encode(tok, item, 48, None)
@@ -188,8 +189,8 @@ def test_bf16_exact_backend_is_bitwise_identical_to_ar(bf16, method, kw):
     """backend="exact": every row of a verify computed as a one-token forward computes it (row-count
     invariant matmuls, attention row by row), so bf16 speculative output equals bf16 ar bit for bit,
     chains and trees alike, on prompts where the default backend diverges at near-ties."""
-    from speclab.bench.prompts import encode, load_prompts
-    if method in ("eagle", "medusa") and zoo.paired_draft("smollm2-135m", method) is None:
+    from speclab.prompts import encode, load_prompts
+    if method in ("eagle", "medusa") and registry.paired_draft("smollm2-135m", method) is None:
         pytest.skip(f"no {method} head for smollm2-135m in the zoo")
     model, tok = bf16
     for item in load_prompts("code-edit", 2):
@@ -206,13 +207,13 @@ def test_bf16_exact_backend_is_bitwise_identical_to_ar(bf16, method, kw):
 def test_bf16_default_backend_is_bitwise_identical_where_the_kernel_runs(bf16, method):
     """On a CPU with AVX512-BF16 the lean forward runs speclab's fused kernel, whose rows do not
     depend on the rows beside them: the DEFAULT backend's bf16 output equals bf16 ar token for token."""
-    from speclab.bench.prompts import encode, load_prompts
+    from speclab.prompts import encode, load_prompts
     kw = {}
     if method == "draft-model":
         if "smollm2-draft" not in zoo.zoo_names():
             pytest.skip("smollm2-draft is not in the zoo")
         kw = dict(draft=zoo.load_shared("smollm2-draft", "cpu", "bf16"), k=4)
-    elif method == "eagle" and zoo.paired_draft("smollm2-135m", method) is None:
+    elif method == "eagle" and registry.paired_draft("smollm2-135m", method) is None:
         pytest.skip(f"no {method} head for smollm2-135m in the zoo")
     model, tok = bf16
     prompts = [encode(tok, item, 48, None) for item in load_prompts("code-edit", 3)]

@@ -11,7 +11,7 @@ def add_bench(sub):
     p = sub.add_parser("bench", help="measure methods and transformers peers side by side",
                        description="Every method on every prompt in one process, warm-up first. "
                                    "Methods: comma-separated, with parameters as name[k=6;threshold=0.5]; "
-                                   "peers: hf-greedy, hf-assisted, hf-prompt-lookup, hf-early-exit; "
+                                   "peers: hf-greedy, hf-static, hf-assisted, hf-prompt-lookup, hf-early-exit; "
                                    "vllm-greedy, vllm-ngram, vllm-suffix, vllm-draft, vllm-eagle[model=DIR], vllm-eagle3[model=DIR] "
                                    "(in vLLM's own venv: make vllm).")
     p.add_argument("--target", default="code-target")
@@ -92,7 +92,7 @@ def cmd_bench(a):
     if a.batch_size == 1:           # both measure against batch-1 forwards
         add_efficiency(res, target[0], draft[0] if draft else None, a.k)
         add_bandwidth(res, target[0], measured)
-        if any(s.method in TREE_METHODS for s in specs):
+        if any(s.method not in PEERS and get_method(s.method).tree for s in specs):   # budget = a verify's rows
             from speclab.bench.whatif import verify_costs
             res["verify_cost"] = verify_costs(target[0])
     if a.whatif:
@@ -110,7 +110,7 @@ def cmd_bench(a):
     for name, b in res.get("bandwidth", {}).get("per_set", {}).items():
         lo, hi = b["bandwidth_range_gb_s"]
         print(f"ar against the bandwidth limit ({res['dtype']}, {name}): {b['weight_mb_per_token']} MB of weights per "
-              f"token; streaming read {b['bandwidth_gb_s']} GB/s (median of {b['samples']} samples beside ar's runs, "
+              f"token; {b.get('bandwidth_kind', 'streaming read')} {b['bandwidth_gb_s']} GB/s (median of {b['samples']} samples beside ar's runs, "
               f"{lo}-{hi}) -> limit {b['limit_tokens_per_s']} tok/s, ar ({b['ar_tokens_per_s']} tok/s) at "
               f"{b['ar_share_of_limit']:.2f} of it; the {res['dtype']} GEMV ({b['gemv_kernel']}) reads {b['gemv_gb_s']} "
               f"GB/s -> {b['gemv_limit_tokens_per_s']} tok/s, ar at {b['ar_share_of_gemv_limit']:.2f}")
@@ -137,9 +137,6 @@ def cmd_bench(a):
     if a.html:
         html(res, a.html)
     return 0
-
-
-TREE_METHODS = ("eagle", "medusa", "tree-static", "tree-dynamic")     # their budget is a verify's row count
 
 
 def add_bandwidth(res: dict, target_model, measured: dict):

@@ -22,15 +22,13 @@ from dataclasses import dataclass, field
 import torch
 
 from speclab.decoding.acceptance import Sampler, greedy_ids
+from speclab.decoding.registry import batch_methods, get_method
 from speclab.decoding.speculative import (Context, Drafter, Outcome, RunState, accept, commit_round, record_round,
                                          trace_of)
 from speclab.models.backends import make_batch_lm
 from speclab.models.geometry import BatchSlots
 from speclab.trace import Round, Totals, Trace
 
-# methods whose drafters see only their own lane's text, logits and draft model
-BATCH_METHODS = ("ar", "prompt-lookup", "suffix", "recycling", "lookahead", "draft-model", "tree-static",
-                 "tree-dynamic")
 
 
 class LaneTarget:
@@ -141,9 +139,10 @@ def run_batch(model, drafters: list[Drafter], tok, prompts_ids: list[list[int]],
 
 
 def unsupported(method: str) -> str | None:
-    """None if `method` runs in a batch, else the one-line reason."""
-    if method in BATCH_METHODS:
+    """None if `method` runs in a batch (its registry row says `batchable`: its drafter sees only its
+    own lane's text, logits and draft model), else the one-line reason."""
+    if get_method(method).batchable:
         return None
-    return (f"method {method!r} does not run in a batch yet: batches support {', '.join(BATCH_METHODS)}; "
+    return (f"method {method!r} does not run in a batch yet: batches support {', '.join(batch_methods())}; "
             f"decode with {method!r} one prompt at a time")
 

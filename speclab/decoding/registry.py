@@ -1,28 +1,90 @@
-"""Every decoding method by name: family, losslessness, what it needs, and how to build it."""
+"""Every decoding method by name, one row each: what it is, what it needs, and how the engines and
+front ends treat it.
+
+A speculative method is its drafter class plus one `Method` row. Its parameters and their defaults
+are the drafter constructor's own (read with `inspect`, through `**kw` into the base classes), so
+they are written once, where they run. The row declares the rest: what the constructor receives from
+the run (`inputs`: the target, the draft), the draft it needs and the zoo's draft for each target
+(`draft`), whether it runs in a batch (`batchable`), whether it drafts trees (`tree`: its budget is a
+verify's row count), whether the cost gate wraps it (`adaptive`: a predicate on its parameters), and
+any work before the run (`setup`: the oracle decodes the answer it drafts). Every caller (the API,
+the CLI, the bench, a batch, the dashboard's form) reads these rows and nothing else, so a new
+drafter is one file plus one row, and `register()` adds one at run time (a user's own, a test's).
+Diffusion and DAG methods take their parameters from a config dataclass (`config`) the same way.
+"""
 from __future__ import annotations
 
+import contextlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable
+
+from speclab.decoding.dag import DecodeConfig
+from speclab.decoding.dllm_policies import POLICIES
+from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
+from speclab.decoding.drafters.heads import EagleChainDrafter, EagleDrafter, MedusaDrafter
+from speclab.decoding.drafters.lookahead import LookaheadDrafter
+from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixDrafter, SuffixHistory
+from speclab.decoding.drafters.model import DraftModelDrafter, LayerSkipDrafter
+from speclab.decoding.drafters.oracle import OracleDrafter
+from speclab.decoding.drafters.recycling import RecyclingDrafter
+from speclab.decoding.drafters.trees import DynamicTreeDrafter, StaticTreeDrafter
+from speclab.decoding.speculative import Drafter
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a method's `draft` must be, and the zoo's own for a target given by name."""
+    kind: str                       # "draft" (a draft LM), "eagle" (an EAGLE head), "medusa" (Medusa heads)
+    what: str                       # how a message names it: "a draft model", "an EAGLE head"
+    paired: dict = field(default_factory=dict)   # target zoo name -> the zoo's draft of this kind
+
+
+DRAFT_LM = Draft("draft", "a draft model", {"smollm2-135m": "smollm2-draft", "code-target": "code-draft"})
+EAGLE_HEAD = Draft("eagle", "an EAGLE head", {"smollm2-135m": "smollm2-eagle"})
+MEDUSA_HEADS = Draft("medusa", "Medusa heads", {"smollm2-135m": "smollm2-medusa"})
+EAGLE3_DRAFTER = Draft("eagle3", "an EAGLE-3 drafter (a speculators or SpecForge directory)", {})
+
+
+# what a drafter's constructor parameter receives from the run: f(target_model, draft_model)
+def the_target(target, draft):
+    return target
+
+
+def the_draft(target, draft):
+    return draft
+
+
+def vocabulary_of_target(target, draft):
+    return SuffixHistory.key_of(target)
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
-    family: str          # speculative | diffusion | dag
-    engine: str
+    family: str                     # autoregressive | speculative | self-speculative | model-free | ... | dag | diffusion
+    engine: str                     # speculative | diffusion | dag
     lossless: bool
-    needs_draft: bool
     summary: str
-    build: Callable | None = None   # (target_model, draft_model, **params) -> Drafter
-    draft_kind: str = "draft"       # what `draft` must be: a draft LM, an "eagle" head, "medusa" heads
+    drafter: type | None = None     # speculative: the Drafter class; its constructor's parameters are the method's
+    inputs: dict = field(default_factory=dict)   # constructor parameter -> f(target, draft): filled by the run
+    draft: Draft | None = None      # the draft it needs (None: none)
+    batchable: bool = False         # runs in a batch: its drafter sees only its own lane's text, logits and draft
+    tree: bool = False              # drafts trees: its budget is a verify's row count
+    adaptive: Callable | None = None   # the cost gate wraps it: takes `gate`; adaptive(params) -> gate="auto" turns it on
+    aliases: dict = field(default_factory=dict)  # a parameter -> the constructor's name for it (suffix: k -> max_k)
+    setup: Callable | None = None   # setup(params, ar) -> params, before the run; ar() decodes the prompt with `ar`
+    sampling: bool = True           # takes the run's temperature (False: greedy only, or the method ignores it)
+    config: type | None = None      # diffusion / dag: the dataclass whose fields are its parameters
+    run_params: tuple = ()          # diffusion / dag: parameters of the run, before the config's
 
+    @property
+    def needs_draft(self) -> bool:
+        return self.draft is not None
 
-def _none(target, draft, **kw):
-    from speclab.decoding.speculative import Drafter
-    if kw:
-        raise ValueError(f"method 'ar' takes no parameters, got {sorted(kw)}")
-    return Drafter()
+    @property
+    def draft_kind(self) -> str | None:
+        return self.draft.kind if self.draft else None
 
 
 def gated(drafter, gate, adaptive: bool):
@@ -36,124 +98,119 @@ def gated(drafter, gate, adaptive: bool):
     return drafter
 
 
-def _draft_model(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", gate="auto", backend="auto",
-                 vocab=None):
-    from speclab.decoding.drafters.model import DraftModelDrafter
-    return gated(DraftModelDrafter(draft, k=k, threshold=threshold, max_k=max_k, schedule=schedule, backend=backend,
-                                   vocab=vocab),
-                 gate, threshold is not None or schedule != "fixed")
+def decode_reference(params: dict, ar) -> dict:
+    """The oracle's setup: the answer it drafts is ar's (same sampler, seed and backend), decoded
+    before the run and outside its timing, once its own settings are known to be good."""
+    if params.get("reference") is not None:
+        return params
+    OracleDrafter([], **{k: v for k, v in params.items() if k != "reference"})
+    return dict(params, reference=ar())
 
 
-def _layer_skip(target, draft, exit_layer="auto", k=4, threshold=None, max_k=8, schedule="fixed", gate="auto"):
-    from speclab.decoding.drafters.model import LayerSkipDrafter
-    return gated(LayerSkipDrafter(target, exit_layer=exit_layer, k=k, threshold=threshold, max_k=max_k,
-                                  schedule=schedule), gate, exit_layer == "auto")
+def constructor_params(cls) -> dict[str, inspect.Parameter]:
+    """A class's constructor parameters by name, in order, following `**kw` into the base classes'
+    constructors (DraftModelDrafter(draft_model, backend, vocab, **kw) takes ChainDrafter's k, ...)."""
+    out: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        more = False
+        for name, p in list(inspect.signature(init).parameters.items())[1:]:
+            if p.kind is p.VAR_KEYWORD:
+                more = True
+            elif p.kind is not p.VAR_POSITIONAL:
+                out.setdefault(name, p)
+        if not more:
+            break
+    return out
 
 
-def _prompt_lookup(target, draft, k=5, max_ngram=3, min_ngram=1, prefer="first", grow=0, k_full=None, gate="auto"):
-    from speclab.decoding.drafters.lookup import PromptLookupDrafter
-    return gated(PromptLookupDrafter(k=k, max_ngram=max_ngram, min_ngram=min_ngram, prefer=prefer, grow=grow,
-                                     k_full=k_full),
-                 gate, grow > 0)
+TARGET_AND_HEAD = {"target_model": the_target, "head": the_draft}
+METHODS: dict[str, Method] = {}
 
 
-def _suffix(target, draft, max_k=16, factor=1.0, min_match=2, k=None, history=None, gate="auto"):
-    from speclab.decoding.drafters.lookup import SuffixDrafter, SuffixHistory
-    return gated(SuffixDrafter(max_k=k or max_k, factor=factor, min_match=min_match, history=history,
-                               key=SuffixHistory.key_of(target)), gate, True)
+def register(method: Method) -> Method:
+    """Add a method to the registry (a user's own drafter, a test's toy): the API, the CLI, the bench,
+    batches and the dashboard's form see it at once. Its parameters are checked against its drafter."""
+    if method.name in METHODS:
+        raise ValueError(f"a method named {method.name!r} is already registered: unregister it first or pick "
+                         "another name")
+    if method.engine == "speculative" and not (isinstance(method.drafter, type) and issubclass(method.drafter, Drafter)):
+        raise ValueError(f"method {method.name!r}: drafter must be a Drafter subclass, got {method.drafter!r}")
+    if method.drafter is not None:
+        missing = set(method.inputs) - set(constructor_params(method.drafter))
+        bad = set(method.aliases.values()) - set(constructor_params(method.drafter))
+        if missing or bad:
+            raise ValueError(f"method {method.name!r}: {method.drafter.__name__} takes no "
+                             f"{sorted(missing | bad)}; its parameters are {list(constructor_params(method.drafter))}")
+    METHODS[method.name] = method
+    return method
 
 
-def _oracle(target, draft, reference=None, k=5):
-    from speclab.decoding.drafters.oracle import OracleDrafter
-    if reference is None:
-        raise ValueError("oracle drafts a known answer: pass reference=[token ids] (speclab.generate decodes it "
-                         "with ar first when none is given)")
-    return OracleDrafter(reference, k=k)
+def unregister(name: str) -> None:
+    METHODS.pop(name, None)
 
 
-def _recycling(target, draft, k=6, topk=8, width=1, budget=None):
-    from speclab.decoding.drafters.recycling import RecyclingDrafter
-    return RecyclingDrafter(k=k, topk=topk, width=width, budget=budget)
+@contextlib.contextmanager
+def registered(method: Method):
+    """`with registered(Method(...)):` the method exists inside the block only."""
+    register(method)
+    try:
+        yield method
+    finally:
+        unregister(method.name)
 
 
-def _lookahead(target, draft, window=5, ngram=4, guesses=2, k=None):
-    from speclab.decoding.drafters.lookahead import LookaheadDrafter
-    return LookaheadDrafter(window=k or window, ngram=ngram, guesses=guesses)
-
-
-def _tree_static(target, draft, paths=None, backend="auto"):
-    from speclab.decoding.drafters.trees import StaticTreeDrafter
-    return StaticTreeDrafter(draft, paths=paths, backend=backend)
-
-
-def _tree_dynamic(target, draft, budget=10, width=3, depth=5, threshold=None, backend="auto"):
-    from speclab.decoding.drafters.trees import DynamicTreeDrafter
-    return DynamicTreeDrafter(draft, budget=budget, width=width, depth=depth, threshold=threshold, backend=backend)
-
-
-# a tree of 5 nodes, 3 deep: a verify of up to 6 rows costs one pass of the CPU kernel without AMX;
-# threshold 0.2 stops growing where the head is unsure, drafting less at no loss of speed (BENCHMARKS.md, eagle)
-def _eagle(target, draft, budget=5, width=3, depth=3, vocab=None, threshold=0.2, lookup=0, ngram=2):
-    from speclab.decoding.drafters.heads import EagleDrafter
-    return EagleDrafter(target, draft, budget=budget, width=width, depth=depth, vocab=vocab, threshold=threshold,
-                        lookup=lookup, ngram=ngram)
-
-
-def _eagle_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", vocab=None):
-    from speclab.decoding.drafters.heads import EagleChainDrafter
-    return EagleChainDrafter(target, draft, vocab=vocab, k=k, threshold=threshold, max_k=max_k, schedule=schedule)
-
-
-def _eagle3(target, draft, budget=5, width=3, depth=3, threshold=0.2, verifier=True):
-    from speclab.decoding.drafters.eagle3 import Eagle3Drafter
-    return Eagle3Drafter(target, draft, budget=budget, width=width, depth=depth, threshold=threshold, verifier=verifier)
-
-
-def _eagle3_chain(target, draft, k=4, threshold=None, max_k=8, schedule="fixed", verifier=True):
-    from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter
-    return Eagle3ChainDrafter(target, draft, verifier=verifier, k=k, threshold=threshold, max_k=max_k,
-                              schedule=schedule)
-
-
-def _medusa(target, draft, paths=None, budget=None):
-    from speclab.decoding.drafters.heads import MedusaDrafter
-    return MedusaDrafter(target, draft, paths=paths, budget=budget)
-
-
-METHODS: dict[str, Method] = {m.name: m for m in [
-    Method("ar", "autoregressive", "speculative", True, False, "plain autoregressive decoding (the reference)", _none),
-    Method("draft-model", "speculative", "speculative", True, True,
-           "a separate draft LM proposes k tokens (fixed, threshold or heuristic length)", _draft_model),
-    Method("layer-skip", "self-speculative", "speculative", True, False,
-           "the target's first L layers draft through its own head (exit fixed or auto)", _layer_skip),
-    Method("prompt-lookup", "model-free", "speculative", True, False,
-           "copy what followed the last n-gram's previous occurrence", _prompt_lookup),
-    Method("suffix", "model-free", "speculative", True, False,
-           "suffix automaton over prompt, output and the caller's earlier requests (SuffixDecoding)", _suffix),
-    Method("oracle", "model-free", "speculative", True, False,
+for _m in [
+    Method("ar", "autoregressive", "speculative", True, "plain autoregressive decoding (the reference)",
+           Drafter, batchable=True),
+    Method("draft-model", "speculative", "speculative", True,
+           "a separate draft LM proposes k tokens (fixed, threshold or heuristic length)",
+           DraftModelDrafter, {"draft_model": the_draft}, DRAFT_LM, batchable=True,
+           adaptive=lambda p: p["threshold"] is not None or p["schedule"] != "fixed"),
+    Method("layer-skip", "self-speculative", "speculative", True,
+           "the target's first L layers draft through its own head (exit fixed or auto)",
+           LayerSkipDrafter, {"target_model": the_target}, adaptive=lambda p: p["exit_layer"] == "auto"),
+    Method("prompt-lookup", "model-free", "speculative", True,
+           "copy what followed the last n-gram's previous occurrence",
+           PromptLookupDrafter, batchable=True, adaptive=lambda p: p["grow"] > 0),
+    Method("suffix", "model-free", "speculative", True,
+           "suffix automaton over prompt, output and the caller's earlier requests (SuffixDecoding)",
+           SuffixDrafter, {"key": vocabulary_of_target}, batchable=True, adaptive=lambda p: True,
+           aliases={"k": "max_k"}),
+    Method("oracle", "model-free", "speculative", True,
            "drafts the next k tokens of the known answer (ar's, decoded first): the ceiling a perfect draft of "
-           "length k reaches", _oracle),
-    Method("recycling", "model-free", "speculative", True, False,
-           "Token Recycling: top-k successor matrix refreshed by every verify", _recycling),
-    Method("lookahead", "model-free", "speculative", True, False,
-           "Jacobi lookahead branch feeding an n-gram pool (Lookahead decoding)", _lookahead),
-    Method("tree-static", "speculative-tree", "speculative", True, True,
-           "a fixed expansion pattern over the draft's top-k (Medusa / SpecInfer)", _tree_static),
-    Method("tree-dynamic", "speculative-tree", "speculative", True, True,
-           "grow the tree by cumulative draft probability under a node budget (EAGLE-2 / DySpec)", _tree_dynamic),
-    Method("eagle", "feature-head", "speculative", True, True,
-           "EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE head)", _eagle, "eagle"),
-    Method("eagle-chain", "feature-head", "speculative", True, True,
-           "EAGLE: the head drafts a chain of k tokens from the target's hidden state (draft: an EAGLE head)", _eagle_chain, "eagle"),
-    Method("eagle3", "feature-head", "speculative", True, True,
+           "length k reaches", OracleDrafter, setup=decode_reference),
+    Method("recycling", "model-free", "speculative", True,
+           "Token Recycling: top-k successor matrix refreshed by every verify", RecyclingDrafter, batchable=True),
+    Method("lookahead", "model-free", "speculative", True,
+           "Jacobi lookahead branch feeding an n-gram pool (Lookahead decoding)", LookaheadDrafter, batchable=True,
+           aliases={"k": "window"}),
+    Method("tree-static", "speculative-tree", "speculative", True,
+           "a fixed expansion pattern over the draft's top-k (Medusa / SpecInfer)",
+           StaticTreeDrafter, {"draft_model": the_draft}, DRAFT_LM, batchable=True, tree=True),
+    Method("tree-dynamic", "speculative-tree", "speculative", True,
+           "grow the tree by cumulative draft probability under a node budget (EAGLE-2 / DySpec)",
+           DynamicTreeDrafter, {"draft_model": the_draft}, DRAFT_LM, batchable=True, tree=True),
+    Method("eagle", "feature-head", "speculative", True,
+           "EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE head)",
+           EagleDrafter, TARGET_AND_HEAD, EAGLE_HEAD, tree=True),
+    Method("eagle-chain", "feature-head", "speculative", True,
+           "EAGLE: the head drafts a chain of k tokens from the target's hidden state (draft: an EAGLE head)",
+           EagleChainDrafter, TARGET_AND_HEAD, EAGLE_HEAD),
+    Method("eagle3", "feature-head", "speculative", True,
            "EAGLE-2's tree from an EAGLE-3 drafter in the layout vLLM, SGLang and speculators use (draft: its "
-           "directory, speculators or SpecForge)", _eagle3, "eagle3"),
-    Method("eagle3-chain", "feature-head", "speculative", True, True,
+           "directory, speculators or SpecForge)", Eagle3Drafter, {"target_model": the_target, "draft": the_draft},
+           EAGLE3_DRAFTER, tree=True),
+    Method("eagle3-chain", "feature-head", "speculative", True,
            "an EAGLE-3 drafter (speculators / SpecForge layout) drafts a chain of k tokens, as vLLM does",
-           _eagle3_chain, "eagle3"),
-    Method("medusa", "feature-head", "speculative", True, True,
-           "Medusa-1: K heads on the last hidden state, a static tree of top-k products (draft: Medusa heads)", _medusa, "medusa"),
-]}
+           Eagle3ChainDrafter, {"target_model": the_target, "draft": the_draft}, EAGLE3_DRAFTER),
+    Method("medusa", "feature-head", "speculative", True,
+           "Medusa-1: K heads on the last hidden state, a static tree of top-k products (draft: Medusa heads)",
+           MedusaDrafter, {"target_model": the_target, "heads": the_draft}, MEDUSA_HEADS, tree=True),
+]:
+    register(_m)
 
 
 DAG_SUMMARY = {
@@ -166,7 +223,8 @@ DAG_SUMMARY = {
     "all": "every DAG strategy on the same graph in one trace",
 }
 for _s, _d in DAG_SUMMARY.items():
-    METHODS[f"dag-{_s}"] = Method(f"dag-{_s}", "dag", "dag", _s != "sample", False, _d, None)
+    register(Method(f"dag-{_s}", "dag", "dag", _s != "sample", _d, sampling=_s in ("sample", "all"),
+                    config=DecodeConfig))
 
 
 DLLM_SUMMARY = {
@@ -179,9 +237,11 @@ DLLM_SUMMARY = {
     "dllm-entropy-bound": "DiffusionGemma's sampler: commit the lowest-entropy positions while their entropy sum "
                           "stays under a bound (on DiffusionGemma: its whole noise-canvas loop)",
 }
+DLLM_RUN_PARAMS = ("gen_length", "block_length", "eos_stop")
 for _n, _d in DLLM_SUMMARY.items():
-    METHODS[_n] = Method(_n, "diffusion", "diffusion", _n == "dllm-freedave", False, _d, None)
-DLLM_RUN_PARAMS = ["gen_length", "block_length", "eos_stop"]
+    # FreeDave is lossless against greedy one-token-per-step decoding only: it refuses a temperature
+    register(Method(_n, "diffusion", "diffusion", _n == "dllm-freedave", _d, sampling=_n != "dllm-freedave",
+                    config=POLICIES[_n], run_params=DLLM_RUN_PARAMS))
 
 
 def get_method(name: str) -> Method:
@@ -190,34 +250,61 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
+def _knobs(m: Method) -> dict:
+    """{parameter: default (None: unset)} of a method, in order."""
+    if m.config is not None:
+        out = {p: None for p in m.run_params}
+        return out | {f.name: None if f.default is MISSING else f.default for f in fields(m.config)}
+    if m.drafter is None:
+        return {}
+    out = {name: None if p.default is p.empty else p.default
+           for name, p in constructor_params(m.drafter).items() if name not in m.inputs and name != "backend"}
+    if m.adaptive is not None:
+        out["gate"] = "auto"
+    return out | {alias: None for alias in m.aliases}
+
+
 def method_params(name: str) -> list[str]:
-    m = get_method(name)
-    if m.engine == "dag":
-        from dataclasses import fields
-        from speclab.decoding.dag import DecodeConfig
-        return [f.name for f in fields(DecodeConfig)]
-    if m.engine == "diffusion":
-        from dataclasses import fields
-        from speclab.decoding.dllm_policies import POLICIES
-        return DLLM_RUN_PARAMS + [f.name for f in fields(POLICIES[name])]
-    return [p for p in inspect.signature(m.build).parameters if p not in ("target", "draft", "backend")]
+    return list(_knobs(get_method(name)))
 
 
 def method_defaults(name: str) -> dict:
-    """{parameter: default} of a method, read from where the defaults live (its builder's signature,
+    """{parameter: default} of a method, read from where the defaults live (its drafter's constructor,
     its policy or decode-config dataclass), so a form shows the value that runs; None = unset."""
-    from dataclasses import MISSING, fields
+    return _knobs(get_method(name))
+
+
+def build_drafter(name: str, target, draft, params: dict, backend: str = "auto") -> Drafter:
+    """A new drafter for one run of a speculative method: the constructor gets the caller's
+    parameters (aliases resolved), what the row's `inputs` take from the run, and the run's backend;
+    the cost gate wraps it when the row says so."""
     m = get_method(name)
-    if m.engine in ("dag", "diffusion"):
-        if m.engine == "dag":
-            from speclab.decoding.dag import DecodeConfig as cls
-        else:
-            from speclab.decoding.dllm_policies import POLICIES
-            cls = POLICIES[name]
-        out = {f.name: None if f.default is MISSING else f.default for f in fields(cls)}
-        return ({p: None for p in DLLM_RUN_PARAMS} | out) if m.engine == "diffusion" else out
-    sig = inspect.signature(m.build).parameters
-    return {p: sig[p].default for p in method_params(name)}
+    kw = {k: v for k, v in params.items() if k != "gate" and k not in m.aliases}
+    for alias, real in m.aliases.items():
+        if params.get(alias) is not None:
+            kw[real] = params[alias]
+    ctor = constructor_params(m.drafter)
+    if "backend" in ctor:
+        kw["backend"] = backend
+    kw |= {p: fill(target, draft) for p, fill in m.inputs.items()}
+    drafter = m.drafter(**kw)
+    if m.adaptive is None:
+        return drafter
+    values = {n: p.default for n, p in ctor.items() if p.default is not p.empty} | kw
+    return gated(drafter, params.get("gate", "auto"), m.adaptive(values))
+
+
+def paired_draft(target, method: str) -> str | None:
+    """The zoo's draft for `method` on a target given by name (None if there is none, or none installed)."""
+    from speclab.models.zoo import ZOO_DIR
+    m = get_method(method)
+    name = target if isinstance(target, str) else getattr(target[0], "name_or_path", None)
+    d = m.draft.paired.get(str(name)) if m.draft else None
+    return d if d and (ZOO_DIR / d / "config.json").exists() else None
+
+
+def batch_methods() -> list[str]:
+    return [m.name for m in METHODS.values() if m.batchable]
 
 
 # parameters that pass what the caller owns, not a setting: an object whose state outlives one
@@ -233,10 +320,11 @@ def recorded_params(params: dict) -> dict:
 
 def takes_backend(name: str) -> bool:
     m = get_method(name)
-    return m.build is not None and "backend" in inspect.signature(m.build).parameters
+    return m.drafter is not None and "backend" in constructor_params(m.drafter)
 
 
 def methods() -> list[dict]:
-    """One row per method: name, family, lossless, needs_draft, params, summary."""
+    """One row per method: name, family, lossless, needs_draft, batchable, tree, params, summary."""
     return [dict(name=m.name, family=m.family, lossless=m.lossless, needs_draft=m.needs_draft,
-                 params=method_params(m.name), summary=m.summary) for m in METHODS.values()]
+                 batchable=m.batchable, tree=m.tree, params=method_params(m.name), summary=m.summary)
+            for m in METHODS.values()]

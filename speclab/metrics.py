@@ -33,7 +33,8 @@ slow. Two alphas, not to be confused:
     expected_tau(a, k)   tokens per round of a chain of k with i.i.d. acceptance a:
                          (1 - a^(k+1)) / (1 - a)   (k + 1 at a = 1)
     tree_tau(cond)       the same from per-depth conditional acceptance c_1..c_D (a tree, or a chain
-                         whose acceptance changes with depth): 1 + sum_d prod_{j<=d} c_j
+                         whose acceptance changes with depth): 1 + sum_d prod_{j<=d} c_j; a run whose
+                         drafts differ in depth takes each round up to its own depth
     c (cost ratio)       one round's draft + verify seconds / one ar step's seconds, each the mean
                          over the decode rounds of its own run (the prompt's prefill round left out)
     expected speed-up    tau / c;  break-even: the alpha where tau(alpha, k) = c (none when
@@ -204,7 +205,11 @@ def cost_model(trace, reference) -> dict | None:
     _, cond, _ = per_position(drafting)
     a_tok = token_alpha(drafting)
     share = len(drafting) / len(rounds)            # rounds that drafted at all (a gate, a lookup miss)
-    tau_draft = expected_tau(a_tok, k) if chain and a_tok is not None else tree_tau(cond)
+    # a chain of one length: the papers' formula; otherwise each round up to its own depth (a lookup
+    # drafting 5 or 11, a tree) from the per-depth rates, so a short round is not credited with depths
+    # only the long ones reached
+    tau_draft = (expected_tau(a_tok, k) if chain and a_tok is not None else
+                 sum(tree_tau(cond[:draft_depth(r)]) for r in drafting) / len(drafting) if drafting else 1.0)
     tau_exp = (1 - share) + share * tau_draft
     round_s = round_seconds(traces)
     c = round_s / ar_step

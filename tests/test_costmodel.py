@@ -169,3 +169,16 @@ def test_sliders_redraw_the_curve_and_read_the_numbers_out():
     x.c.value = 3.0
     assert "break-even alpha none" in x.text.value
     assert any(t.name == "measured, measured run" for t in x.fig.data)   # the run's point stays
+
+
+def test_rounds_of_different_depths_are_each_credited_up_to_their_own_depth():
+    # a lookup-like run: two rounds of depth 2 accepting both, one of depth 4 accepting 3
+    spec = _trace([Round(kept=1, verify_s=0.5), _chain_round(2, 2, 0.0, 0.02), _chain_round(2, 2, 0.0, 0.02),
+                   _chain_round(4, 3, 0.0, 0.02)], 1.0, "prompt-lookup")
+    ar = _trace([Round(kept=1, verify_s=0.5), Round(kept=1, verify_s=0.02)], 1.0, "ar")
+    m = metrics.cost_model(spec, ar)
+    assert not m["chain"]
+    _, cond, _ = metrics.per_position(spec.rounds[1:])
+    assert cond == [1.0, 1.0, 1.0, 0.0]
+    # depth-2 rounds: 1 + 1 + 1 = 3 tokens each; the depth-4 round: 1 + 1 + 1 + 1 + 0 = 4
+    assert m["expected_tau"] == pytest.approx((3 + 3 + 4) / 3) == m["measured_tau"]

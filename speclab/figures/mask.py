@@ -76,11 +76,10 @@ def _square(codes: list[list[int]], rows: list[str], cols: list[str], hover: lis
     axis = lambda labels, **kw: dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels,
                                      showgrid=False, zeroline=False, tickfont=dict(family="monospace", size=11), **kw)
     layout = dict(title=dict(text=title), plot_bgcolor="white", height=200 + min(CELL_PX * size, 720),
-                  margin=dict(l=130, r=10, t=90, b=110),
+                  margin=dict(l=130, r=10, t=150, b=110),
                   legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, itemsizing="constant"),
-                  xaxis=axis(cols, title=dict(text="key (attended to)"), side="top", range=[-0.5, size - 0.5],
-                             tickangle=-60),
-                  yaxis=axis(rows, title=dict(text="query (looks)"), range=[size - 0.5, -0.5]))
+                  xaxis=axis(cols, side="top", range=[-0.5, size - 0.5], tickangle=-60),
+                  yaxis=axis(rows, range=[size - 0.5, -0.5]))
     return dict(data=[grid] + legend, layout=layout)
 
 
@@ -107,7 +106,7 @@ def _round_mask(trace: Trace, step: int, size: int) -> dict:
     cols = [f"context ({max(len(before) - 1, 0)})"] + names
     title = (f"{step_title(trace, step)}: the verify's tree mask, {len(nodes)} draft token(s) + x0 in one forward"
              "<br><span style='font-size:12px'>each row sees the context, x0 and its own ancestors, "
-             "never a sibling branch</span>")
+             "never a sibling branch; row = the token that looks, column = the token it sees</span>")
     return _square(codes, names, cols, hover, title, size)
 
 
@@ -134,10 +133,11 @@ def _denoise_mask(trace: Trace, step: int) -> dict:
             words.append(f"slot {q} sees slot {k} ({what})")
         codes.append(row)
         hover.append(words)
-    kind = (f"block-causal in blocks of {B}: a slot sees the prompt, earlier blocks and its whole block"
-            if causal else "bidirectional: every slot sees every slot")
-    title = (f"{step_title(trace, step)}: the attention mask, {kind}"
-             f"<br><span style='font-size:12px'>rows in colour ran this step (slots {lo}..{hi - 1})</span>")
+    kind, why = ((f"block-causal, blocks of {B}", "a slot sees the prompt, earlier blocks and its whole block")
+                 if causal else ("bidirectional", "every slot sees every slot"))
+    title = (f"{step_title(trace, step)}: the attention mask ({kind})"
+             f"<br><span style='font-size:12px'>{why}; rows in colour ran this step (slots {lo}..{hi - 1}); "
+             "row = the slot that looks, column = the slot it sees</span>")
     return _square(codes, names, [f"prompt ({len(trace.prompt_ids)})"] + names, hover, title, G + 1)
 
 

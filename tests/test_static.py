@@ -162,3 +162,20 @@ def test_trace_records_each_roles_forward_and_graphs(target, draft, heldout_prom
         m.pop("backend"), m.pop("graphs")
     old = Trace.from_dict(d)
     assert old.models["target"].backend is None and old.models["target"].graphs is None
+
+
+def test_a_dropped_runner_hands_its_cache_to_the_next_one():
+    """Graphs are captured once per model, not per run: a dropped runner's cache, buffers and
+    graphs go to the next runner of the same weights, the smallest one that holds the request."""
+    import gc
+    m = tiny_llama()
+    a = StaticLM(m, graphs=False)
+    a.forward(torch.randint(1, 150, (300,), generator=torch.Generator().manual_seed(6)))   # grows to 512
+    kv = a.kv
+    assert a.max_len == 512
+    del a
+    gc.collect()
+    b = StaticLM(m, graphs=False)
+    assert b.kv is kv and b.length == 0                   # the same cache, empty again
+    c = StaticLM(m, graphs=False)                         # b holds it: c gets its own
+    assert c.kv is not kv and c.max_len == 256

@@ -90,7 +90,8 @@ class StaticLM(LeanLM):
         # the same weights and graph mode takes them: captures happen once per model, not per run.
         self._idle = model.__dict__.setdefault("_speclab_static", {}).setdefault(
             (self.graphs, id(self.layers), id(self.head)), [])
-        kit = next((k for k in self._idle if k["max_len"] >= need), None)
+        # the smallest idle kit that holds the request: attention reads every slot of the cache
+        kit = min((k for k in self._idle if k["max_len"] >= need), key=lambda k: k["max_len"], default=None)
         if kit is not None:
             self._idle.remove(kit)
             for a in KIT:

@@ -75,10 +75,12 @@ def _square(codes: list[list[int]], rows: list[str], cols: list[str], hover: lis
               for _, color, label in CELLS]
     axis = lambda labels, **kw: dict(tickmode="array", tickvals=list(range(len(labels))), ticktext=labels,
                                      showgrid=False, zeroline=False, tickfont=dict(family="monospace", size=11), **kw)
-    layout = dict(title=dict(text=title), plot_bgcolor="white", height=200 + min(CELL_PX * size, 720),
+    # cells at least CELL_PX high (a small tree's grid would be a sliver), the whole grid at most 720 px
+    area = min(max(CELL_PX * size, 180), 720)
+    layout = dict(title=dict(text=title, y=1, yanchor="top", pad=dict(t=14)), plot_bgcolor="white", height=area + 260,
                   margin=dict(l=130, r=10, t=150, b=110),
-                  legend=dict(orientation="h", y=-0.02, yanchor="top", x=0, itemsizing="constant"),
-                  xaxis=axis(cols, side="top", range=[-0.5, size - 0.5], tickangle=-60),
+                  legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0, itemsizing="constant"),
+                  xaxis=axis(cols, range=[-0.5, size - 0.5], tickangle=-45),
                   yaxis=axis(rows, range=[size - 0.5, -0.5]))
     return dict(data=[grid] + legend, layout=layout)
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/dllm_answers.py [--questions 3] [--gen-length 64]
 
-For each of the first N questions of speclab/bench/prompts/chat.jsonl (none is in the adapter's
+For each of the first N questions of speclab/prompts/chat.jsonl (none is in the adapter's
 training text): the base model's `ar` answer, then smollm2-dllm one slot per step and with
 threshold 0.9, each with its forwards. Prints Markdown.
 """
@@ -10,7 +10,7 @@ import argparse
 import json
 
 import speclab
-from speclab.bench.prompts import load_prompts
+from speclab.prompts import load_prompts
 
 
 def main():

@@ -13,7 +13,7 @@ import torch
 
 import speclab
 from speclab.bench.bandwidth import BandwidthProbe
-from speclab.bench.prompts import encode, load_prompts
+from speclab.prompts import encode, load_prompts
 from speclab.models import kernels, zoo
 
 

@@ -5,7 +5,7 @@
 Prints ms per round of each stage (the verify's forward, its layers and head; drafting and the
 draft's own forwards; reading the target's features; accepting and booking) and how much of each
 ran in speclab's native kernel; the rest is Python and torch's small ops. Wraps the stages in
-place (this process only), so it costs a little time of its own. BENCHMARKS.md, twenty-fifth stop.
+place (this process only), so it costs a little time of its own. How to read it: docs/performance.md.
 """
 import argparse
 import collections
@@ -14,7 +14,7 @@ import time
 import torch
 
 import speclab
-from speclab.bench.prompts import encode, load_prompts
+from speclab.prompts import encode, load_prompts
 from speclab.bench.runner import parse_methods
 from speclab.decoding import speculative
 import speclab.decoding.drafters.heads  # noqa: F401  (every drafter class defined before they are wrapped)

@@ -8,7 +8,7 @@ Each row is decoded with draft-model (code-target + code-draft) and checked agai
 import argparse
 
 import speclab
-from speclab.bench.prompts import load_prompts
+from speclab.prompts import load_prompts
 
 
 def cell(s: str) -> str:

@@ -34,5 +34,5 @@ def draft():
 
 @pytest.fixture(scope="session")
 def heldout_prompts():
-    from speclab.bench.prompts import load_prompts
+    from speclab.prompts import load_prompts
     return load_prompts("code-mixed", limit=12)

@@ -83,7 +83,7 @@ def test_probe_reads_the_models_own_packed_weights():
 def test_every_shipped_prompt_set_loads_and_the_long_edits_keep_their_file():
     """code-edit-long: each item is a held-out function with at least 2,500 characters of its module
     before it, then the near-duplicate's first line (the original def line is in the context)."""
-    from speclab.bench.prompts import SETS, load_prompts
+    from speclab.prompts import SETS, load_prompts
     assert all(load_prompts(name) for name in SETS)
     long = load_prompts("code-edit-long")
     assert len(long) == 20 and len(set(long)) == 20
@@ -98,7 +98,7 @@ def test_whatif_at_the_recorded_k_reproduces_the_run():
     """Replaying a trace at the k it ran with must give back its own tau."""
     import speclab
     from speclab.bench.whatif import position_outcomes
-    from speclab.bench.prompts import load_prompts
+    from speclab.prompts import load_prompts
     r = speclab.generate("code-target", load_prompts("code-complete", 1)[0], "draft-model", draft="code-draft",
                          k=3, max_new_tokens=40, record="full")
     sim = simulate_tau(position_outcomes(r.trace), k=3)

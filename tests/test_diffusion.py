@@ -79,7 +79,7 @@ def test_one_per_step_lowconf_equals_threshold_one(code):
 @pytest.mark.parametrize("block", [8, 32])
 def test_freedave_is_lossless_against_one_per_step(code, dig, block):
     """Token for token the one-per-step greedy output, in fewer forwards (each >= 1 token)."""
-    from speclab.bench.prompts import load_prompts
+    from speclab.prompts import load_prompts
     saved = 0
     for p in load_prompts("code-mixed", 6):
         p = p[-300:]
@@ -209,7 +209,7 @@ def test_draft_tree_keeps_the_likeliest_paths_and_one_by_one_is_the_chain():
 def test_freedave_tree_and_chain_are_lossless_and_record_their_trees(code):
     """Both shapes give the one-per-step output; every step's commits are the recorded tree's path
     to the accepted node, in order, and the committed tokens are what the canvas holds after it."""
-    from speclab.bench.prompts import load_prompts
+    from speclab.prompts import load_prompts
     for p in load_prompts("code-mixed", 3):
         p = p[-300:]
         ref = speclab.run(code, p, "dllm-lowconf", gen_length=32, block_length=8, record=None)

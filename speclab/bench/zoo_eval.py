@@ -39,7 +39,7 @@ def heldout_loss(model, stream: torch.Tensor, windows: int, seq_len: int = 512, 
 
 def main(argv=None):
     import speclab
-    from speclab.bench.prompts import load_prompts
+    from speclab.prompts import load_prompts
     from speclab.train.ar import token_stream
     from speclab.train.corpus import iter_texts
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -221,5 +221,17 @@ def export_half(model, tokenizer, out_dir: Path, extra: dict):
     half = copy.deepcopy(model).half()
     half.config.dtype = "float16"
     half.save_pretrained(str(out_dir), safe_serialization=True)
-    tokenizer.save_pretrained(str(out_dir))
+    save_tokenizer(tokenizer, Path(out_dir))
     (Path(out_dir) / "speclab_train.json").write_text(json.dumps(extra, indent=1, default=str))
+
+
+def save_tokenizer(tokenizer, out_dir: Path):
+    """The tokenizer goes with the model, unless the shared `tokenizer/` folder beside it holds this
+    very tokenizer: the zoo's code models ship it once and load it from there (zoo.tokenizer_dir)."""
+    shared = Path(out_dir).parent / "tokenizer" / "tokenizer.json"
+    own = getattr(tokenizer, "backend_tokenizer", None)
+    if own is not None and shared.exists() and json.loads(shared.read_text()) == json.loads(own.to_str()):
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            (Path(out_dir) / name).unlink(missing_ok=True)
+        return
+    tokenizer.save_pretrained(str(out_dir))

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from speclab.train.head_data import target_features
-from speclab.train.heads import eagle_forward, eagle_step1
+from speclab.train.ttt import eagle_forward, eagle_step1
 
 
 @dataclass
@@ -42,7 +42,7 @@ def answers(base, tok, prompts: str, layers: list[int] = (), limit: int | None =
     items of a prompt set (all by default), with its hidden states after each of `layers`.
     base: the target (bf16)."""
     import speclab
-    from speclab.bench.prompts import encode, load_prompts
+    from speclab.prompts import encode, load_prompts
     rows, firsts = [], []
     for item in load_prompts(prompts, limit):
         ids = encode(tok, item, tokens, None)

@@ -105,10 +105,11 @@ def _loop(model, cfg: DllmConfig, batch_fn, out_dir: Path, tokenizer, log=print)
 
 def _export(model, tokenizer, out_dir: Path, extra: dict):
     import copy
+    from speclab.train.ar import save_tokenizer
     half = copy.deepcopy(model).half().eval()
     half.config.dtype = "float16"
     half.save_pretrained(str(out_dir), safe_serialization=True)
-    tokenizer.save_pretrained(str(out_dir))
+    save_tokenizer(tokenizer, out_dir)
     (out_dir / "speclab_train.json").write_text(json.dumps(extra, indent=1, default=str))
 
 

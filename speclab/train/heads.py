@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from speclab.train.head_data import DATA_DIRS, batch, first_rows, load_data, set_features, windows
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, set_lr
 from speclab.train.smollm2_data import split_rows
+from speclab.train.ttt import eagle_forward, eagle_step1, ttt_mask  # noqa: F401  (ttt_mask: for readers)
+from speclab.train.vocab import select_head_ids
 
 
 def soft_ce(logits: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
@@ -42,60 +42,6 @@ def soft_ce(logits: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------
 # 2. eagle: training-time test over U steps
-
-def ttt_mask(T: int, U: int) -> torch.Tensor:
-    """(U*T, U*T) bool: query (s, t) (step s = 1..U, entry t) sees step-1 keys j <= t-s+1 and, for
-    r = 2..s, the step-r key at t-(s-r): the committed entries and its own draft chain."""
-    n = U * T
-    vis = torch.zeros(n, n, dtype=torch.bool)
-    t = torch.arange(T)
-    for s in range(1, U + 1):
-        q = (s - 1) * T + t
-        vis[q[:, None], t[None, :]] = t[None, :] <= (t[:, None] - s + 1)
-        for r in range(2, s + 1):
-            j = t - (s - r)
-            ok = j >= 0
-            vis[q[ok], (r - 1) * T + j[ok]] = True
-        vis[q, q] = True                                    # every row sees itself (no empty row)
-    return vis
-
-
-def eagle_forward(head, f: torch.Tensor, tok: torch.Tensor, U: int) -> torch.Tensor:
-    """Head outputs (U, B, T-1, C) for entries t = 0..T-2: step 1 reads the target's features f
-    (B, T, C) post-norm (eagle_step1), step s the head's own output of step s-1 at t-1.
-
-    Steps 1..U-1 run without gradient only to produce the predictions fed back; the last pass
-    recomputes every step's input and output with gradient, so the fusion (and an EAGLE-3 head's
-    layer fusion) learns from the step-1 entries too: those are what the head's cache holds for
-    committed tokens at run time."""
-    from speclab.models.heads import eagle_fuse
-    B, T, C = f.shape
-    Tn = T - 1
-    e_in = tok[:, 1:]                                        # entry t pairs f_t with token t+1
-    layer, rot = head.model.layers[0], head.model.rotary_emb
-    pos = torch.arange(Tn).repeat(U)[None].expand(B, -1)
-    feats = [f[:, :Tn]]                      # what each step's entries read (predictions: no gradient)
-    out = None
-    for s in range(1, U + 1):
-        vis = ttt_mask(Tn, s)
-        mask = torch.zeros(vis.shape).masked_fill(~vis, float("-inf"))[None, None]
-        with torch.set_grad_enabled(torch.is_grad_enabled() and s == U):
-            x = torch.cat([eagle_fuse(head, g, e_in) for g in feats], 1)  # (B, s*Tn, C)
-            cos, sin = rot(x, pos[:, :s * Tn])
-            h = layer(x, attention_mask=mask, position_ids=pos[:, :s * Tn], position_embeddings=(cos, sin))
-            h = h[0] if isinstance(h, tuple) else h
-        out = h.view(B, s, Tn, C)
-        if s < U:                                                    # next step: own prediction at t-1
-            prev = head.model.norm(out[:, s - 1].detach())
-            feats.append(torch.cat([prev[:, :1], prev[:, :-1]], 1))
-    return out.transpose(0, 1)                                       # (U, B, Tn, C)
-
-
-def eagle_step1(head, xs: list[torch.Tensor]) -> torch.Tensor:
-    """(B, T, C) the post-norm feature the head's step 1 reads (speclab.models.heads.eagle_input)."""
-    from speclab.models.heads import eagle_input
-    return head.model.norm(eagle_input(head, xs))
-
 
 def eagle_loss(head, tok, xs, f, lp, m, U: int, reg_weight: float, hard_weight: float = 0.0):
     """Per step: soft CE to the target's p_{t+1} + reg_weight x smooth L1 to f_{t+1} (the last
@@ -164,7 +110,10 @@ def get_args(argv):
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--out", default=None, help="default: speclab/zoo/smollm2-<kind>")
     ap.add_argument("--data-dirs", nargs="*", default=DATA_DIRS)
-    ap.add_argument("--minutes", type=float, default=30.0, help="training budget (wall time)")
+    add_options(ap, minutes=30.0, batch=8, seq_len=256, lr=1e-3, warmup=50,
+                dev_help="eagle: a prompt set people wrote; each eval also measures the head's step-1 agreement on "
+                         "the target's answers to it, and the head is saved when THAT improves ('' to select by "
+                         "the held-out split of the training text, which overstates agreement on such questions)")
     ap.add_argument("--head-size", type=int, default=12288, help="trimmed vocabulary: most frequent ids")
     ap.add_argument("--unroll", type=int, default=3, help="eagle: training-time test steps")
     ap.add_argument("--reg-weight", type=float, default=0.5, help="eagle: smooth L1 weight on the features")
@@ -179,23 +128,11 @@ def get_args(argv):
                     help="start from the head in this directory (its weights and trimmed vocabulary); weights "
                          "it lacks (e.g. the layer fusion when --layers is new) keep their initialisation. With a dev set, "
                          "--out gets a head only when one beats this head's dev score")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--held-frac", type=float, default=0.05)
     ap.add_argument("--eval-every", type=float, default=5.0, help="minutes between held-out evals + saves")
-    ap.add_argument("--dev-prompts", default="chat-dev",
-                    help="eagle: a prompt set people wrote; each eval also measures the head's step-1 agreement on "
-                         "the target's answers to it, and the head is saved when THAT improves ('' to select by "
-                         "the held-out split of the training text, which overstates agreement on such questions)")
-    ap.add_argument("--resume", action="store_true")
     ap.add_argument("--calibrate", action="store_true",
                     help="medusa: only measure the heads in --out on held-out text and store their rank "
                          "accuracies (the calibrated tree's input); no training")
     ap.add_argument("--limit-rows", type=int, default=0, help="use only the first N rows (a smoke run)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
 
 
@@ -256,11 +193,9 @@ def evaluate(kind, head, data, X: list, spans, norm, W_sub, args, U, ranks: int 
 
 
 def main(argv=None):
-    from tqdm.auto import tqdm
     from speclab.models import zoo
     from speclab.models.adapter import save_draft
     from speclab.train.checkpoint import resume_state, save_checkpoint, trainable
-    from speclab.train.smollm2_draft import select_head_ids
 
     args = get_args(argv)
     torch.set_num_threads(args.threads)
@@ -313,7 +248,7 @@ def main(argv=None):
     opt = torch.optim.AdamW(list(params.values()), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     from speclab.models.gguf import cache_root
     ckpt = cache_root() / "ckpt" / out.name          # optimizer state stays out of the package
-    state = {"step": 0, "elapsed": 0.0, "epoch": 0, "log": []}
+    state = {"step": 0, "elapsed": 0.0, "epoch": 0, "pos": 0, "log": []}
     if args.resume:
         state = resume_state(ckpt, out, head, opt, state)
     spans = windows(data, train_rows, args.seq_len)
@@ -335,12 +270,6 @@ def main(argv=None):
         if args.init_from and "init_dev" not in state:   # the head started from is the one to beat
             state["init_dev"] = round(float(a[0]), 4)
     U = args.unroll
-    rng = random.Random(args.seed + state["epoch"])
-    order = list(range(len(spans)))
-    rng.shuffle(order)
-    budget, t_start, elapsed0 = args.minutes * 60, time.time(), state["elapsed"]
-    last_eval = time.time()
-    bar = tqdm(total=int(budget), desc=f"train {args.kind}", unit="s", mininterval=10)
 
     def save():
         ev = evaluate(args.kind, head, data, X, held, norm, W_sub, args, U)
@@ -358,19 +287,11 @@ def main(argv=None):
             print(f"saved {out}")
         save_checkpoint(ckpt, head, opt, state)
 
-    k = 0
-    while state["elapsed"] < budget:
-        if k >= len(order):
-            state["epoch"] += 1
-            rng.shuffle(order)
-            k = 0
-        pick = [spans[j] for j in order[k:k + args.batch]]
-        k += args.batch
-        frac = state["elapsed"] / budget
-        lr = args.lr * min(1.0, (state["step"] + 1) / args.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        tok_b, xs, f, lp, m = batch(data, X, pick, norm, W_sub)
+    loop = BudgetLoop(state, len(spans), args.batch, args.seed, args.minutes, args.eval_every, save,
+                      f"train {args.kind}")
+    for idx in loop:
+        set_lr(opt, cosine_lr(args.lr, state["step"], args.warmup, loop.frac))
+        tok_b, xs, f, lp, m = batch(data, X, [spans[j] for j in idx], norm, W_sub)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, st = (eagle_loss(head, tok_b, xs, f, lp, m, U, args.reg_weight, args.hard_weight) if args.kind == "eagle"
                         else medusa_loss(head, xs, lp, m))
@@ -378,14 +299,8 @@ def main(argv=None):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         opt.step()
-        state["step"] += 1
-        state["elapsed"] = elapsed0 + time.time() - t_start
-        bar.n = int(min(state["elapsed"], budget))
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **{k_: f"{v:.2f}" for k_, v in st.items() if k_.startswith("acc")})
-        if time.time() - last_eval > args.eval_every * 60:
-            save()
-            last_eval = time.time()
-    bar.close()
+        loop.bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **{k_: f"{v:.2f}" for k_, v in st.items()
+                                                                   if k_.startswith("acc")})
     save()
     (ckpt / "state.json").write_text(json.dumps(state, indent=2))
     if "init_dev" in state and not (out / "model.safetensors").exists():

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from speclab.models.loading import chat_prompt
+from speclab.prompts import PROMPT_DIR
 
 BASE = "smollm2-135m"
 TOPK = 8
@@ -134,9 +135,9 @@ OPENERS = ("Explain", "Write", "Describe", "Give", "Create", "Generate", "List",
 # BENCHMARKS.md, training text). So the target is shown a numbered list of hand-written seed
 # questions and writes the next one (Self-Instruct's bootstrap, without its filtering model).
 SEED_QUESTIONS = Path(__file__).with_name("seed_questions.txt")
-# the bench's chat questions (test and dev sets) stay held out: a written question whose content
-# words mostly match one of theirs is dropped (read as data; training code does not import the bench)
-HELD_OUT_QUESTIONS = [Path(__file__).parents[1] / "bench" / "prompts" / f for f in ("chat.jsonl", "chat-dev.jsonl")]
+# the chat prompt sets (test and dev) stay held out: a written question whose content words mostly
+# match one of theirs is dropped
+HELD_OUT_QUESTIONS = [PROMPT_DIR / f for f in ("chat.jsonl", "chat-dev.jsonl")]
 STOPWORDS = frozenset("a an and are as at be by can do does for from how i in is it its me my of on or "
                       "that the this to what when where which who why with you your".split())
 

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import time
 from pathlib import Path
 
@@ -35,43 +33,11 @@ from speclab.train.checkpoint import resume_state, save_checkpoint, trainable
 from speclab.train.smollm2_data import (ANSWER, BASE, CODE_GEN, CODE_PREFIX, CORPUS, QUESTION,  # noqa: F401
                                         OPENERS, TEMPLATE, TOPK, TRAINED_KINDS, gen_chat, gen_code, gen_corpus_kd,
                                         load_rows, merge, save_rows, split_rows)
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, set_lr
+from speclab.train.vocab import coverage, select_head_ids, subset_index
 
 # ----------------------------------------------------------------------------------------------
-# 2. trimmed vocabulary
-
-def select_head_ids(tokens: torch.Tensor, n: int, always: list[int], vocab_size: int,
-                    counts: torch.Tensor | None = None, fill: bool = False) -> torch.Tensor:
-    """The `n` most frequent ids of `tokens` (or of precomputed `counts`), most frequent first;
-    `always` are kept in any case (they take the places of the least frequent ones).
-
-    fill: top up to `n` with the lowest unseen ids. A BPE vocabulary is numbered in merge order, so
-    low ids are the tokens frequent in the tokenizer's own corpus: with ~100 chat rows, a held-out
-    answer's words are often unseen ones, and the low ids cover more of them than nothing does.
-    """
-    if counts is None:
-        counts = torch.bincount(tokens.long().flatten(), minlength=vocab_size)
-    order = torch.argsort(counts, descending=True, stable=True)
-    order = order[counts[order] > 0]
-    keep = [i for i in order.tolist() if i not in set(always)][:max(0, n - len(always))]
-    ranked = sorted(set(always) | set(keep), key=lambda i: (-float(counts[i]), i))
-    if fill and len(ranked) < n:
-        have = set(ranked)
-        ranked += [i for i in range(vocab_size) if i not in have][:n - len(ranked)]
-    return torch.tensor(ranked, dtype=torch.long)
-
-
-def coverage(tokens: torch.Tensor, head_ids: torch.Tensor) -> float:
-    """Share of `tokens` inside the subset."""
-    inside = torch.isin(tokens.long(), head_ids)
-    return float(inside.float().mean()) if len(tokens) else float("nan")
-
-
-def subset_index(head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(V,) position of each token id in the subset, -1 outside it."""
-    idx = torch.full((vocab_size,), -1, dtype=torch.long)
-    idx[head_ids] = torch.arange(len(head_ids))
-    return idx
-
+# 2. trimmed vocabulary: speclab/train/vocab.py (select_head_ids, coverage, subset_index)
 
 # ----------------------------------------------------------------------------------------------
 # 3. the draft
@@ -267,26 +233,17 @@ def get_args(argv):
     ap.add_argument("--gen-only", action="store_true", help="stop after the data is cached")
     ap.add_argument("--extra-data", nargs="*", default=[], metavar="DIR",
                     help="data dirs of further --gen-only runs (use another --seed) to train on as well")
-    ap.add_argument("--minutes", type=float, default=40.0, help="training budget (wall time)")
+    add_options(ap, minutes=40.0, batch=8, seq_len=384, lr=3e-4, warmup=30,
+                dev_help="a prompt set people wrote: each save also measures teacher-forced agreement on the "
+                         "target's answers to it, and the draft is kept when (that + held-out code) / 2 improves "
+                         "('' to select by the held-out split alone, which overstates agreement on such questions)")
     ap.add_argument("--head-size", type=int, default=8192)
     ap.add_argument("--head-topk-weight", type=float, default=0.1)
     ap.add_argument("--layers", default="0,1,29", help="target layers the draft starts from")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=384)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--kl-weight", type=float, default=0.5)
-    ap.add_argument("--held-frac", type=float, default=0.05)
     ap.add_argument("--save-every", type=float, default=6.0, help="minutes between checkpoints + draft saves")
-    ap.add_argument("--dev-prompts", default="chat-dev",
-                    help="a prompt set people wrote: each save also measures teacher-forced agreement on the target's "
-                         "answers to it, and the draft is kept when (that + held-out code) / 2 improves ('' to "
-                         "select by the held-out split alone, which overstates agreement on such questions)")
     ap.add_argument("--ckpt", default=None, help="checkpoint dir (default: <data-dir>/ckpt-<layers>)")
-    ap.add_argument("--resume", action="store_true")
     ap.add_argument("--eval-alpha", action="store_true", help="measure alpha at k=4 after training")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
 
 
@@ -294,7 +251,6 @@ def main(argv=None):
     args = get_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    from tqdm.auto import tqdm
     from speclab.models import zoo
     from speclab.models.adapter import save_draft
 
@@ -386,14 +342,6 @@ def main(argv=None):
 
     spans = windows(data, train_rows, args.seq_len)
     print(f"train: {len(train_rows)} rows, {len(spans)} windows; held out {len(held_rows)} rows")
-    budget = args.minutes * 60
-    rng = random.Random(args.seed + state["epoch"])
-    order = list(range(len(spans)))
-    rng.shuffle(order)
-
-    def lr_at(step, frac):
-        warm = min(1.0, (step + 1) / args.warmup)
-        return args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
     key = "best_dev" if dev else "best"            # what the kept draft is the best by
 
@@ -433,43 +381,29 @@ def main(argv=None):
             state[key] = score(ev0)
         state["initial_agreement"] = ev0
         print(f"held-out agreement before training: {json.dumps(ev0)}", flush=True)
-    t_start, last_save = time.time() - state["elapsed"], time.time()
-    bar = tqdm(total=int(budget), initial=int(state["elapsed"]), unit="s", desc="train")
     ema = None
-    while state["elapsed"] < budget:
-        if state["pos"] >= len(order):
-            state["epoch"] += 1
-            state["pos"] = 0
-            rng = random.Random(args.seed + state["epoch"])
-            rng.shuffle(order)
-        idx = order[state["pos"]:state["pos"] + args.batch]
-        state["pos"] += args.batch
+    loop = BudgetLoop(state, len(spans), args.batch, args.seed, args.minutes, args.save_every,
+                      lambda: save("periodic"), "train")
+    for idx in loop:
         x, y, m, lp, ids = make_batch(data, [spans[i] for i in idx], eos)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(state["step"], state["elapsed"] / budget)
+        set_lr(opt, cosine_lr(args.lr, state["step"], args.warmup, loop.frac))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, st = draft_loss(model, x, y, lp, ids, sub_idx, m, args.kl_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
         opt.step()
-        state["step"] += 1
-        state["elapsed"] = time.time() - t_start
         lv = float(loss.detach())
         ema = lv if ema is None else 0.95 * ema + 0.05 * lv
-        bar.update(min(int(state["elapsed"]), bar.total) - bar.n)
-        bar.set_postfix(step=state["step"], ep=state["epoch"], loss=f"{ema:.3f}", ce=f"{st['ce']:.3f}",
-                        kl=f"{st.get('kl', 0):.3f}")
-        if state["step"] % 50 == 0:
-            state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 2), "loss_ema": round(ema, 4),
+        step = state["step"] + 1                  # this step, once the loop counts it
+        loop.bar.set_postfix(step=step, ep=state["epoch"], loss=f"{ema:.3f}", ce=f"{st['ce']:.3f}",
+                             kl=f"{st.get('kl', 0):.3f}")
+        if step % 50 == 0:
+            state["log"].append({"step": step, "min": round(state["elapsed"] / 60, 2), "loss_ema": round(ema, 4),
                                  "ce": round(st["ce"], 4), "kl": round(st.get("kl", 0), 4)})
-            print(f"step {state['step']} ({state['elapsed'] / 60:.1f} min, epoch {state['epoch']}): "
+            print(f"step {step} ({state['elapsed'] / 60:.1f} min, epoch {state['epoch']}): "
                   f"loss {ema:.4f} ce {st['ce']:.4f} kl {st.get('kl', 0):.4f} lr {opt.param_groups[0]['lr']:.2e}",
                   flush=True)
-        if time.time() - last_save > args.save_every * 60:
-            save("periodic")
-            last_save = time.time()
-    bar.close()
     save("final")
 
     # 5. evaluation

@@ -1,0 +1,60 @@
+"""Prompt sets shipped with speclab, built once from the HELD-OUT split of the corpus (modules the
+zoo never trained on) and committed as JSONL, so every machine benchmarks the same prompts.
+
+  code-complete  a prefix of a held-out module, cut at the colon of a `def ...:` line
+  code-edit      a held-out function, then a near-duplicate's first line: the continuation
+                 mostly repeats material already in the prompt (prompt lookup's home ground)
+  code-mixed     alternating items of the two
+  code-edit-long code-edit's task inside its file: the function follows up to ~5,000 characters of
+                 the module before it (prompts of 752-1,631 tokens), so a verify attends over a
+                 context like an editor's, not a snippet's
+  chat           questions for an instruction-tuned model ({"chat": "..."} rows: the model's chat
+                 template wraps each one), written by hand, so no draft trained on them
+  chat-dev       60 more such questions, on other topics: the development split, to steer training
+                 by (the trainers' dev score, scripts/head_agreement.py) while `chat` stays the test;
+                 no draft trained on them. The first 20 were the whole set before 2026-11-26.
+
+Prompts end at the colon, not after the newline: the byte-level BPE merges a newline with the
+indentation that follows ("\n   " is one token), so a prompt ending in a bare "\n" asks for the
+token after a token the models only ever saw before unindented code (they answered with a new
+top-level `class`, ignoring the function just opened).
+
+The sets are data that training (its dev score) and the bench both read, so they live here, below
+both; the code-* sets are built from the corpus by speclab/train/prompt_sets.py
+(`python -m speclab.train.prompt_sets`, only needed after changing it). Users may pass their own
+JSONL: one {"prompt": "..."} (raw text) or {"chat": "..."} (a user message) object per line.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PROMPT_DIR = Path(__file__).resolve().parent
+SETS = ("code-complete", "code-edit", "code-mixed", "chat", "chat-dev", "code-edit-long")
+
+
+def load_prompts(name_or_path: str, limit: int | None = None) -> list[str | dict]:
+    """Raw prompts as str, chat questions as {"chat": question}."""
+    p = PROMPT_DIR / f"{name_or_path}.jsonl"
+    if not p.exists():
+        p = Path(name_or_path)
+        if not p.exists():
+            raise ValueError(f"unknown prompt set {name_or_path!r}: use one of {', '.join(SETS)} or a JSONL file")
+    rows = []
+    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            rows.append({"chat": str(row["chat"])} if "chat" in row else row["prompt"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{p}:{i + 1}: each line must be a JSON object with a 'prompt' "
+                             f"or 'chat' string ({e})") from e
+    return rows[:limit] if limit else rows
+
+
+def encode(tokenizer, item: str | dict, max_new_tokens: int, max_positions: int | None) -> list[int]:
+    """Token ids of one prompt-set item: chat questions through the tokenizer's chat template."""
+    from speclab.models.loading import chat_prompt, encode_prompt
+    prompt = chat_prompt(tokenizer, item["chat"]) if isinstance(item, dict) else item
+    return encode_prompt(tokenizer, prompt, max_new_tokens, max_positions)

@@ -1,0 +1,99 @@
+"""What the trainers of the SmolLM2 drafts and heads share: their common options, the learning-rate
+schedule, and the loop's bookkeeping.
+
+    add_options(ap, minutes=40, batch=8, seq_len=384, lr=3e-4, warmup=30, dev_help=...)
+    loop = BudgetLoop(state, len(windows), args.batch, args.seed, args.minutes, args.save_every, save, "train")
+    for idx in loop:                                   # window indices of one step
+        set_lr(opt, cosine_lr(args.lr, state["step"], args.warmup, loop.frac))
+        ...one optimizer step...
+        loop.bar.set_postfix(loss=...)
+    save()                                             # the last save is the caller's
+
+A run trains for a wall-time budget, not a step count (a CPU's speed varies from machine to
+machine), so the schedule is a function of the share of the budget spent. `state` is what the
+checkpoint stores (step, epoch, position in the epoch, elapsed seconds): a resumed run goes on where
+it stopped, in the same order of windows.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+
+
+def add_options(ap, *, minutes: float, batch: int, seq_len: int, lr: float, warmup: int, dev_help: str):
+    """The options every draft / head trainer takes, with its own defaults."""
+    ap.add_argument("--minutes", type=float, default=minutes, help="training budget (wall time)")
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--seq-len", type=int, default=seq_len)
+    ap.add_argument("--lr", type=float, default=lr)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--held-frac", type=float, default=0.05)
+    ap.add_argument("--dev-prompts", default="chat-dev", help=dev_help)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def cosine_lr(lr: float, step: int, warmup: int, frac: float, floor: float = 0.1) -> float:
+    """Linear warm-up over `warmup` steps, then a cosine from lr down to floor x lr as the share
+    `frac` of the budget is spent."""
+    warm = min(1.0, (step + 1) / max(warmup, 1))
+    return lr * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def set_lr(opt, lr: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
+class BudgetLoop:
+    """Steps until `minutes` of wall time are spent: epochs over `n` training windows, each in an
+    order shuffled with seed + epoch, `batch` windows a step; a progress bar in seconds of the
+    budget; `save()` every `every_minutes`. Iterating yields each step's window indices; the step
+    counts once the caller's body has run."""
+
+    def __init__(self, state: dict, n: int, batch: int, seed: int, minutes: float, every_minutes: float,
+                 save, desc: str = "train"):
+        if n < 1:
+            raise ValueError("no training windows: the data has no rows left after the held-out split "
+                             "(use more data or a smaller --held-frac)")
+        for key, v in (("step", 0), ("epoch", 0), ("pos", 0), ("elapsed", 0.0)):
+            state.setdefault(key, v)
+        self.state, self.n, self.batch, self.seed = state, n, batch, seed
+        self.budget, self.every, self.save, self.desc = minutes * 60, every_minutes * 60, save, desc
+        self.bar = None
+
+    @property
+    def frac(self) -> float:
+        """The share of the budget spent."""
+        return self.state["elapsed"] / self.budget if self.budget else 1.0
+
+    def order(self) -> list[int]:
+        order = list(range(self.n))
+        random.Random(self.seed + self.state["epoch"]).shuffle(order)
+        return order
+
+    def __iter__(self):
+        from tqdm.auto import tqdm
+        s = self.state
+        order = self.order()
+        t0, elapsed0, last = time.time(), s["elapsed"], time.time()
+        self.bar = tqdm(total=int(self.budget), initial=int(min(elapsed0, self.budget)), unit="s", desc=self.desc,
+                        mininterval=10)
+        try:
+            while s["elapsed"] < self.budget:
+                if s["pos"] >= self.n:
+                    s["epoch"], s["pos"] = s["epoch"] + 1, 0
+                    order = self.order()
+                idx = order[s["pos"]:s["pos"] + self.batch]
+                s["pos"] += self.batch
+                yield idx
+                s["step"] += 1
+                s["elapsed"] = elapsed0 + time.time() - t0
+                self.bar.update(int(min(s["elapsed"], self.budget)) - self.bar.n)
+                if time.time() - last > self.every:
+                    self.save()
+                    last = time.time()
+        finally:
+            self.bar.close()

@@ -226,8 +226,9 @@ def main(argv=None):
     spans = windows(data, train_rows, args.seq_len)
     held = windows(data, held_rows, args.seq_len)[:args.held_windows]
     U = args.unroll
-    recipe = (f"speclab train eagle3 --target {args.target} --out {args.out} --minutes {args.minutes:g} "
-              f"--layers {','.join(map(str, aux))}" + (f" --init-from {args.init_from}" if args.init_from else ""))
+    import shlex
+    import sys
+    recipe = "speclab train eagle3 " + shlex.join(sys.argv[1:] if argv is None else argv)   # as it was run
 
     def save(final=False):
         ev = evaluate(draft, data, X, held, norm, W_sub, args, embed)

@@ -175,6 +175,10 @@ class LayerSkipDrafter(ChainDrafter):
 
     def propose(self, ctx: Context) -> DraftTree:
         L = self.layer
+        if self.auto:   # capture only the exits observe() scores after this round: each capture splits
+            n = len(self.candidates)    # the target's forward at that layer
+            self.scoring = {L, *(self.candidates[(self.turn + j) % n] for j in range(min(self.per_round, n)))}
+            self.target.capture_layers = tuple(sorted(self.scoring))
         lm = self.target.exit_lm(L)                                         # shares the target cache
         pending = ctx.ids[len(ctx.ids) - ctx.pending:]
         tokens, q_tok, dists = self.run_chain(self.lm_step(lm), torch.tensor(pending, device=ctx.device))
@@ -195,9 +199,8 @@ class LayerSkipDrafter(ChainDrafter):
         # each exit's head costs an LM-head matmul: score the current exit and `per_round` others
         # in turn (all 29 of a real model every round cost more than the target forward itself)
         n = len(self.candidates)
-        turn = [self.candidates[(self.turn + j) % n] for j in range(min(self.per_round, n))]
-        self.turn = (self.turn + len(turn)) % n
-        for l in {self.layer, *turn}:
+        self.turn = (self.turn + min(self.per_round, n)) % n
+        for l in self.scoring:
             h = self.captured[l]
             hit = (self.target.final_norm_head(h[0, rows]).argmax(-1) == want).float().mean().item()
             self.matches[l] = 0.9 * self.matches[l] + 0.1 * hit

@@ -29,20 +29,25 @@ def heads(target):
     medusa = build_medusa(base, head_config(base.config, "medusa", 3), ids)
     for w in medusa.w2:
         torch.nn.init.normal_(w.weight, std=0.02)
-    return (eagle.eval(), tok), (medusa.eval(), tok)
+    return {"eagle": (eagle.eval(), tok), "medusa": (medusa.eval(), tok)}
 
 
-CASES = [("eagle", 0, dict(budget=10, width=3, depth=4, threshold=None)), ("eagle", 0, dict()),
-         ("eagle", 0, dict(lookup=4)),
-         ("eagle-chain", 0, dict(k=4)), ("eagle-chain", 0, dict(schedule="heuristic")), ("medusa", 1, dict())]
+CASES = {"eagle-full-tree": ("eagle", dict(budget=10, width=3, depth=4, threshold=None)),
+         "eagle-defaults": ("eagle", dict()),
+         "eagle-lookup": ("eagle", dict(lookup=4)),
+         "eagle-chain-k4": ("eagle-chain", dict(k=4)),
+         "eagle-chain-heuristic": ("eagle-chain", dict(schedule="heuristic")),
+         "medusa-defaults": ("medusa", dict())}
+HEAD_OF = {"eagle": "eagle", "eagle-chain": "eagle", "medusa": "medusa"}     # method -> the head it drafts with
 
 
-@pytest.mark.parametrize("method,which,params", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_greedy_identical_to_ar(method, which, params, target, heads, heldout_prompts):
+@pytest.mark.parametrize("case", CASES)
+def test_greedy_identical_to_ar(case, target, heads, heldout_prompts):
+    method, params = CASES[case]
     drafted = accepted = 0
     for prompt in heldout_prompts[:6]:
         ref = speclab.generate(target, prompt, "ar", max_new_tokens=NEW, record=None).ids
-        r = speclab.generate(target, prompt, method, draft=heads[which], max_new_tokens=NEW, **params)
+        r = speclab.generate(target, prompt, method, draft=heads[HEAD_OF[method]], max_new_tokens=NEW, **params)
         assert r.ids == ref, f"{method} diverged from ar on {prompt[:40]!r}"
         t = r.trace.totals
         assert t.new_tokens == len(ref) and t.accepted == sum(len(x.accepted) for x in r.trace.rounds)
@@ -52,13 +57,13 @@ def test_greedy_identical_to_ar(method, which, params, target, heads, heldout_pr
 
 
 def test_provenance_and_coverage(target, heads, heldout_prompts):
-    r = speclab.generate(target, heldout_prompts[0], "eagle", draft=heads[0], max_new_tokens=24, record="full",
+    r = speclab.generate(target, heldout_prompts[0], "eagle", draft=heads["eagle"], max_new_tokens=24, record="full",
                          threshold=None)                    # an untrained head is sure of nothing: grow every depth
     n_prompt = len(r.trace.prompt_ids)
     rnd = r.trace.rounds[1]                        # drafted from the hidden state of the prompt's last token
     assert {n.source for n in rnd.nodes if n.depth == 1} == {f"h{n_prompt - 1}"}
     assert any(n.source == f"h{n_prompt - 1}+1" for n in rnd.nodes if n.depth == 2)
-    m = speclab.generate(target, heldout_prompts[0], "medusa", draft=heads[1], max_new_tokens=24, record="full")
+    m = speclab.generate(target, heldout_prompts[0], "medusa", draft=heads["medusa"], max_new_tokens=24, record="full")
     assert {n.source for n in m.trace.rounds[1].nodes} <= {f"medusa{d}@h{n_prompt - 1}" for d in (1, 2, 3)}
     from speclab.figures.tree import source_text          # the tree view says it in words
     assert source_text(f"h{n_prompt - 1}+1").startswith(f"EAGLE head on the target's hidden state at position {n_prompt - 1}")
@@ -77,12 +82,12 @@ def test_provenance_and_coverage(target, heads, heldout_prompts):
 def test_a_smaller_draft_vocabulary_drafts_only_its_ids(method, target, heads, heldout_prompts):
     """vocab=N scores the head's first N ids (its most frequent): only those are drafted, every
     other emitted token is a coverage miss, and greedy stays identical to ar."""
-    head = heads[0][0]
+    head = heads["eagle"][0]
     keep = set(head.lm_head.head_ids[:256].tolist())
     misses = 0
     for prompt in heldout_prompts[:3]:
         ref = speclab.generate(target, prompt, "ar", max_new_tokens=NEW, record=None).ids
-        r = speclab.generate(target, prompt, method, draft=heads[0], max_new_tokens=NEW, vocab=256, record="full")
+        r = speclab.generate(target, prompt, method, draft=heads["eagle"], max_new_tokens=NEW, vocab=256, record="full")
         assert r.ids == ref
         for rnd in r.trace.rounds:
             assert all(n.token in keep for n in rnd.nodes)
@@ -90,12 +95,13 @@ def test_a_smaller_draft_vocabulary_drafts_only_its_ids(method, target, heads, h
             misses += "coverage_miss" in rnd.info
     assert misses > 0                              # 256 of the code zoo's ids leave some out
     with pytest.raises(ValueError, match="vocab must be an integer in 64"):
-        speclab.generate(target, heldout_prompts[0], method, draft=heads[0], max_new_tokens=4, vocab=10 ** 6)
+        speclab.generate(target, heldout_prompts[0], method, draft=heads["eagle"], max_new_tokens=4, vocab=10 ** 6)
 
 
-@pytest.mark.parametrize("method,which,params", [("eagle", 0, dict(budget=6, width=2, depth=3)),
-                                                 ("eagle-chain", 0, dict(k=2)), ("medusa", 1, dict())])
-def test_second_sampled_token_follows_target_distribution(method, which, params, target, heads):
+@pytest.mark.parametrize("method,params", [("eagle", dict(budget=6, width=2, depth=3)),
+                                           ("eagle-chain", dict(k=2)), ("medusa", dict())],
+                         ids=["eagle", "eagle-chain", "medusa"])
+def test_second_sampled_token_follows_target_distribution(method, params, target, heads):
     """Round 1 has no draft, so the drafted position is the second token: its joint law with the
     first must be the target's, p(x1) p(x2 | x1), under recursive rejection / speculative sampling."""
     model, tok = target
@@ -112,7 +118,7 @@ def test_second_sampled_token_follows_target_distribution(method, which, params,
                 joint[(a, b)] = float(p1[a] * p2[b])
     n, counts = 900, dict.fromkeys(joint, 0)
     for seed in range(n):
-        r = speclab.generate(target, prompt, method, draft=heads[which], max_new_tokens=2, temperature=1.0,
+        r = speclab.generate(target, prompt, method, draft=heads[HEAD_OF[method]], max_new_tokens=2, temperature=1.0,
                              top_k=3, seed=seed, record=None, **params)
         counts[tuple(r.ids)] += 1                  # KeyError = a pair the target cannot produce
     keys = list(joint)
@@ -126,7 +132,7 @@ def test_training_forward_equals_drafting_forward(target, heads):
     outputs the drafter computes with the lean forward and its own cache."""
     from speclab.models.backends import make_lm
     base, _ = target
-    head = heads[0][0]
+    head = heads["eagle"][0]
     T = 12
     tok = torch.randint(0, 500, (1, T))
     with torch.no_grad():
@@ -151,8 +157,8 @@ def eagle3(target, heads):
     its initialisation (the last layer alone) and then with random weights on layer 1."""
     base, tok = target
     L = base.config.num_hidden_layers
-    head = build_eagle(base, head_config(base.config, "eagle", layers=[1, L]), heads[0][0].lm_head.head_ids)
-    head.load_state_dict(heads[0][0].state_dict(), strict=False)
+    head = build_eagle(base, head_config(base.config, "eagle", layers=[1, L]), heads["eagle"][0].lm_head.head_ids)
+    head.load_state_dict(heads["eagle"][0].state_dict(), strict=False)
     return head.eval(), tok
 
 
@@ -162,7 +168,7 @@ def test_eagle3_head_starts_as_the_top_only_head_and_stays_lossless(target, head
     import copy
     prompt = heldout_prompts[1]
     runs = [speclab.generate(target, prompt, "eagle", draft=h, max_new_tokens=NEW, record="light")
-            for h in (heads[0], eagle3)]
+            for h in (heads["eagle"], eagle3)]
     assert runs[0].ids == runs[1].ids
     assert [[n.token for n in r.nodes] for r in runs[0].trace.rounds] == \
         [[n.token for n in r.nodes] for r in runs[1].trace.rounds]
@@ -292,7 +298,8 @@ def test_a_few_steps_lower_the_loss(kind, target):
 def test_adapter_round_trip_and_wrong_pairings(target, draft, heads, tmp_path):
     from speclab.models.adapter import load_draft, save_draft
     base, tok = target
-    for (head, _), kind in zip(heads, ("eagle", "medusa")):
+    for kind in ("eagle", "medusa"):
+        head = heads[kind][0]
         save_draft(head, tmp_path / kind, "code-target", kind=kind)
         back = load_draft(tmp_path / kind, base, torch.float32)
         assert type(back) is type(head)
@@ -304,7 +311,7 @@ def test_adapter_round_trip_and_wrong_pairings(target, draft, heads, tmp_path):
     with pytest.raises(ValueError, match="needs an EAGLE head"):
         speclab.generate(target, "def f(x):", "eagle", draft=draft)
     with pytest.raises(ValueError, match="needs Medusa heads"):
-        speclab.generate(target, "def f(x):", "medusa", draft=heads[0])
+        speclab.generate(target, "def f(x):", "medusa", draft=heads["eagle"])
     small = head_config(base.config, "eagle")
     small.hidden_size, small.intermediate_size = 32, 64
     other = build_eagle(base, head_config(base.config, "eagle"), torch.arange(10))
@@ -312,7 +319,7 @@ def test_adapter_round_trip_and_wrong_pairings(target, draft, heads, tmp_path):
     with pytest.raises(ValueError, match="hidden_size"):
         speclab.generate(target, "def f(x):", "eagle", draft=(other, tok))
     with pytest.raises(ValueError, match="at most 3 ranks"):
-        speclab.generate(target, "def f(x):", "medusa", draft=heads[1], paths=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
+        speclab.generate(target, "def f(x):", "medusa", draft=heads["medusa"], paths=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])
 
 
 def test_graft_shares_the_nodes_the_tree_has():
@@ -334,19 +341,19 @@ def test_graft_shares_the_nodes_the_tree_has():
 def test_eagle_with_lookup_grafts_copies_and_is_greedy_only(target, heads, heldout_prompts):
     grafted = counted = 0
     for prompt in heldout_prompts[:6]:
-        r = speclab.generate(target, prompt, "eagle", draft=heads[0], max_new_tokens=NEW, record="full", lookup=4)
+        r = speclab.generate(target, prompt, "eagle", draft=heads["eagle"], max_new_tokens=NEW, record="full", lookup=4)
         grafted += sum("-gram@" in n.source for rnd in r.trace.rounds for n in rnd.nodes)
         counted += sum(rnd.info.get("grafted", 0) for rnd in r.trace.rounds)
     assert grafted == counted > 0                 # code repeats itself: copies reach the tree, each one recorded
     with pytest.raises(ValueError, match="greedy decoding only"):
-        speclab.generate(target, heldout_prompts[0], "eagle", draft=heads[0], max_new_tokens=4, lookup=4,
+        speclab.generate(target, heldout_prompts[0], "eagle", draft=heads["eagle"], max_new_tokens=4, lookup=4,
                          temperature=1.0)
 
 
 def test_per_position_of_a_tree_without_node_records(target, heads, heldout_prompts):
     """record=None keeps no nodes; a tree round notes its depth so per-position acceptance stays exact."""
     from speclab import metrics
-    runs = [speclab.generate(target, heldout_prompts[2], "eagle", draft=heads[0], max_new_tokens=32, record=rec)
+    runs = [speclab.generate(target, heldout_prompts[2], "eagle", draft=heads["eagle"], max_new_tokens=32, record=rec)
             for rec in (None, "light")]
     assert runs[0].ids == runs[1].ids
     assert metrics.per_position(runs[0].trace.rounds) == metrics.per_position(runs[1].trace.rounds)
@@ -374,7 +381,7 @@ def test_calibrated_tree_keeps_the_likeliest_paths():
 def test_medusa_builds_its_calibrated_tree(target, heads, heldout_prompts):
     from speclab.decoding.drafters.heads import MedusaDrafter
     from speclab.decoding.drafters.trees import calibrated_paths
-    head = heads[1][0]
+    head = heads["medusa"][0]
     assert len(MedusaDrafter(target[0], head, budget=5).paths) == 5     # uncalibrated: the default, cut
     acc = [[0.5, 0.2, 0.1], [0.3, 0.1, 0.05], [0.2, 0.1, 0.05]]
     head.config.medusa_rank_acc = acc
@@ -384,7 +391,7 @@ def test_medusa_builds_its_calibrated_tree(target, heads, heldout_prompts):
         with pytest.raises(ValueError, match="not both"):
             MedusaDrafter(target[0], head, paths=[[0]], budget=3)
         ref = speclab.generate(target, heldout_prompts[1], "ar", max_new_tokens=NEW, record=None).ids
-        r = speclab.generate(target, heldout_prompts[1], "medusa", draft=heads[1], max_new_tokens=NEW, budget=4)
+        r = speclab.generate(target, heldout_prompts[1], "medusa", draft=heads["medusa"], max_new_tokens=NEW, budget=4)
         assert r.ids == ref and max(x.drafted for x in r.trace.rounds) <= 4
     finally:
         del head.config.medusa_rank_acc
@@ -419,7 +426,7 @@ def test_a_tree_over_kept_ids_is_the_tree_over_the_full_vocabulary():
 def test_medusa_blocks_with_one_fused_first_layer_equal_the_heads(heads):
     """The drafter's packed path runs the K first layers as one (K C, C) matrix (they all read the
     same norm(x)) and each second layer on its own: the same K blocks, in the same order."""
-    m = heads[1][0]
+    m = heads["medusa"][0]
     torch.manual_seed(1)
     x = torch.randn(3, m.config.hidden_size)
     W1, b1 = torch.cat([w.weight for w in m.w1]), torch.cat([w.bias for w in m.w1])

@@ -154,6 +154,7 @@ def test_two_sessions_using_suffix_never_see_each_others_text():
     later = "def load_settings(path):"
     a = small(Dashboard(), method="suffix", prompt=earlier, n=8)
     b = small(Dashboard(), method="suffix", prompt=later, n=12)
+    a.form.extra.value = b.form.extra.value = "gate=off"     # what drafts, not the gate's clock-driven choice
     ta = a.run_now()
     tb = b.run_now()
     assert ta is not None and tb is not None and a.history is not b.history

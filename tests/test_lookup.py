@@ -139,8 +139,8 @@ def own_text_only(trace) -> bool:
 
 def test_two_api_calls_share_nothing_without_a_history(target):
     import speclab
-    speclab.generate(target, EARLIER, "suffix", max_new_tokens=8)
-    b = speclab.generate(target, LATER, "suffix", max_new_tokens=12)
+    speclab.generate(target, EARLIER, "suffix", max_new_tokens=8, gate="off")
+    b = speclab.generate(target, LATER, "suffix", max_new_tokens=12, gate="off")
     assert own_text_only(b.trace)
     assert b.ids == speclab.generate(target, LATER, "ar", max_new_tokens=12).ids
 
@@ -148,13 +148,14 @@ def test_two_api_calls_share_nothing_without_a_history(target):
 def test_a_shared_history_carries_text_across_calls(target):
     import speclab
     h = speclab.SuffixHistory()
-    speclab.generate(target, EARLIER, "suffix", max_new_tokens=8, history=h)
-    b = speclab.generate(target, LATER, "suffix", max_new_tokens=12, history=h)
+    # gate off: the cost gate's plain rounds follow the clock, and this pins what the drafter drafts
+    speclab.generate(target, EARLIER, "suffix", max_new_tokens=8, history=h, gate="off")
+    b = speclab.generate(target, LATER, "suffix", max_new_tokens=12, history=h, gate="off")
     assert "suffix:history" in sources(b.trace)                 # drafts from the earlier request
     assert b.ids == speclab.generate(target, LATER, "ar", max_new_tokens=12).ids   # still lossless
     assert "history" not in b.trace.params                      # the owner's object is not recorded
     assert speclab.Trace.from_dict(json.loads(json.dumps(b.trace.to_dict()))).method == "suffix"
-    c = speclab.run(target, LATER, "suffix", max_new_tokens=12, history=speclab.SuffixHistory())
+    c = speclab.run(target, LATER, "suffix", max_new_tokens=12, history=speclab.SuffixHistory(), gate="off")
     assert own_text_only(c.trace)                                # a fresh history knows nothing
 
 

@@ -270,9 +270,10 @@ def cmd_methods(a):
     if a.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'method':<16}{'family':<18}{'lossless':<10}{'draft?':<8}summary")
+    w = max(len(m["name"]) for m in rows) + 2        # the longest name still leaves a gap
+    print(f"{'method':<{w}}{'family':<18}{'lossless':<10}{'draft?':<8}summary")
     for m in rows:
-        print(f"{m['name']:<16}{m['family']:<18}{'yes' if m['lossless'] else 'no':<10}"
+        print(f"{m['name']:<{w}}{m['family']:<18}{'yes' if m['lossless'] else 'no':<10}"
               f"{'yes' if m['needs_draft'] else '':<8}{m['summary']}")
     return 0
 

@@ -114,8 +114,11 @@ def test_lean_logits_equal_transformers_in_every_step(family, backend, models):
 
 
 def _spec_methods() -> list[str]:
+    """Every lossless speculative method but the EAGLE-3 ones: an EAGLE-3 drafter reads three distinct
+    target layers and these targets have two (tests/test_eagle3.py pins eagle3 against ar)."""
     return [m["name"] for m in methods() if get_method(m["name"]).engine == "speculative" and m["lossless"]
-            and m["name"] != "ar"]
+            and m["name"] != "ar" and (get_method(m["name"]).draft is None
+                                       or get_method(m["name"]).draft.kind != "eagle3")]
 
 
 def _draft(method: str, family: str, models, which: str):

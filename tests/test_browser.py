@@ -71,24 +71,31 @@ def dashboard_server(log_path: Path, **env_extra):
             proc.wait(timeout=15)
 
 
+@pytest.fixture(scope="module")
+def playwright():
+    """One Playwright driver for the module: its sync API refuses a second one while the first
+    runs, and both dashboards below (toy and real model) are open at once."""
+    with sync_api.sync_playwright() as p:
+        yield p
+
+
 @contextlib.contextmanager
-def chromium(tmp_path: Path):
+def chromium(p, tmp_path: Path):
     """Debian's Chromium, headless, with a throwaway profile (Playwright takes the profile as
     user_data_dir rather than a --user-data-dir argument)."""
-    with sync_api.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
-                                                   headless=True, args=ARGS, accept_downloads=True,
-                                                   viewport={"width": 1400, "height": 1000})
-        try:
-            yield ctx
-        finally:
-            ctx.close()
+    ctx = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+                                               headless=True, args=ARGS, accept_downloads=True,
+                                               viewport={"width": 1400, "height": 1000})
+    try:
+        yield ctx
+    finally:
+        ctx.close()
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
+def page(playwright, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("browser")
-    with dashboard_server(tmp / "server.log") as url, chromium(tmp) as ctx:
+    with dashboard_server(tmp / "server.log") as url, chromium(playwright, tmp) as ctx:
         pg = ctx.new_page()
         pg.dashboard_url = url
         pg.tmp = tmp
@@ -312,9 +319,9 @@ real = pytest.mark.skipif(not __import__("importlib").util.find_spec("llm_smollm
 
 
 @pytest.fixture(scope="module")
-def real_page(tmp_path_factory):
+def real_page(playwright, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("browser-real")
-    with dashboard_server(tmp / "server.log", SPECLAB_DASHBOARD_TARGET="") as url, chromium(tmp) as ctx:
+    with dashboard_server(tmp / "server.log", SPECLAB_DASHBOARD_TARGET="") as url, chromium(playwright, tmp) as ctx:
         pg = ctx.new_page()
         pg.dashboard_url = url
         pg.tmp = tmp

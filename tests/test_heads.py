@@ -472,7 +472,7 @@ def test_dev_rows_are_the_targets_greedy_answers(target, heads, tmp_path):
     import json
     from speclab.train.dev_eval import agreement, answers, mean_agreement
     base, tok = target
-    (eagle, _), _ = heads
+    eagle, _ = heads["eagle"]
     path = tmp_path / "dev.jsonl"
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def add(a, b):", "class Stack:"]))
     L = base.config.num_hidden_layers
@@ -499,7 +499,7 @@ def test_a_head_started_from_another_is_saved_only_when_it_beats_it(target, head
     from speclab.train.smollm2_data import Row, save_rows
     monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))     # the trainer's checkpoints go there
     base, tok = target
-    (eagle, _), _ = heads
+    eagle, _ = heads["eagle"]
     save_draft(eagle, tmp_path / "init", "code-target", kind="eagle")    # its fusion is untrained: dev top-1 ~0
     text = [tok(p, add_special_tokens=False)["input_ids"] for p in ["def add(a, b):\n    return a + b\n"] * 12]
     rows = [Row(t, [0] * len(t), torch.zeros(len(t), 8, dtype=torch.float16), torch.zeros(len(t), 8, dtype=torch.int32),

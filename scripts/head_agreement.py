@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from speclab.models import zoo
-from speclab.models.adapter import load_draft
+from speclab.models.heads import load_draft
 from speclab.models.heads import eagle_layers
 from speclab.train.dev_eval import answers, mean_agreement
 

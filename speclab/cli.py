@@ -336,7 +336,9 @@ def add_export_drafter(sub):
 
     def run(a):
         from speclab.models.eagle3 import export_drafter
-        print(export_drafter(a.source, a.out, verifier=a.verifier, k=a.k, layers=a.layers))
+        from speclab.models.zoo import ZOO_DIR
+        src = ZOO_DIR / a.source if (ZOO_DIR / a.source / "config.json").exists() else a.source
+        print(export_drafter(src, a.out, verifier=a.verifier, k=a.k, layers=a.layers, src=a.source))
     p.set_defaults(func=run)
 
 

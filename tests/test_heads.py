@@ -296,7 +296,8 @@ def test_a_few_steps_lower_the_loss(kind, target):
 
 
 def test_adapter_round_trip_and_wrong_pairings(target, draft, heads, tmp_path):
-    from speclab.models.adapter import load_draft, save_draft
+    from speclab.models.adapter import save_draft
+    from speclab.models.heads import load_draft
     base, tok = target
     for kind in ("eagle", "medusa"):
         head = heads[kind][0]

@@ -102,11 +102,6 @@ def circles(graph: dict[str, set[str]], inside: str) -> list[list[str]]:
 
 # every package and subpackage (a folder with __init__.py), from speclab itself down
 PACKAGE_NAMES = sorted(n for n, f in MODULES.items() if f.name == "__init__.py")
-# circles left in speclab.models by work outside this test's owner, each to be broken where it is:
-# adapter.load_draft rebuilds a head by kind (heads.BUILDERS) while heads builds on adapter's
-# SubsetHead / build_draft; zoo.load loads an EAGLE-3 directory (eagle3) while eagle3's export
-# looks names up in the zoo (ZOO_DIR). A circle not listed here fails.
-KNOWN_CIRCLES = [["speclab.models.adapter", "speclab.models.heads"], ["speclab.models.eagle3", "speclab.models.zoo"]]
 
 
 def test_the_circle_check_finds_a_circle_and_nothing_else():
@@ -119,8 +114,7 @@ def test_the_circle_check_finds_a_circle_and_nothing_else():
 @pytest.mark.parametrize("package", PACKAGE_NAMES)
 def test_no_import_circle_inside_a_package(package):
     """Module-level and lazy imports alike: a lazy import that closes a circle only delays it."""
-    found = [c for c in circles(GRAPH, package) if c not in KNOWN_CIRCLES]
-    assert found == []
+    assert circles(GRAPH, package) == []
 
 
 def test_training_never_imports_the_bench_or_a_front_end():

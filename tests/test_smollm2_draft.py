@@ -172,7 +172,8 @@ def test_resume_without_a_checkpoint_starts_from_the_shipped_weights(base, tmp_p
 
 def test_save_draft_round_trip(base, tmp_path):
     """The shipped adapter (speclab.models.adapter) loads back to the same draft logits."""
-    from speclab.models.adapter import load_draft, save_draft
+    from speclab.models.adapter import save_draft
+    from speclab.models.heads import load_draft
     head = torch.tensor([3, 1, 2, 9, 4])
     model = sd.init_draft(base, head, [1, 3]).eval()
     save_draft(model, tmp_path / "draft", "tiny")

@@ -116,27 +116,6 @@ def save_draft(model, out: str | Path, base_name: str, tokenizer=None, kind: str
             tokenizer.save_pretrained(str(tmp))
 
 
-def load_draft(where: str | Path, base, dtype: torch.dtype):
-    """The draft in `where` on top of an already loaded base model (same device and dtype)."""
-    from safetensors.torch import load_file
-    from transformers import LlamaConfig
-    from speclab.models.heads import BUILDERS
-    raw = json.loads((Path(where) / "config.json").read_text())
-    kind = raw.pop(ADAPTER_KEY).get("kind", "draft")
-    if kind not in BUILDERS:
-        raise ValueError(f"{where}: unknown adapter kind {kind!r} (known: {', '.join(BUILDERS)}); "
-                         "a newer speclab may have written it")
-    cfg = LlamaConfig(**raw)
-    state = load_file(str(Path(where) / "model.safetensors"))
-    head_ids = state.pop("head_ids")
-    model = BUILDERS[kind](base, cfg, head_ids.to(base.device))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith(("model.embed_tokens.", "lm_head."))]
-    if missing or unexpected:
-        raise ValueError(f"{where}: weights do not match its config (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return model.to(device=base.device, dtype=dtype).eval()
-
-
 def apply_dllm_lora(where: str | Path, model):
     """Turn a private copy of the base into the block-diffusion LM in `where` (kind "dllm-lora",
     written by `speclab train smollm2-dllm`): merge the LoRA deltas, set the mask token's embedding

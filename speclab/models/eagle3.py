@@ -527,11 +527,12 @@ def param_count(draft: Eagle3Draft) -> int:
     return sum(p.numel() for n, p in draft.named_parameters() if n != "embed_tokens.weight")
 
 
-def export_drafter(src, out, verifier: str | None = None, k: int = 3, layers=None) -> Path:
-    """`speclab export-drafter`: a zoo name or a speculators / SpecForge directory -> the speculators
-    directory vLLM serves. verifier / layers fill (or override) what the checkpoint does not name."""
-    from speclab.models.zoo import ZOO_DIR
-    where = ZOO_DIR / str(src) if (ZOO_DIR / str(src) / "config.json").exists() else Path(src).expanduser()
+def export_drafter(where, out, verifier: str | None = None, k: int = 3, layers=None, src: str | None = None) -> Path:
+    """`speclab export-drafter`: a speculators / SpecForge directory -> the speculators directory vLLM
+    serves (the CLI turns a zoo name into its directory; src is the name the user gave, for messages).
+    verifier / layers fill (or override) what the checkpoint does not name."""
+    where = Path(where).expanduser()
+    src = src or str(where)
     cfg = where / "config.json"
     if cfg.is_file() and "speclab_adapter" in json.loads(cfg.read_text()):
         raise ValueError(f"{src} is a speclab head (its own layout, which no engine loads), not an EAGLE-3 drafter: "

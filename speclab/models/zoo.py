@@ -134,7 +134,8 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
         from speclab.models.dag import load_dag
         model = load_dag(where, device=dev)
         return model, model.vocab
-    from speclab.models.adapter import adapter_info, load_draft
+    from speclab.models.adapter import adapter_info
+    from speclab.models.heads import load_draft
     from speclab.models.eagle3 import is_eagle3_dir
     if Path(where).is_dir() and is_eagle3_dir(where):    # an EAGLE-3 drafter: no tokenizer, the target's ids
         from speclab.models.eagle3 import load as load_eagle3

@@ -256,7 +256,7 @@ def main(argv=None):
     if args.calibrate:
         if args.kind != "medusa":
             raise SystemExit("--calibrate is for medusa heads (eagle grows its tree from its own probabilities)")
-        from speclab.models.adapter import load_draft
+        from speclab.models.heads import load_draft
         head = load_draft(out, base, torch.float32)
         W_sub = head.lm_head.weight.detach().float()             # its own trimmed vocabulary
         print("held-out agreement:", evaluate("medusa", head, data, X, held, norm, W_sub, args, 0))

@@ -407,7 +407,7 @@ def main(argv=None):
     save("final")
 
     # 5. evaluation
-    from speclab.models.adapter import load_draft
+    from speclab.models.heads import load_draft
     shipped = load_draft(args.out, base32, torch.float32)          # the best draft, as users get it
     ev = agreement(shipped, base32, data, held_rows, sub_idx, eos, args.seq_len)
     print(f"held-out teacher-forced top-1 agreement of {args.out}: {json.dumps(ev)}")

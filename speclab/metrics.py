@@ -195,8 +195,8 @@ def cost_model(trace, reference) -> dict | None:
     speed-up, break-even, and the measured tokens per round and speed-up. None without rounds."""
     traces, refs = _as_list(trace), _as_list(reference)
     rounds = [r for t in traces for r in _decode_rounds(t)]
-    ar_step = round_seconds(refs)
-    if not rounds or not ar_step:
+    ar_step, round_s = round_seconds(refs), round_seconds(traces)
+    if not rounds or not ar_step or not round_s:     # untimed rounds (a peer's summary trace): no c
         return None
     drafting = [r for r in rounds if r.drafted]
     depths = sorted(draft_depth(r) for r in drafting)
@@ -211,7 +211,6 @@ def cost_model(trace, reference) -> dict | None:
     tau_draft = (expected_tau(a_tok, k) if chain and a_tok is not None else
                  sum(tree_tau(cond[:draft_depth(r)]) for r in drafting) / len(drafting) if drafting else 1.0)
     tau_exp = (1 - share) + share * tau_draft
-    round_s = round_seconds(traces)
     c = round_s / ar_step
     tokens = sum(len(r.tokens) for r in rounds)
     measured = speedup(sum(t.totals.wall_s for t in traces), sum(t.totals.wall_s for t in refs))

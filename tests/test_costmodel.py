@@ -71,6 +71,13 @@ def test_cost_model_of_a_run_against_its_ar_reference():
                     f"{m['expected_speedup']:.2f}x (measured 0.72x)")
 
 
+def test_a_run_whose_rounds_were_not_timed_has_no_cost_model():
+    """A peer's summary trace (vLLM's) has rounds but no seconds: there is no cost ratio to report."""
+    spec = _trace([_chain_round(4, 0, 0.0, 0.0)] + [_chain_round(4, a, 0.0, 0.0) for a in (0, 1)], 0.62)
+    ar = _trace([Round(emitted=1, kept=1, verify_s=0.5)] + [Round(emitted=1, kept=1, verify_s=0.020)] * 3, 0.68, "ar")
+    assert metrics.cost_model(spec, ar) is None
+
+
 def test_rounds_that_draft_nothing_count_one_token():
     # two drafting rounds accepting everything (k 2) and two that drafted nothing
     spec = _trace([Round(kept=1, verify_s=0.5)] + [_chain_round(2, 2, 0.01, 0.02)] * 2

@@ -335,7 +335,7 @@ def add_export_drafter(sub):
     p.add_argument("--k", type=int, default=3, help="speculative tokens vLLM drafts by default")
 
     def run(a):
-        from speclab.models.eagle3 import export_drafter
+        from speclab.models.eagle3_export import export_drafter
         from speclab.models.zoo import ZOO_DIR
         src = ZOO_DIR / a.source if (ZOO_DIR / a.source / "config.json").exists() else a.source
         print(export_drafter(src, a.out, verifier=a.verifier, k=a.k, layers=a.layers, src=a.source))

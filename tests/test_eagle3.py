@@ -14,6 +14,7 @@ import speclab
 from speclab.decoding.acceptance import Sampler, warp
 from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
 from speclab.models import eagle3 as E
+from speclab.models.eagle3_export import export
 
 N_LAYERS, V, N_DRAFT = 8, 8192, 3000
 AUX = [2, 4, 8]             # the last one is the final state (speclab captures it; vLLM's default is (2, 4, 5))
@@ -220,7 +221,7 @@ def expected_weights(C, Ct, nh, nkv, hd, I, N):
 def test_export_writes_what_vllm_and_speculators_read(tiny, tmp_path):
     model = tiny[0]
     d = make_draft(model)
-    out = E.export(d, tmp_path / "out", k=4)
+    out = export(d, tmp_path / "out", k=4)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]   # no temporary left
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     cfg = json.loads((out / "config.json").read_text())
@@ -249,7 +250,7 @@ def test_export_writes_what_vllm_and_speculators_read(tiny, tmp_path):
     assert back.format == "speculators"
     ref = {k: v.to(torch.bfloat16).float() for k, v in d.state_dict().items() if v.is_floating_point()}
     assert all(torch.equal(back.state_dict()[k], v) for k, v in ref.items())
-    E.export(back, tmp_path / "out")                                # over an existing directory, atomically
+    export(back, tmp_path / "out")                                # over an existing directory, atomically
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
 
 
@@ -280,7 +281,7 @@ def test_vllm_eagle3_peer_request(tiny, tmp_path):
     """vllm-eagle3[model=DIR]: vLLM's speculative_config names the directory as is; anything but an
     EAGLE-3 checkpoint fails in one line before vLLM starts."""
     from speclab.bench import vllm_peer as vp
-    out = E.export(make_draft(tiny[0]), tmp_path / "e3", k=4)
+    out = export(make_draft(tiny[0]), tmp_path / "e3", k=4)
     assert vp.vllm_eagle3_dir(str(out)) == str(out)
     assert vp.speculative_config("vllm-eagle3", draft_dir=str(out)) == dict(method="eagle3", model=str(out),
                                                                             num_speculative_tokens=4)
@@ -355,7 +356,7 @@ def test_eagle3_runs_by_name_with_its_directory_as_the_draft(tiny, tmp_path):
     dtype), the parameters are the drafter's, and greedy output is ar's."""
     from speclab.decoding.registry import method_params
     model = tiny[0]
-    out = E.export(make_draft(model), tmp_path / "e3", dtype=None)       # fp32 weights: the run stays fp32
+    out = export(make_draft(model), tmp_path / "e3", dtype=None)       # fp32 weights: the run stays fp32
     prompt = list(range(40, 52))
     ref = speclab.generate(tiny, prompt, "ar", max_new_tokens=16, record=None).ids
     for method, params in (("eagle3", dict(budget=6)), ("eagle3-chain", dict(k=3))):

@@ -168,6 +168,7 @@ def main(argv=None):
     import torch.nn.functional as F
     from tqdm.auto import tqdm
     from speclab.models import eagle3 as E
+    from speclab.models.eagle3_export import export
     from speclab.models import zoo
     from speclab.models.gguf import PACKAGED, cache_root
     from speclab.train.checkpoint import resume_state, save_checkpoint, trainable
@@ -237,7 +238,7 @@ def main(argv=None):
         print(f"\nheld-out agreement step {state['step']}: {ev}", flush=True)
         if score >= state.get("best", -1.0):
             state["best"] = score
-            E.export(draft, out, k=args.k, extra_files={"speclab_train.json": json.dumps(
+            export(draft, out, k=args.k, extra_files={"speclab_train.json": json.dumps(
                 {"command": recipe, "step": state["step"], "held_out": ev, "log": state["log"]}, indent=2)})
             print(f"saved {out}", flush=True)
         save_checkpoint(ckpt, draft, opt, state)

@@ -725,14 +725,16 @@ struct Team {
   }
 };
 
-// run(me, W) on W threads at once, W = the threads torch uses (1 inside another parallel region).
+// run(me, W) on W <= NT threads at once, NT = the threads torch uses as the caller read it (1
+// inside another parallel region). The caller sizes its per-thread buffers by the same NT: torch's
+// count is process-wide and another thread may change it meanwhile (speclab.models.kernels.TeamSize
+// does, forward by forward), so it is read once per call.
 // at::parallel_for over one index per thread gives each thread of the OpenMP team one index; the
 // first thread's chunk tells every thread how many share the call, so no barrier can wait for a
 // thread that is not there.
 template <typename F>
-static void in_team(Team& team, const F& run) {
+static void in_team(Team& team, int64_t NT, const F& run) {
 #if AT_PARALLEL_OPENMP
-  const int64_t NT = std::max(1, at::get_num_threads());
   at::parallel_for(0, NT, 1, [&](int64_t b0, int64_t b1) {
     if (b0 == 0) {
       team.chunk.store(b1, std::memory_order_release);
@@ -820,7 +822,7 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
   std::atomic<int> split_sleepers{0};
 
   Team team;
-  in_team(team, [&](int me, int W) {
+  in_team(team, NT, [&](int me, int W) {
     bf16* h = hbuf.data_ptr<bf16>() + me * T * C;
     bf16* x1 = x1buf.data_ptr<bf16>() + me * T * C;
     std::vector<float> p(tiles ? 0 : 4 * S);

@@ -23,13 +23,26 @@ busy (a browser on the same cores, another process) a descheduled thread gets a 
 instead of a time slice later. SPECLAB_BARRIER=spin keeps the spin-then-yield loop (for measuring
 the two: scripts/busy_bench.py), SPECLAB_SPIN_US the spin before sleeping (default 50 us);
 `set_barrier` changes both in a running process. The outputs are the same bits either way.
+
+How many threads share a forward (`TeamSize`): beside a one-core hog on a 2-core machine a team
+of two waits for its descheduled member at every barrier, and one thread is about twice as fast
+as two (with no tail); on a quiet machine two are ~20% faster than one. So each lean model (one
+LeanLM, its own TeamSize) chooses from the load: now and then it runs a few forwards at its team
+size and at the sizes next to it, interleaved, and keeps the fastest by median. SPECLAB_THREADS
+fixes the size (a number) or leaves the choice to the load ("auto", the default); the size is
+torch's thread count (torch.set_num_threads) during the model's forwards, torch's own count
+restored after each. Every row is computed by the same arithmetic whichever thread computes it,
+so the outputs are the same bits at any team size (tests/test_kernel_barrier.py).
 """
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import threading
+import time
 import warnings
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -135,3 +148,126 @@ class Packed:
         y = module().linear(x.contiguous(), self.data)
         y = y if y.shape[1] == self.out_features else y[:, : self.out_features]
         return y if self.bias is None else y + self.bias
+
+
+# -- the team size ---------------------------------------------------------------------------------
+def threads_setting(value: str | int | None = None) -> int | None:
+    """SPECLAB_THREADS (or value) -> None for "auto" (choose from the load), or a fixed thread count."""
+    v = os.environ.get("SPECLAB_THREADS", "auto") if value is None else value
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return None
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise ValueError(f"SPECLAB_THREADS={v!r}: use 'auto' (the team size chosen from the load, the default) "
+                         "or a number of threads such as 1")
+    return n
+
+
+class TeamSize:
+    """The thread count of one model's kernel forwards: fixed, or chosen from the load ("auto").
+
+    Auto: the first decode-sized forward (at most `max_rows` rows) starts a probe, and so does every
+    `every`-th one after, or a run of slow ones (`slow` of the last 16 at over `slow_factor` x the
+    median the last probe measured for their kind). A probe runs the next forwards at the current
+    size and at its neighbours (one thread fewer, one more, within 1..torch's thread count), taking
+    turns, `probes` forwards each, and keeps the size with the fastest median; a neighbour must beat
+    the current size by `margin` to replace it. The probe's forwards are the model's own (no extra
+    forward runs), compared only with forwards of the same kind (`key`: rows, layers, logits kept),
+    so a draft loop whose forwards alternate in size still compares like with like. Prefills
+    (more rows) run at the current size and are not timed.
+    """
+
+    def __init__(self, setting: str | int | None = None, every: int = 200, probes: int = 4, max_rows: int = 16,
+                 margin: float = 0.05, slow_factor: float = 1.5, slow: int = 4):
+        self.fixed = threads_setting(setting)
+        self.every, self.probes, self.max_rows = every, probes, max_rows
+        self.margin, self.slow_factor, self.slow = margin, slow_factor, slow
+        self.size: int | None = None           # the chosen size (None: torch's count, until a probe)
+        self.probes_run = 0                    # probes finished
+        self.used: dict[int, int] = {}         # forwards run per size
+        self.last: int | None = None           # the size of the last forward
+        self._since = every                    # decode forwards since the last probe (so one starts first)
+        self._trial: list[int] = []            # the sizes a running probe takes turns between
+        self._turn = 0
+        self._samples: dict[int, dict] = {}    # size -> key -> seconds, during a probe
+        self._ref: dict = {}                   # key -> the chosen size's median in the last probe
+        self._recent: list[bool] = []          # the last 16 timed forwards: slower than their reference?
+
+    def __repr__(self) -> str:
+        return f"TeamSize({'auto' if self.fixed is None else self.fixed}, size={self.size}, probes={self.probes_run})"
+
+    @contextmanager
+    def forward(self, key, rows: int):
+        """Run one forward (the with-block) at this model's team size; `key`: forwards with equal
+        keys cost the same (rows, layers, logits kept); rows: the forward's row count."""
+        top = torch.get_num_threads()
+        n = self._pick(top, rows)
+        torch.set_num_threads(n)                # process-wide: the kernel reads it once per call
+        t0 = time.perf_counter()
+        try:
+            yield n
+            dt = time.perf_counter() - t0
+        finally:
+            torch.set_num_threads(top)
+        self.last, self.used[n] = n, self.used.get(n, 0) + 1
+        if self.fixed is None and rows <= self.max_rows:
+            self._record(n, key, dt)
+
+    def _pick(self, top: int, rows: int) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        size = min(self.size or top, top)
+        if rows > self.max_rows or top < 2:
+            return size
+        if not self._trial and (self._since >= self.every or self._slow_run()):
+            self._trial = [s for s in (size, size - 1, size + 1) if 1 <= s <= top]
+            self._turn, self._samples = 0, {s: {} for s in self._trial}
+        if self._trial:
+            n = self._trial[self._turn % len(self._trial)]
+            self._turn += 1
+            return n
+        return size
+
+    def _slow_run(self) -> bool:
+        return len(self._recent) >= 8 and sum(self._recent) >= self.slow
+
+    def _record(self, n: int, key, dt: float) -> None:
+        if not self._trial:
+            self._since += 1
+            ref = self._ref.get(key)
+            if ref is not None:
+                self._recent = (self._recent + [dt > self.slow_factor * ref])[-16:]
+            return
+        self._samples[n].setdefault(key, []).append(dt)
+        if self._turn >= self.probes * len(self._trial):
+            self._decide()
+
+    def _decide(self) -> None:
+        """The probe's verdict: per size, the median over kinds seen at every size of (its time /
+        the kind's median over all sizes); the current size unless another is faster by the margin."""
+        current = self._trial[0]
+        keys = [k for k in self._samples[current] if all(k in self._samples[s] for s in self._trial)]
+        if not keys:
+            if self._turn < 4 * self.probes * len(self._trial):
+                return                            # no kind at every size yet: keep taking turns
+            self._end(current)
+            return
+        ref = {k: statistics.median([t for s in self._trial for t in self._samples[s][k]]) for k in keys}
+        score = {s: statistics.median([t / ref[k] for k in keys for t in self._samples[s][k]]) for s in self._trial}
+        best = min(self._trial, key=score.get)
+        self._end(best if score[best] < (1 - self.margin) * score[current] else current)
+
+    def _end(self, size: int) -> None:
+        self._ref = {k: statistics.median(v) for k, v in self._samples.get(size, {}).items()}
+        self.size, self._trial, self._samples = size, [], {}
+        self._since, self._recent = 0, []
+        self.probes_run += 1
+
+
+def on_team(team: TeamSize | None, key, rows: int):
+    """The with-block of one forward at `team`'s size; None (a forward off the kernel, whose bits
+    may depend on the thread count): torch's own count, untouched."""
+    return nullcontext() if team is None else team.forward(key, rows)

@@ -77,6 +77,8 @@ class LeanLM:
         self.capture_layers: tuple[int, ...] = ()
         self._spans: dict[tuple[int, int], tuple] = {}      # (first, stop) layer -> the fused call's weights
         self.captured: dict[int, torch.Tensor] = {}
+        # the kernel's thread count, chosen from the load (SPECLAB_THREADS; kernels.TeamSize)
+        self.team = kernels.TeamSize() if self.fused else None
 
     @property
     def length(self) -> int:
@@ -126,7 +128,9 @@ class LeanLM:
             mask = vis.to(self.device)                                        # (T, past+T) bool
         else:
             pos = slice(past, past + T)                       # a chain: causal (the mask built where needed)
-        return self._run(ids, embeds, pos, past, n_prefix, mask, vis, logits_to_keep, n_layers, subset)
+        kind = (T, n_layers, subset, logits_to_keep if isinstance(logits_to_keep, int) else -len(logits_to_keep))
+        with kernels.on_team(self.team, kind, T):
+            return self._run(ids, embeds, pos, past, n_prefix, mask, vis, logits_to_keep, n_layers, subset)
 
     @torch.inference_mode()
     def forward_rows(self, ids: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor,
@@ -141,7 +145,8 @@ class LeanLM:
         if self.arch.sliding_window is not None and T:
             self._check_window(int(pos.max()) + 1)
         vis = vis.to(self.device)
-        return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, 0 if score is None else score, None)
+        with kernels.on_team(self.team, ("rows", T, None if score is None else len(score)), T):
+            return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, 0 if score is None else score, None)
 
     def _check_window(self, reach: int):
         """A sliding window (Mistral) changes nothing while every position is inside it; past it

@@ -153,33 +153,46 @@ def test_the_probe_keeps_the_size_with_the_faster_median():
     times = {2: 0.016, 1: 0.008}
     sizes = []
     for _ in range(6):                          # the first probe: turns between 2 and 1
-        n = team._pick(2, 1)
+        n = team._pick(2, 1, "one-row")
         sizes.append(n)
         team._record(n, "one-row", times[n])
     assert sorted(sizes) == [1, 1, 1, 2, 2, 2] and team.probes_run == 1 and team.size == 1
     times = {2: 0.0078, 1: 0.009}
     for _ in range(20 + 6):                     # quiet again: the next periodic probe goes back to two
-        n = team._pick(2, 1)
+        n = team._pick(2, 1, "one-row")
         team._record(n, "one-row", times[n])
     assert team.probes_run == 2 and team.size == 2
     # within the margin the current size stays
     times = {2: 0.0080, 1: 0.0079}
     for _ in range(20 + 6):
-        n = team._pick(2, 1)
+        n = team._pick(2, 1, "one-row")
         team._record(n, "one-row", times[n])
     assert team.probes_run == 3 and team.size == 2
+
+
+def test_a_probe_times_each_kind_of_forward_at_every_size():
+    """A draft loop alternates kinds (one row, then a verify): taking turns forward by forward
+    would time each kind at one size only."""
+    team = kernels.TeamSize("auto", every=100, probes=2)
+    seen = {}
+    while team.probes_run == 0:
+        for key, ms in (("one-row", 8), ("verify-6", 9)):
+            n = team._pick(2, 1, key)
+            seen.setdefault(key, set()).add(n)
+            team._record(n, key, ms * (2 if n == 2 else 1) / 1e3)
+    assert seen == {"one-row": {1, 2}, "verify-6": {1, 2}} and team.size == 1
 
 
 def test_a_run_of_slow_forwards_starts_a_probe_early():
     team = kernels.TeamSize("auto", every=1000, probes=2)
     for _ in range(4):
-        n = team._pick(2, 1)
+        n = team._pick(2, 1, "one-row")
         team._record(n, "one-row", {2: 0.008, 1: 0.010}[n])
     assert team.probes_run == 1 and team.size == 2
     for _ in range(8):                          # a hog arrives: two threads take twice as long
-        assert team._pick(2, 1) == 2
+        assert team._pick(2, 1, "one-row") == 2
         team._record(2, "one-row", 0.017)
-    team._pick(2, 1)
+    team._pick(2, 1, "one-row")
     assert team._trial == [2, 1]                # a probe, long before 1,000 forwards
 
 

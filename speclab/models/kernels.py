@@ -173,11 +173,12 @@ class TeamSize:
     `every`-th one after, or a run of slow ones (`slow` of the last 16 at over `slow_factor` x the
     median the last probe measured for their kind). A probe runs the next forwards at the current
     size and at its neighbours (one thread fewer, one more, within 1..torch's thread count), taking
-    turns, `probes` forwards each, and keeps the size with the fastest median; a neighbour must beat
-    the current size by `margin` to replace it. The probe's forwards are the model's own (no extra
-    forward runs), compared only with forwards of the same kind (`key`: rows, layers, logits kept),
-    so a draft loop whose forwards alternate in size still compares like with like. Prefills
-    (more rows) run at the current size and are not timed.
+    turns within each kind of forward (`key`: rows, layers, logits kept), until one kind has
+    `probes` forwards at every size, and keeps the size with the fastest median; a neighbour must
+    beat the current size by `margin` to replace it. The probe's forwards are the model's own (no
+    extra forward runs) and are compared only with forwards of the same kind: a draft loop whose
+    forwards alternate between kinds still compares like with like. Prefills (more rows) run at the
+    current size and are not timed.
     """
 
     def __init__(self, setting: str | int | None = None, every: int = 200, probes: int = 4, max_rows: int = 16,
@@ -204,7 +205,7 @@ class TeamSize:
         """Run one forward (the with-block) at this model's team size; `key`: forwards with equal
         keys cost the same (rows, layers, logits kept); rows: the forward's row count."""
         top = torch.get_num_threads()
-        n = self._pick(top, rows)
+        n = self._pick(top, rows, key)
         torch.set_num_threads(n)                # process-wide: the kernel reads it once per call
         t0 = time.perf_counter()
         try:
@@ -216,7 +217,7 @@ class TeamSize:
         if self.fixed is None and rows <= self.max_rows:
             self._record(n, key, dt)
 
-    def _pick(self, top: int, rows: int) -> int:
+    def _pick(self, top: int, rows: int, key=None) -> int:
         if self.fixed is not None:
             return self.fixed
         size = min(self.size or top, top)
@@ -225,10 +226,9 @@ class TeamSize:
         if not self._trial and (self._since >= self.every or self._slow_run()):
             self._trial = [s for s in (size, size - 1, size + 1) if 1 <= s <= top]
             self._turn, self._samples = 0, {s: {} for s in self._trial}
-        if self._trial:
-            n = self._trial[self._turn % len(self._trial)]
+        if self._trial:                        # the size with the fewest forwards of this kind so far
             self._turn += 1
-            return n
+            return min(self._trial, key=lambda s: len(self._samples[s].get(key, ())))
         return size
 
     def _slow_run(self) -> bool:
@@ -242,7 +242,8 @@ class TeamSize:
                 self._recent = (self._recent + [dt > self.slow_factor * ref])[-16:]
             return
         self._samples[n].setdefault(key, []).append(dt)
-        if self._turn >= self.probes * len(self._trial):
+        if min(len(self._samples[s].get(key, ())) for s in self._trial) >= self.probes \
+                or self._turn >= 4 * self.probes * len(self._trial):
             self._decide()
 
     def _decide(self) -> None:
@@ -250,9 +251,7 @@ class TeamSize:
         the kind's median over all sizes); the current size unless another is faster by the margin."""
         current = self._trial[0]
         keys = [k for k in self._samples[current] if all(k in self._samples[s] for s in self._trial)]
-        if not keys:
-            if self._turn < 4 * self.probes * len(self._trial):
-                return                            # no kind at every size yet: keep taking turns
+        if not keys:                              # no kind ran at every size: keep the size
             self._end(current)
             return
         ref = {k: statistics.median([t for s in self._trial for t in self._samples[s][k]]) for k in keys}

@@ -88,3 +88,50 @@ def test_interleave_collects_a_failing_method_and_keeps_the_others():
     assert m.order == ["ar"] * 3
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         timing.interleave({"ar": lambda: 1}, 0)
+
+
+def test_thresholds_move_the_verdict():
+    # 25% from the median: unreliable at the default 10%, reliable when 30% is allowed
+    assert not timing.verdict([2.0, 2.0, 2.5])[0]
+    assert timing.verdict([2.0, 2.0, 2.5], max_disagree=0.30) == (True, [])
+    ok, why = timing.verdict([2.0, 2.0, 2.05], max_disagree=0.02)
+    assert not ok and why == ["the runs disagree by more than 2% (up to 2% from the median)"]
+    assert timing.verdict([2.0, 2.0, 2.0], busy=0.5, max_busy=0.6) == (True, [])
+    assert not timing.verdict([2.0, 2.0, 2.0], busy=0.3)[0]                 # over the default 25%
+    assert timing.Thresholds() == timing.Thresholds(0.10, 0.25)
+    with pytest.raises(ValueError, match="share above 0"):
+        timing.Thresholds(max_disagree=0)
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        timing.Thresholds(max_busy=1.5)
+
+
+def test_bench_rows_are_judged_by_the_thresholds_given():
+    # ar 1.0 s per pass; the method 0.5, 0.5, 0.4 s: ratios 2.0, 2.0, 2.5
+    runs = {"ar": [[{"wall_s": 0.5}, {"wall_s": 0.5}]] * 3,
+            "m": [[{"wall_s": 0.25}, {"wall_s": 0.25}]] * 2 + [[{"wall_s": 0.2}, {"wall_s": 0.2}]]}
+
+    def judged(busy, thresholds=None):
+        rows = [{}, {}]
+        timing.annotate_bench_rows(rows, ["ar", "m"], runs, "ar", busy, thresholds)
+        return rows[1]["timing"]
+    assert judged(0.1) == "unreliable: the runs disagree by more than 10% (up to 25% from the median)"
+    assert judged(0.1, timing.Thresholds(max_disagree=0.3)) == "reliable"
+    assert judged(0.4, timing.Thresholds(max_disagree=0.3)).startswith("unreliable: the machine was busy")
+    assert judged(0.4, timing.Thresholds(max_disagree=0.3, max_busy=0.5)) == "reliable"
+
+
+def test_bench_flags_set_the_thresholds(tmp_path, capsys):
+    import json
+
+    from speclab.cli import main
+    assert main(["bench", "--max-disagree", "-0.1"]) == 2
+    assert "--max-disagree -0.1: give a share above 0" in capsys.readouterr().err
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--target", "code-target", "--methods", "ar,prompt-lookup", "--prompts", "code-edit",
+                 "--limit", "1", "--max-new-tokens", "4", "--repeats", "2", "--max-disagree", "0.5",
+                 "--max-busy", "1", "--json", str(out)]) == 0
+    assert "unreliable where a repeat's ratio lies over 50% from the median or other processes used over 100%" \
+        in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["verdict_thresholds"] == {"max_disagree": 0.5, "max_busy": 1.0}
+    assert all("machine was busy" not in r["timing"] for r in res["rows"])

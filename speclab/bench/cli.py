@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from speclab.bench.timing import MAX_BUSY, MAX_DISAGREE
 from speclab.bench.whatif import forward_costs, ideal_speedup, whatif_table
 
 
@@ -24,6 +25,12 @@ def add_bench(sub):
     p.add_argument("--limit", type=int, help="use only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--max-disagree", type=float, default=MAX_DISAGREE, metavar="SHARE",
+                   help="a speed-up is unreliable where a repeat's ratio lies further than this share from "
+                        "their median (default %(default)s: 10%%)")
+    p.add_argument("--max-busy", type=float, default=MAX_BUSY, metavar="SHARE",
+                   help="... or where other processes used more than this share of all CPUs during the runs "
+                        "(default %(default)s: 25%%)")
     p.add_argument("--k", type=int, default=4, help="draft length for draft-model, layer-skip and the transformers peers "
                         "(prompt-lookup keeps its own: k=5, 11 after a fully accepted draft; give prompt-lookup[k=N])")
     p.add_argument("--exit-layer", type=int, default=4, help="exit layer for hf-early-exit")
@@ -63,6 +70,11 @@ def cmd_bench(a):
             s.params["k"] = a.k
     if a.repeats < 1 or a.max_new_tokens < 1:
         raise ValueError("--repeats and --max-new-tokens must be >= 1")
+    from speclab.bench.timing import Thresholds
+    try:
+        thresholds = Thresholds(a.max_disagree, a.max_busy)
+    except ValueError as e:                          # name the flag, not the field
+        raise ValueError(str(e).replace("max_disagree", "--max-disagree").replace("max_busy", "--max-busy")) from None
     if a.batch_size < 1:
         raise ValueError(f"--batch-size must be an integer >= 1, got {a.batch_size}")
     if a.batch_size > 1:
@@ -80,7 +92,7 @@ def cmd_bench(a):
     for prompt_set in sets:
         results.append(bench(target, draft, specs, prompt_set, a.max_new_tokens, a.repeats, a.limit, a.k,
                              a.exit_layer, record, keep_traces=a.whatif or bool(a.traces), vllm_python=a.vllm_python,
-                             batch_size=a.batch_size))
+                             batch_size=a.batch_size, thresholds=thresholds))
         if a.traces:
             save_traces(results[-1]["traces"], Path(a.traces) / prompt_set)
             if not a.whatif:
@@ -89,6 +101,7 @@ def cmd_bench(a):
     res = results[0] if len(results) == 1 else dict(results[0], rows=[r for x in results for r in x["rows"]],
                                                     prompt_set=",".join(sets))
     res["dtype"] = str(next(target[0].parameters()).dtype).removeprefix("torch.")
+    res["verdict_thresholds"] = {"max_disagree": thresholds.max_disagree, "max_busy": thresholds.max_busy}
     if a.batch_size == 1:           # both measure against batch-1 forwards
         add_efficiency(res, target[0], draft[0] if draft else None, a.k)
         add_bandwidth(res, target[0], measured)

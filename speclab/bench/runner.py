@@ -113,9 +113,10 @@ def _run(res, batch: int) -> dict:
 def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_tokens: int = 128,
           repeats: int = 1, limit: int | None = None, k: int = 4, exit_layer: int = 4,
           record: str | None = "light", progress: bool = True, keep_traces: bool = False,
-          vllm_python: str | None = None, batch_size: int = 1) -> dict:
+          vllm_python: str | None = None, batch_size: int = 1, thresholds: timing.Thresholds | None = None) -> dict:
     """batch_size > 1: speclab's speculative methods decode the prompts batch_size at a time (one
-    batch after another; throughput = new tokens / summed batch wall time); peers stay at batch 1."""
+    batch after another; throughput = new tokens / summed batch wall time); peers stay at batch 1.
+    thresholds: where a speed-up's verdict turns unreliable (timing.Thresholds; None: the defaults)."""
     from tqdm.auto import tqdm
     model, tok = target
     prompts = load_prompts(prompt_set, limit)
@@ -189,7 +190,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     for s, row in zip(specs, rows):
         row["batch_size"] = batch_size if batched(s) else 1
     # per-repeat speed-up ratios with their spread and verdict; the cost model of each median pass
-    timing.annotate_bench_rows(rows, [s.label for s in specs], runs, base, busy)
+    timing.annotate_bench_rows(rows, [s.label for s in specs], runs, base, busy, thresholds)
     if base == "ar":
         for s, row in zip(specs, rows):
             row["identical_to"] = ref[s.label]

@@ -13,9 +13,10 @@ bench, the dashboard's Compare, the race, the notebooks) times the same way:
     verdict     reliable, or unreliable with the reason (`verdict`):
                   "the spread crosses 1.0"          the method was both faster and slower than ar
                   "the runs disagree by more than 10%"   a ratio lies over 10% from the median
-                  "the machine was busy"            other processes took a share of the CPUs
+                  "the machine was busy"            other processes took over 25% of the CPUs
                                                     during the runs (`CpuMeter`, from /proc/stat)
                   "one run: no spread to judge"     R = 1
+                the 10% and the 25% are `Thresholds` (`speclab bench --max-disagree --max-busy`)
 
 The statistics and the verdict are pure functions of numbers (tested on given numbers);
 `interleave` runs the callables and meters the machine.
@@ -29,6 +30,24 @@ from dataclasses import dataclass, field
 
 MAX_DISAGREE = 0.10     # a ratio further than this share from the median makes the speed-up unreliable
 MAX_BUSY = 0.25         # other processes' share of all CPUs during the runs above which the machine was busy
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Where the verdict turns unreliable: a per-repeat ratio further than max_disagree (a share)
+    from their median, or other processes using over max_busy of all CPUs during the runs."""
+    max_disagree: float = MAX_DISAGREE
+    max_busy: float = MAX_BUSY
+
+    def __post_init__(self):
+        if not 0 < self.max_disagree:
+            raise ValueError(f"max_disagree {self.max_disagree}: give a share above 0, e.g. 0.10 for 10%")
+        if not 0 <= self.max_busy <= 1:
+            raise ValueError(f"max_busy {self.max_busy}: give a share of the CPUs from 0 to 1, e.g. 0.25 for 25%")
+
+    def text(self) -> str:
+        return (f"unreliable where a repeat's ratio lies over {self.max_disagree:.0%} from the median or other "
+                f"processes used over {self.max_busy:.0%} of the CPUs")
 
 
 @dataclass
@@ -210,18 +229,21 @@ def interleave(fns: dict, repeats: int, wall=None, progress=None, errors: dict |
 
 
 # -- the bench's rows ------------------------------------------------------------------------------
-def annotate_bench_rows(rows: list[dict], labels: list[str], runs: dict, base: str, busy: float | None) -> None:
+def annotate_bench_rows(rows: list[dict], labels: list[str], runs: dict, base: str, busy: float | None,
+                        thresholds: Thresholds | None = None) -> None:
     """Add to each bench row (speclab.bench.runner: `runs[label][repeat][prompt]` run dicts, the
     repeats interleaved prompt by prompt) its wall time's spread over the repeats, the speed-up as the
-    median of per-repeat ratios with its spread and verdict, and the cost model of its median pass
-    against ar's pass of the same repeat (`cost_model`, and `why_slower` for a row slower than ar)."""
+    median of per-repeat ratios with its spread and verdict (under `thresholds`, the defaults where
+    None), and the cost model of its median pass against ar's pass of the same repeat (`cost_model`,
+    and `why_slower` for a row slower than ar)."""
     from speclab import metrics
+    th = thresholds or Thresholds()
     base_walls = [sum(r["wall_s"] for r in rep) for rep in runs[base]]
     for label, row in zip(labels, rows):
         walls = [sum(r["wall_s"] for r in rep) for rep in runs[label]]
         w = cell(walls)
         row["wall_s_range"] = [round(w.lo, 4), round(w.hi, 4)]
-        up = speedup(base_walls, walls, busy)
+        up = speedup(base_walls, walls, busy, max_disagree=th.max_disagree, max_busy=th.max_busy)
         row["speedup_median"] = round(up.median, 3)
         row["speedup_range"] = [round(up.ratios.lo, 3), round(up.ratios.hi, 3)]
         row["speedup_ratios"] = [round(x, 3) for x in up.ratios.values]
@@ -252,6 +274,7 @@ def print_spread(res: dict) -> None:
     busy = next((r["machine_busy"] for r in res["rows"] if "machine_busy" in r), None)
     print(f"speed-up = median over {reps} repeat(s) of ar's pass time / the method's, interleaved prompt by prompt"
           + (f"; other processes used {busy:.0%} of the CPUs meanwhile" if busy is not None else ""))
+    print("  " + Thresholds(**res.get("verdict_thresholds", {})).text())
     for r in res["rows"]:
         if "speedup_median" not in r:
             continue

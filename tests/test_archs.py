@@ -1,22 +1,26 @@
 """The hub architectures on the lean forward: Qwen2 / Qwen2.5 (biases on q, k, v), Qwen3 (an RMSNorm
-on each head of q and k), Mistral (a sliding window) and a Llama with every bias (attention_bias,
-mlp_bias), each a transformers model built from a
-tiny config with random weights (biases and norm weights drawn too: transformers starts them at 0
+on each head of q and k), Mistral (a sliding window), Gemma (scaled embeddings, RMSNorm by
+1 + weight, a GELU-tanh gate, tied head) and a Llama with every bias (attention_bias, mlp_bias),
+each a transformers model built from a tiny config with random weights (biases and norm weights drawn too: transformers starts them at 0
 and 1, where a forward that skipped them would still agree). The lean forward must give transformers'
 own logits to fp32 rounding in every step a decode takes (prefill, one-row decode, chain verify,
 tree verify, rollback, a kept tree path), and every speculative method must decode exactly what
 `ar` decodes. Drafts share the target's vocabulary: a one-layer model of the same family, the
-target itself (every draft accepted), and EAGLE / Medusa heads with random weights."""
+target itself (every draft accepted), and EAGLE / Medusa heads with random weights. Gemma 2 / 3
+stay on transformers' forward, and decode there."""
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+import torch.nn.functional as F
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM, GemmaConfig,
+                          GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 import speclab
 from speclab.decoding.registry import get_method, methods
-from speclab.models.backends import make_lm
+from speclab.models import kernels
+from speclab.models.backends import make_lm, resolve
 from speclab.models.hf import CausalLM
-from speclab.models.lean.archs import supports, why_not
+from speclab.models.lean.archs import arch_of, supports, why_not
 from speclab.models.lean.forward import LeanLM
 
 TOL = 1e-4          # fp32 logits of the lean forward against transformers' (the Llama tests' bound)
@@ -28,7 +32,11 @@ FAMILIES = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(head_dim=32)),                         # head_dim != C / H
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),           # Mistral v0.2+
     "llama-bias": (LlamaConfig, LlamaForCausalLM, dict(attention_bias=True, mlp_bias=True)),   # every bias
+    "gemma": (GemmaConfig, GemmaForCausalLM, dict(head_dim=32)),        # Gemma 1 / CodeGemma: tied, GELU-tanh
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, dict(head_dim=32)),     # transformers' path (ON_HF)
 }
+ON_HF = ("gemma2",)                 # families the lean forward leaves to transformers
+LEAN = [f for f in FAMILIES if f not in ON_HF]
 
 
 def build(family: str, tok, seed: int, layers: int = 2, **extra):
@@ -43,8 +51,10 @@ def build(family: str, tok, seed: int, layers: int = 2, **extra):
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
                 p.normal_(0.0, 0.5)
-            elif "norm" in name:                    # RMSNorm weights, q_norm / k_norm included
-                p.uniform_(0.5, 1.5)
+            elif "norm" in name:                    # RMSNorm weights, q_norm / k_norm included: a scale
+                p.uniform_(0.5, 1.5)                # of 0.5..1.5, Gemma's 1 + weight included
+                if cfg.model_type.startswith("gemma"):
+                    p.sub_(1.0)
     return model
 
 
@@ -56,7 +66,7 @@ def tok(target):
 @pytest.fixture(scope="module")
 def models(tok):
     """family -> (target, draft): the draft a one-layer model of the same family and vocabulary."""
-    return {f: (build(f, tok, 0), build(f, tok, 1, layers=1)) for f in FAMILIES}
+    return {f: (build(f, tok, 0), build(f, tok, 1, layers=1)) for f in LEAN}
 
 
 def test_the_deltas_are_there_to_get_wrong(models):
@@ -66,9 +76,32 @@ def test_the_deltas_are_there_to_get_wrong(models):
     assert (q3.model.layers[0].self_attn.q_norm.weight - 1).abs().max() > 0.1
     assert q3.config.head_dim * q3.config.num_attention_heads != q3.config.hidden_size
     assert models["qwen2-tied"][0].lm_head.weight is models["qwen2-tied"][0].model.embed_tokens.weight
+    gemma = models["gemma"][0]
+    assert gemma.lm_head.weight is gemma.model.embed_tokens.weight and gemma.config.hidden_act == "gelu_pytorch_tanh"
+    a = arch_of(gemma)
+    assert a.embed_scale and a.norm_offset and a.act == "gelu_pytorch_tanh" and not a.fuses
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def test_each_gemma_delta_changes_the_logits(models):
+    """Gemma's logits with any one of its deltas left out are far from transformers', so the
+    equality tests below would catch a forward that skipped it."""
+    model, prompt = models["gemma"][0], torch.tensor([5, 9, 11, 3, 40, 41, 7, 300])
+    with torch.no_grad():
+        want = model(prompt[None]).logits[0]
+    lm = LeanLM(model)
+    assert (lm.forward(prompt) - want).abs().max() < TOL
+    for leave_out in ("act", "embed_scale", "norm"):
+        lm = LeanLM(model)
+        if leave_out == "act":
+            lm.act = F.silu
+        elif leave_out == "embed_scale":
+            lm.embed_scale = None
+        else:
+            lm.norm = model.model.norm.weight                       # w, not 1 + w, in the final norm
+        assert (lm.forward(prompt) - want).abs().max() > 0.1, leave_out
+
+
+@pytest.mark.parametrize("family", LEAN)
 def test_the_lean_forward_runs_the_architecture(family, models):
     model = models[family][0]
     assert why_not(model) is None and supports(model)
@@ -94,7 +127,7 @@ def _steps(lm, ref):
 
 
 @pytest.mark.parametrize("backend", ["fast", "static-eager"])     # the eager forward and the static runner
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", LEAN)
 def test_lean_logits_equal_transformers_in_every_step(family, backend, models):
     model = models[family][0]
     lm, ref = make_lm(model, "target", backend, max_len=64), CausalLM(model, "target")
@@ -145,7 +178,7 @@ def _draft(method: str, family: str, models, which: str):
 CASES = [(m, "small") for m in _spec_methods()] + [("draft-model", "self"), ("tree-dynamic", "self")]
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "gemma"])
 def test_every_method_decodes_what_ar_decodes(family, models, tok):
     """fp32, greedy: every lossless speculative method of the registry against ar, on the lean
     forward (the target as its own draft accepts every token: the acceptance path runs too)."""
@@ -205,3 +238,45 @@ def test_a_saved_qwen2_checkpoint_runs_lean_from_the_cli(tok, tmp_path, capsys):
     info = Trace.load(tmp_path / "t.json").models["target"]
     assert info.backend == "LeanLM" and info.dtype == "float32" and info.device == "cpu"
     assert "LeanLM" in info.runs_on()
+
+
+@pytest.mark.parametrize("backend", ["fast", "static-eager"])
+@pytest.mark.parametrize("family", ["gemma", "qwen3"])
+def test_bf16_off_the_fused_layer_call_decodes_what_ar_decodes(family, backend, tok):
+    """bf16: the native kernel's layer call computes Llama's norm and SiLU layer only, so it is off
+    for Gemma (its norm, GELU-tanh) and Qwen3 (q / k norms); the kernel's per-matrix product runs
+    where the CPU has it, the deltas as torch ops around it, and every method decodes what ar does."""
+    model = build(family, tok, 5).to(torch.bfloat16)
+    lm = make_lm(model, "target", backend, max_len=64)
+    assert not lm.fused and lm.layout == ("packed" if kernels.available("cpu", torch.bfloat16) else "out_in")
+    target, prompt = (model, tok), [7, 8, 9, 7, 8, 9, 7, 8, 40, 41, 7, 8]
+    want = speclab.generate(target, prompt, "ar", max_new_tokens=NEW, record=None, backend=backend).ids
+    assert len(want) == NEW and len(set(want)) > 2
+    for method, draft in (("prompt-lookup", None), ("draft-model", model), ("tree-dynamic", model)):
+        r = speclab.generate(target, prompt, method, draft=(draft, tok) if draft is not None else None,
+                             max_new_tokens=NEW, record=None, backend=backend)
+        assert r.ids == want, f"bf16 {family} {backend} {method} differs from ar"
+        assert r.trace.models["target"].dtype == "bfloat16"
+
+
+def test_gemma2_and_gemma3_run_on_transformers_and_decode_what_ar_decodes(tok):
+    """Gemma 2 / 3 (soft-capping, norms after each sublayer, alternating local / global layers)
+    are not deltas of Llama: auto picks transformers' forward, which every method decodes on."""
+    torch.manual_seed(6)
+    g3 = Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            head_dim=32, max_position_embeddings=256))
+    model = build("gemma2", tok, 6)
+    for m in (model, g3):
+        assert "soft-caps" in why_not(m) and resolve(m) == "hf" and isinstance(make_lm(m), CausalLM)
+        with pytest.raises(ValueError, match="soft-caps"):
+            make_lm(m, backend="fast")
+    target, prompt = (model, tok), [7, 8, 9, 7, 8, 9, 7, 8, 40, 41, 7, 8]
+    want = speclab.generate(target, prompt, "ar", max_new_tokens=NEW, record=None).ids
+    assert len(want) == NEW
+    for method, draft in (("prompt-lookup", None), ("draft-model", model), ("tree-dynamic", model)):
+        r = speclab.generate(target, prompt, method, draft=(draft, tok) if draft is not None else None,
+                             max_new_tokens=NEW, record=None)
+        assert r.ids == want and r.trace.models["target"].backend == "CausalLM", method
+        if draft is not None:
+            assert r.trace.totals.tau > 2, f"{method}: the target as its own draft was rejected"

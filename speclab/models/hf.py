@@ -130,6 +130,8 @@ class CausalLM:
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(-2, sel)
             layer.values = layer.values.index_select(-2, sel)
+            if hasattr(layer, "cumulative_length"):     # a sliding-window layer counts its tokens itself
+                layer.cumulative_length = len(sel)
 
     def drop_layers_tail(self, n_layers: int, drop: int):
         """Drop the last `drop` tokens from the first n_layers only (early-exit drafts wrote them)."""

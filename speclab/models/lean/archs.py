@@ -2,8 +2,8 @@
 
 Llama is the base: RMSNorm, RoPE, grouped-query attention without biases, a SwiGLU MLP. Every
 other architecture is described by the flags it sets in `Arch` (Qwen2: biases on q, k, v; Qwen3:
-an RMSNorm on each head of q and k; Mistral: a sliding attention window), read from its config by
-a reader registered in READERS. The forward implements the flags in IMPLEMENTED; a model whose
+an RMSNorm on each head of q and k; Mistral: a sliding attention window; Gemma: scaled embeddings,
+RMSNorm by 1 + weight, a GELU-tanh gate), read from its config by a reader registered in READERS. The forward implements the flags in IMPLEMENTED; a model whose
 reader asks for any other flag, or whose type has no reader, runs through transformers instead
 (models.backends). Adding an architecture = a reader here + its flags in the forward, never a
 copy of the forward.
@@ -14,9 +14,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
+import torch.nn.functional as F
+
 # RoPE variants whose tables the model's own rotary embedding computes (lean.weights.rope_tables
 # reads them from it), so the forward needs nothing per variant
 ROPE_TYPES = ("default", "linear", "llama3")
+
+# the MLP gate activations the forward computes (config.hidden_act -> the function transformers'
+# ACT2FN applies under that name)
+ACTIVATIONS: dict[str, Callable] = {"silu": F.silu,
+                                    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 @dataclass(frozen=True)
@@ -27,21 +34,34 @@ class Arch:
     mlp_bias: bool = False              # biases on the MLP's projections
     qk_norm: bool = False               # RMSNorm over each head of q and k before RoPE (Qwen3)
     sliding_window: int | None = None   # attend to at most this many keys back (Mistral)
+    embed_scale: bool = False           # token embeddings times sqrt(hidden_size) in the model dtype (Gemma)
+    norm_offset: bool = False           # RMSNorm multiplies by 1 + weight, in float32 before the cast (Gemma)
+    act: str = "silu"                   # the MLP's gate activation, a name in ACTIVATIONS (Gemma: GELU-tanh)
 
     def flags(self) -> set[str]:
-        """The names of the deltas this config sets."""
-        return {f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (False, None)}
+        """The names of the deltas this config sets (the fields off their Llama default)."""
+        return {f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
 
     @property
     def native(self) -> bool:
-        """Whether speclab's bf16 kernel (models.kernels) can run the layers: its layer call knows
-        plain Llama (no biases, no q/k norms). A window changes nothing while requests fit it."""
+        """Whether speclab's bf16 kernel (models.kernels) can run the matrices one by one: its
+        packed product adds no bias. Every other delta is computed by torch ops around it."""
+        return not {"qkv_bias", "o_bias", "mlp_bias"} & self.flags()
+
+    @property
+    def fuses(self) -> bool:
+        """Whether the kernel's layer call can run the layers: it computes plain Llama (Llama's
+        RMSNorm, SiLU, no biases, no q/k norms). A window changes nothing while requests fit it."""
         return not self.flags() - {"sliding_window"}
+
+
+def _act(cfg) -> str:
+    return getattr(cfg, "hidden_act", "silu")
 
 
 def _llama(cfg) -> Arch:
     bias = bool(getattr(cfg, "attention_bias", False))
-    return Arch(qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(cfg, "mlp_bias", False)))
+    return Arch(qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(cfg, "mlp_bias", False)), act=_act(cfg))
 
 
 def _window(cfg) -> int | None:
@@ -53,17 +73,24 @@ def _window(cfg) -> int | None:
 
 def _qwen2(cfg) -> Arch:
     # q, k and v always carry biases in Qwen2 / Qwen2.5 (no config switch); o and the MLP never do
-    return Arch(qkv_bias=True, sliding_window=_window(cfg))
+    return Arch(qkv_bias=True, sliding_window=_window(cfg), act=_act(cfg))
 
 
 def _qwen3(cfg) -> Arch:
     bias = bool(getattr(cfg, "attention_bias", False))
-    return Arch(qkv_bias=bias, o_bias=bias, qk_norm=True, sliding_window=_window(cfg))
+    return Arch(qkv_bias=bias, o_bias=bias, qk_norm=True, sliding_window=_window(cfg), act=_act(cfg))
 
 
 def _mistral(cfg) -> Arch:
     # every layer slides over the same window (Mistral 7B v0.1: 4,096); None from v0.2 on
-    return Arch(sliding_window=getattr(cfg, "sliding_window", None))
+    return Arch(sliding_window=getattr(cfg, "sliding_window", None), act=_act(cfg))
+
+
+def _gemma(cfg) -> Arch:
+    # Gemma 1 / CodeGemma: Llama's layout with scaled embeddings, RMSNorm by 1 + weight, GELU-tanh
+    # (a config's legacy "gelu" is read as "gelu_pytorch_tanh" by GemmaConfig itself)
+    bias = bool(getattr(cfg, "attention_bias", False))
+    return Arch(qkv_bias=bias, o_bias=bias, embed_scale=True, norm_offset=True, act=_act(cfg))
 
 
 # how far past its committed tokens a request's verify may reach (its draft's depth): the room the
@@ -73,13 +100,20 @@ VERIFY_ROOM = 64
 
 # model_type -> the reader of its deltas
 READERS: dict[str, Callable[[object], Arch]] = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3,
-                                                "mistral": _mistral}
+                                                "mistral": _mistral, "gemma": _gemma}
+
+# model types kept on transformers for what their layers do beyond these deltas (one line each)
+_GEMMA2 = ("soft-caps attention scores and final logits, norms each sublayer's output as well as its input, "
+           "and alternates sliding-window and global layers")
+ELSEWHERE: dict[str, str] = {"gemma2": _GEMMA2, "gemma3": _GEMMA2 + ", with q / k norms",
+                             "gemma3_text": _GEMMA2 + ", with q / k norms"}
 
 # the deltas lean.forward computes; a model asking for any other runs through transformers. The
 # sliding window is computed by not needing it: a request that reaches no further than the window
 # sees every earlier position either way, and one that would reach further runs on transformers
 # (why_not with the request's positions; the forward refuses a step past the window)
-IMPLEMENTED: frozenset[str] = frozenset({"qkv_bias", "o_bias", "mlp_bias", "qk_norm", "sliding_window"})
+IMPLEMENTED: frozenset[str] = frozenset({"qkv_bias", "o_bias", "mlp_bias", "qk_norm", "sliding_window",
+                                        "embed_scale", "norm_offset", "act"})
 
 
 def why_not(model, positions: int | None = None) -> str | None:
@@ -100,12 +134,19 @@ def why_not(model, positions: int | None = None) -> str | None:
 def _lacks(model) -> str | None:
     """What the lean forward lacks to run `model` at all (a sliding window aside)."""
     cfg = model.config
+    if cfg.model_type in ELSEWHERE:
+        return f"{cfg.model_type} {ELSEWHERE[cfg.model_type]}, which the lean forward does not implement"
     reader = READERS.get(cfg.model_type)
     if reader is None:
         return f"the lean forward has no reader for model_type {cfg.model_type!r} (known: {', '.join(READERS)})"
-    missing = reader(cfg).flags() - IMPLEMENTED
+    arch = reader(cfg)
+    missing = arch.flags() - IMPLEMENTED
     if missing:
         return f"the lean forward does not implement {', '.join(sorted(missing))} ({cfg.model_type})"
+    if arch.act not in ACTIVATIONS:
+        return f"the lean forward does not implement the activation {arch.act!r} (known: {', '.join(ACTIVATIONS)})"
+    if getattr(cfg, "use_bidirectional_attention", False):
+        return f"the lean forward attends causally only ({cfg.model_type} sets use_bidirectional_attention)"
     rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
     if rope not in ROPE_TYPES:
         return f"the lean forward does not implement rope_type {rope!r}"

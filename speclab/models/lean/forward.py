@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from speclab.models import kernels
 from speclab.models.adapter import scatter_subset
 from speclab.models.geometry import is_chain, tree_depths_and_visibility, tree_positions
-from speclab.models.lean.archs import VERIFY_ROOM, arch_of
-from speclab.models.lean.weights import fuse, mm, pack_model, rope_tables, split_inner
+from speclab.models.lean.archs import ACTIVATIONS, VERIFY_ROOM, arch_of
+from speclab.models.lean.weights import fuse, mm, norm_weight, pack_model, rope_tables, split_inner
 
 
 class LeanLM:
@@ -48,21 +48,28 @@ class LeanLM:
         # layout there (LM head of SmolLM2: 3.0 ms at 1 row, 3.9 ms at 16) and row for row the same
         # result whatever the number of rows, so no second copy. bf16 on a CPU with AVX512-BF16:
         # speclab's own kernel over a packed copy (speclab.models.kernels; 2-4x faster at 1-16 rows).
-        # The kernel's layer call computes plain Llama layers: a model with biases or q / k norms
-        # (Qwen2, Qwen3) runs its layers as torch ops in bf16 too, F.linear adding each bias
-        # inside the product as transformers' nn.Linear does (lean.archs.Arch.native)
+        # The kernel's product adds no bias: a model with biases (Qwen2) runs its layers as torch
+        # ops in bf16 too, F.linear adding each bias inside the product as transformers' nn.Linear
+        # does (lean.archs.Arch.native). Its layer call computes plain Llama layers: any other delta
+        # (q / k norms, Gemma's norm and GELU) runs the kernel's products one by one, the delta as
+        # torch ops around them (lean.archs.Arch.fuses)
         if kernels.available(self.device, self.dtype) and self.arch.native:
             self.layout = "packed"
         else:
             self.layout = "out_in" if self.dtype != torch.float32 else ("dual" if self.device.type == "cpu" else "in_out")
         self.layers, self.head = pack_model(model, self.layout, exact)
         # all the layers in one native call where every matrix packs without padding
-        self.fused = self.layout == "packed" and self.D in (32, 64, 128) and not any(
+        self.fused = self.layout == "packed" and self.arch.fuses and self.D in (32, 64, 128) and not any(
             w[n].padded for w in self.layers for n in ("wqkv_k", "wo_k", "w13_k", "w2_k"))
         # a trimmed-vocabulary head (speclab.models.adapter.SubsetHead) scores only head_ids
         self.head_ids = getattr(model.lm_head, "head_ids", None)
         self.vocab_size = cfg.vocab_size
-        self.embed, self.norm = inner.embed_tokens.weight, inner.norm.weight
+        self.embed, self.norm = inner.embed_tokens.weight, norm_weight(inner.norm.weight, self.arch.norm_offset)
+        # Gemma's embedding scale, the model's own buffer cast to the model dtype as its embedding
+        # module casts it (sqrt(3072) = 55.43 becomes 55.5 in bf16)
+        self.embed_scale = None if not self.arch.embed_scale else getattr(
+            inner.embed_tokens, "embed_scale", torch.tensor(cfg.hidden_size ** 0.5)).to(self.device, self.dtype)
+        self.act = ACTIVATIONS[self.arch.act]             # the MLP's gate activation
         # + room for draft-tree nodes verified past the last committed position
         self.max_len = max_len or cfg.max_position_embeddings + VERIFY_ROOM
         self.cos, self.sin = (t.to(self.dtype) for t in rope_tables(model, self.max_len, self.D))
@@ -88,13 +95,22 @@ class LeanLM:
         self.n = 0
 
     def rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """LlamaRMSNorm of rows x (..., C) with weight w (C,), in this model's dtype."""
+        """LlamaRMSNorm of rows x (..., C) with weight w (C,), in this model's dtype; GemmaRMSNorm
+        where the arch sets norm_offset (w then holds 1 + weight in fp32, lean.weights.norm_weight)."""
         if self.fused:
             return kernels.module().rms_norm(x.contiguous(), w, self.eps)
         if x.dtype == torch.float32:                # one fused op (same math as LlamaRMSNorm in fp32)
             return F.rms_norm(x, w.shape, w, self.eps)
         x32 = x.float()
-        return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        n = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.arch.norm_offset:                   # Gemma: the product in fp32, then the cast
+            return (n * w).to(x.dtype)
+        return w * n.to(x.dtype)                    # Llama: the cast, then the product
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (T, C) of ids (T,), scaled where the arch sets embed_scale (Gemma)."""
+        x = F.embedding(ids, self.embed)
+        return x if self.embed_scale is None else x * self.embed_scale
 
     def qk_heads(self, qkv: torch.Tensor, w: dict) -> torch.Tensor:
         """The q and k heads (T, Hq + Hkv, D) of a layer's fused projection qkv (T, (Hq + 2 Hkv) D),
@@ -160,7 +176,7 @@ class LeanLM:
              subset: bool = False) -> torch.Tensor:
         """logits_to_keep: an int (the last rows; 0 = all) or a LongTensor of the rows to score."""
         T = (ids if embeds is None else embeds).shape[0]
-        x = F.embedding(ids, self.embed) if embeds is None else embeds.to(self.dtype)  # (T, C)
+        x = self.embed_ids(ids) if embeds is None else embeds.to(self.dtype)  # (T, C)
         use = self.layers[: n_layers or len(self.layers)]
         self.captured = {}
         if self.fused:
@@ -222,7 +238,7 @@ class LeanLM:
             x = x + mm(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
             h = self.rms(x, w["ln2"])
             g, u = mm(h, w, "w13").chunk(2, -1)
-            x = x + mm(F.silu(g) * u, w, "w2")
+            x = x + mm(self.act(g) * u, w, "w2")
             if i + 1 in self.capture_layers:
                 self.captured[i + 1] = x[None]
         return x

@@ -251,7 +251,7 @@ class StaticLM(LeanLM):
         buffers, so a captured step is valid for every cache length."""
         ids, pos, slot, keep = self.inputs[0, :W], self.inputs[1, :W], self.inputs[2, :W], self.inputs[3, :Kb]
         vis = self.vis[:W]                                                 # (W, S)
-        x = F.embedding(ids, self.embed)                                   # (W, C)
+        x = self.embed_ids(ids)                                            # (W, C)
         if self.fused:
             x = kernels.module().layers(x.contiguous(), *self._span(), self.kv, 0, self.cos, self.sin,
                                         pos, past, vis[:, :past + W].contiguous(), self.Hq, self.Hkv, self.eps)
@@ -285,7 +285,7 @@ class StaticLM(LeanLM):
             x = x + mm(a.transpose(0, 1).reshape(W, Hq * D), w, "wo")
             h = self.rms(x, w["ln2"])
             g, u = mm(h, w, "w13").chunk(2, -1)
-            x = x + mm(F.silu(g) * u, w, "w2")
+            x = x + mm(self.act(g) * u, w, "w2")
         return x
 
     def _attend_all(self, q, K, V, vis):

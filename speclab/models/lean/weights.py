@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from speclab.models import kernels
+from speclab.models.lean.archs import arch_of
 
 
 def pack_model(model, layout: str, exact: bool = False):
@@ -26,11 +27,13 @@ def pack_model(model, layout: str, exact: bool = False):
     cached = model.__dict__.setdefault("_speclab_packed", {}).get((layout, exact))
     if cached is not None and cached[0] == key:
         return cached[1]
+    offset = arch_of(model).norm_offset
     with torch.no_grad():
         layers = [fuse(layout, wqkv=(l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight),
                            wo=(l.self_attn.o_proj.weight,), w13=(l.mlp.gate_proj.weight, l.mlp.up_proj.weight),
                            w2=(l.mlp.down_proj.weight,))
-                  | dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight) | deltas(l)
+                  | dict(ln1=norm_weight(l.input_layernorm.weight, offset),
+                         ln2=norm_weight(l.post_attention_layernorm.weight, offset)) | deltas(l)
                   for l in model.model.layers]
         head = fuse(layout, head=(model.lm_head.weight,))
         if exact and layout != "packed":        # the packed kernel is row-count invariant already
@@ -38,6 +41,12 @@ def pack_model(model, layout: str, exact: bool = False):
                 split_inner(w)
     model._speclab_packed[(layout, exact)] = (key, (layers, head))
     return layers, head
+
+
+def norm_weight(w: torch.Tensor, offset: bool) -> torch.Tensor:
+    """What an RMSNorm multiplies the normalised rows by: its weight, or (Gemma, lean.archs
+    norm_offset) 1 + weight in float32, as GemmaRMSNorm computes it before casting the product."""
+    return 1.0 + w.float() if offset else w
 
 
 def deltas(layer) -> dict:

@@ -23,9 +23,9 @@ from speclab.models.lean.static import BUCKETS, StaticLM, bucket, capacity_for
 TOL = 2e-5
 
 
-def tiny_llama(dtype=torch.float32, seed=0):
+def tiny_llama(dtype=torch.float32, seed=0, layers=2):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=160, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    cfg = LlamaConfig(vocab_size=160, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
     return LlamaForCausalLM(cfg).to(dtype).eval()
 
@@ -105,6 +105,21 @@ def test_static_batch_matches_the_lean_batch(target, heldout_prompts):
     a = speclab.generate(target, ps, "prompt-lookup", max_new_tokens=32, backend="fast")
     b = speclab.generate(target, ps, "prompt-lookup", max_new_tokens=32, backend="static-eager")
     assert [r.ids for r in a] == [r.ids for r in b]
+    for rs, forward in ((a, "LeanLM"), (b, "StaticLM")):     # each lane's trace says what ran it
+        assert {(r.trace.models["target"].backend, r.trace.models["target"].graphs) for r in rs} == {(forward, False)}
+
+
+def test_batch_traces_record_each_roles_forward_and_graphs(target, draft, heldout_prompts):
+    rs = speclab.generate(target, heldout_prompts[:2], "draft-model", draft=draft, max_new_tokens=6, k=3,
+                          backend="static-eager")
+    for r in rs:
+        info = r.trace.models
+        assert (info["target"].backend, info["target"].graphs) == ("StaticLM", False)
+        assert (info["draft"].backend, info["draft"].graphs) == ("StaticLM", False)
+        assert info["target"].runs_on() == "float32 on cpu, StaticLM"
+        assert r.trace.params["backend"] == "LeanBatchLM" and r.trace.params["batch_size"] == 2
+    (r, _) = speclab.generate(target, heldout_prompts[:2], "prompt-lookup", max_new_tokens=4, backend="hf")
+    assert r.trace.models["target"].backend == "BatchCausalLM" and r.trace.models["target"].graphs is False
 
 
 def test_static_runner_is_bitwise_the_native_kernel_forward():
@@ -119,21 +134,82 @@ def test_static_runner_is_bitwise_the_native_kernel_forward():
 
 def test_one_row_and_verify_steps_compile_without_graph_breaks():
     """torch.compile(fullgraph=True) stands in for CUDA graph capture on a CPU: it fails on any
-    graph break, i.e. on any host sync or data-dependent Python inside a step."""
-    m = tiny_llama()
+    graph break, i.e. on any host sync or data-dependent Python inside a step. Covered: a one-row
+    step, a tree verify, a verify that captures hidden states (the EAGLE targets) and an early exit
+    (the layer-skip draft)."""
+    m = tiny_llama(layers=3)
     lm = StaticLM(m, graphs=False)
     ids = torch.randint(1, 150, (12,), generator=torch.Generator().manual_seed(5))
     lm.forward(ids[:8])
     torch._dynamo.reset()
     step = torch.compile(lm._step, fullgraph=True, backend="eager", dynamic=False)
-    for W, parents in ((1, None), (4, [-1, 0, 0, 1])):
+    for W, parents, nl, caps in ((1, None, None, ()), (4, [-1, 0, 0, 1], None, ()), (4, [-1, 0, 0, 1], None, (1, 3)),
+                                 (1, None, 2, ()), (2, None, 2, (1,))):
         base = lm.length
-        eager = lm.forward(ids[8:8 + W], parents=parents)                 # stages the buffers
+        lm.capture_layers = caps
+        eager = lm.forward(ids[8:8 + W], parents=parents, n_layers=nl)    # stages the buffers
+        states = {c: h.clone() for c, h in lm.captured.items()}
+        assert sorted(states) == list(caps)
+        lm.hidden.zero_()
         lm.keep(base)
         with torch.inference_mode():
-            compiled = step(W, W, 0)[:W]
+            compiled = step(W, W, 0, nl, caps)[:W]
         assert torch.equal(compiled, eager)
+        for c, h in states.items():                                       # the compiled step wrote them
+            assert torch.equal(lm.hidden[c - 1, :W], h[0])
     torch._dynamo.reset()
+
+
+def capture_script(lm, layers):
+    """script() with hidden states captured after `layers`, and early exits through the first
+    layer (the layer-skip draft: its speculative slots dropped before the next verify). Returns
+    every logits tensor and every captured state."""
+    g = torch.Generator().manual_seed(7)
+    ids = lambda n: torch.randint(1, 150, (n,), generator=g)
+    out, states = [], []
+
+    def run(*a, **kw):
+        out.append(lm.forward(*a, **kw))
+        states.append({c: h.clone() for c, h in lm.captured.items()})
+    lm.capture_layers = layers
+    run(ids(11))                                                  # prompt in bucket 16
+    run(ids(5), parents=[-1, -1, 0, 0, 1], n_prefix=0)            # a tree verify
+    lm.keep_positions(11, [1, 4])
+    for _ in range(3):
+        run(ids(1), n_layers=1)                                   # exit drafts
+    lm.drop_layers_tail(1, 3)
+    run(ids(4))                                                   # their verify
+    lm.capture_layers = ()
+    run(ids(1))                                                   # a step capturing nothing
+    run(ids(70))                                                  # wider than a bucket: LeanLM's path
+    assert lm.length == 88
+    return out, states
+
+
+@pytest.mark.parametrize("layers", [(2,), (1, 2)])
+def test_captured_states_and_early_exits_match_the_lean_forward(layers):
+    m = tiny_llama()
+    (la, sa), (lb, sb) = capture_script(LeanLM(m), layers), capture_script(StaticLM(m, graphs=False), layers)
+    for x, y in zip(la, lb):
+        assert torch.allclose(x, y, atol=TOL, rtol=0), (x - y).abs().max()
+    for a, b in zip(sa, sb):
+        assert sorted(a) == sorted(b)
+        for c in a:
+            assert a[c].shape == b[c].shape and torch.allclose(a[c], b[c], atol=1e-5, rtol=0)
+    assert [sorted(s) for s in sb] == [list(layers)] * 2 + [[c for c in layers if c <= 1]] * 3 + [list(layers), [], []]
+
+
+def test_captured_states_are_bitwise_the_native_kernel_forward():
+    if not kernels.available("cpu", torch.bfloat16):
+        pytest.skip("needs speclab's bf16 kernel (a CPU with AVX512-BF16)")
+    m = tiny_llama(torch.bfloat16, layers=3)
+    static = StaticLM(m, graphs=False)
+    assert static.fused
+    (la, sa), (lb, sb) = capture_script(LeanLM(m), (1, 3)), capture_script(static, (1, 3))
+    for x, y in zip(la, lb):
+        assert torch.equal(x, y)
+    for a, b in zip(sa, sb):
+        assert sorted(a) == sorted(b) and all(torch.equal(a[c], b[c]) for c in a)
 
 
 def test_graphs_need_cuda_and_a_known_mode():
@@ -179,3 +255,71 @@ def test_a_dropped_runner_hands_its_cache_to_the_next_one():
     assert b.kv is kv and b.length == 0                   # the same cache, empty again
     c = StaticLM(m, graphs=False)                         # b holds it: c gets its own
     assert c.kv is not kv and c.max_len == 256
+
+
+@pytest.fixture(scope="module")
+def tiny(target):
+    """tests/test_eagle3.py's random 8-layer Llama over the code zoo's tokenizer."""
+    from test_eagle3 import tiny as build
+    return build.__wrapped__(target)
+
+
+def drafter_for(method, model, tok):
+    """The drafter of `method` on `model`: EAGLE-3 with test_eagle3's synthetic checkpoint, EAGLE
+    with a head whose layer is the target's last (so it drafts tokens the target accepts)."""
+    from test_eagle3 import make_draft
+
+    from speclab.decoding.drafters.eagle3 import Eagle3Drafter
+    from speclab.decoding.registry import build_drafter
+    from speclab.models.heads import build_eagle, head_config
+    if method == "eagle3":
+        return Eagle3Drafter(model, make_draft(model), budget=6, width=3, depth=3)
+    if method == "eagle":
+        torch.manual_seed(0)
+        head = build_eagle(model, head_config(model.config, "eagle"), torch.arange(model.config.vocab_size - 50))
+        head.model.layers[0].load_state_dict(model.model.layers[-1].state_dict())
+        return build_drafter("eagle", model, head.eval(), dict(budget=6, width=3, depth=3))
+    return build_drafter("layer-skip", model, None, {})
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "layer-skip"])
+def test_feature_and_exit_drafters_verify_inside_the_buckets(method, tiny):
+    """The EAGLE family's target captures hidden states and layer-skip drafts through an early
+    exit: both run in the static runner's buckets (no eager fallback for a short prompt), greedy
+    identical to ar in fp32."""
+    from speclab.decoding.acceptance import Sampler
+    from speclab.decoding.speculative import decode
+    model, tok = tiny
+    for start in (40, 300):
+        prompt = list(range(start, start + 12))
+        ref = speclab.generate(tiny, prompt, "ar", max_new_tokens=24, record=None, backend="fast").ids
+        lm = StaticLM(model, "target", max_len=64, graphs=False)
+        new, rounds, tot = decode(lm, drafter_for(method, model, tok), prompt, 24, Sampler())
+        assert new == ref
+        assert lm.fallbacks == 0 and tot.drafted > 0
+        assert tot.accepted > 0 or method == "eagle" or start == 300     # a random EAGLE head rarely hits
+
+
+def test_a_request_sizes_its_runners_before_the_prefill(tiny):
+    """speclab.generate sizes the target's static runner (and the draft model's) for prompt + new
+    tokens + draft room before the prefill: an idle cache of 256 slots, too small for the request,
+    is left alone rather than taken and grown by doubling."""
+    import gc
+
+    from speclab.models.backends import make_lm
+    model, tok = tiny
+    draft = tiny_llama(seed=1)
+    draft.resize_token_embeddings(model.config.vocab_size)
+    for m in (model, draft):
+        small = make_lm(m, "x", "static-eager")                           # no request: 256 slots
+        assert small.max_len == 256
+        del small
+        gc.collect()
+    prompt = list(range(40, 340))                                          # 300 tokens + 8 + room > 256
+    r = speclab.generate(tiny, prompt, "draft-model", draft=(draft, tok), max_new_tokens=8, k=3,
+                         backend="static-eager", record=None)
+    assert len(r.ids) == 8
+    gc.collect()
+    for m in (model, draft):
+        (idle,) = m._speclab_static.values()
+        assert sorted(k["max_len"] for k in idle) == [256, 512], (m is draft, [k["max_len"] for k in idle])

@@ -24,7 +24,7 @@ import torch
 from speclab.decoding.acceptance import Sampler, greedy_ids
 from speclab.decoding.registry import batch_methods, get_method
 from speclab.decoding.speculative import (Context, Drafter, Outcome, RunState, accept, commit_round, record_round,
-                                         trace_of)
+                                         trace_of, with_runners)
 from speclab.models.backends import make_batch_lm
 from speclab.models.geometry import BatchSlots
 from speclab.trace import Round, Totals, Trace
@@ -133,6 +133,10 @@ def run_batch(model, drafters: list[Drafter], tok, prompts_ids: list[list[int]],
     """The batch seam: decode_batch, then one trace per prompt (its lane), in order."""
     lanes, lm = decode_batch(model, drafters, prompts_ids, max_new_tokens, sampler, seeds, record,
                              tok.eos_token_id, progress, backend)
+    # per role, the forward that ran it (a lean batch's own forward: LeanLM or StaticLM) and whether
+    # CUDA graphs replayed it, as a single run records them; every lane's drafter has the same kind
+    draft_lm = getattr(getattr(drafters[0], "inner", drafters[0]), "lm", None) if drafters else None
+    models = with_runners(models, getattr(lm, "lm", lm), draft_lm)
     return [trace_of(tok, method, dict(params, backend=type(lm).__name__, batch_size=len(lanes), lane=b), models,
                      sampler, seed, record, ids, new, rounds, totals)
             for b, (ids, (new, rounds, totals), seed) in enumerate(zip(prompts_ids, lanes, seeds))]

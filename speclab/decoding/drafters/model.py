@@ -119,6 +119,11 @@ class OwnDraftLM:
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
         self.lm.reset()
+        # a static-shape draft runner sizes its cache for the request the target was sized for
+        # (the draft never runs past the target's committed tokens plus its own draft)
+        request = getattr(target, "request", None)
+        if request and hasattr(self.lm, "reserve"):
+            self.lm.reserve(request)
 
 
 class DraftModelDrafter(OwnDraftLM, ChainDrafter):

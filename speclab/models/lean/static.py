@@ -13,16 +13,24 @@ SGLang do the same):
 - attention runs over all S slots of the cache with the visibility as its mask, never over a
   slice whose length changes per call; S is sized for the request (prompt + new tokens + the widest
   bucket) and doubles when a sequence outgrows it, never the model's context window;
-- on CUDA each (width, kept rows) bucket is captured once as a torch.cuda.CUDAGraph (or compiled
-  with torch.compile(mode="reduce-overhead", fullgraph=True): graphs="compile") and replayed; the
-  host copies one small staging tensor in and reads the logits out, with no sync inside a forward.
+- captured hidden states (capture_layers: what EAGLE, EAGLE-3 and Medusa read, and layer-skip's
+  exit scoring) go to a persistent buffer `hidden` (L, widest bucket, C), written inside the step,
+  so a replayed graph fills it too; `captured[l]` is a view of its first T rows, valid until the
+  next forward (the drafters read their rows from it at once);
+- an early exit (n_layers: the layer-skip draft) runs the first n_layers layers in the bucket too;
+- on CUDA each (width, kept rows, layers run, layers captured) bucket is captured once as a
+  torch.cuda.CUDAGraph (or compiled with torch.compile(mode="reduce-overhead", fullgraph=True):
+  graphs="compile") and replayed; the host copies one small staging tensor in and reads the logits
+  out, with no sync inside a forward. Under graphs a capture set widens to every layer any call of
+  this runner captured (a copy per layer inside the graph costs little), so layer-skip's rotating
+  exit scores do not capture a graph per combination.
 
 Calls a bucket does not cover run on LeanLM's eager path over the same cache: a prefill or any
-forward wider than the widest bucket, early exits (n_layers), input vectors (embeds), a trimmed
-head's own ids (subset) and captured hidden states (capture_layers). On a CPU the runner runs
-eagerly with the same buffers, buckets and padding; in bf16 on a CPU with AVX512-BF16 its layers
-are the native kernel's call over those buffers (every row computed as a one-token forward, so
-padding changes no real row).
+forward wider than the widest bucket, input vectors (embeds: an EAGLE head's own forward, which is
+a one-layer LeanLM anyway) and a trimmed head's own ids (subset). On a CPU the runner runs eagerly
+with the same buffers, buckets and padding; in bf16 on a CPU with AVX512-BF16 its layers are the
+native kernel's calls over those buffers, split at each captured layer as LeanLM splits them
+(every row computed as a one-token forward, so padding changes no real row).
 """
 from __future__ import annotations
 
@@ -40,7 +48,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 GRAPH_MODES = (False, "cuda-graph", "compile")
 # what a runner hands on when it is dropped: its cache, buffers and captured graphs (a graph
 # replays on exactly the tensors it was captured with, so they travel together)
-KIT = ("kv", "cos", "sin", "max_len", "staging", "inputs", "vis", "_graphs", "_pool")
+KIT = ("kv", "cos", "sin", "max_len", "staging", "inputs", "vis", "hidden", "_graphs", "_pool")
 
 
 def bucket(n: int) -> int:
@@ -82,27 +90,35 @@ class StaticLM(LeanLM):
         self.graphs = graph_mode(graphs, device)
         need = capacity_for((max_len or 0) + BUCKETS[-1])
         super().__init__(model, name, need)
+        self.request = max_len              # the slots the request asked for (a draft runner sizes by it)
         self._compiled = None
         self._staged = None                 # CUDA event: the last staging copy has been read
         self.replays = 0                    # forwards served by a captured graph
+        self.fallbacks = 0                  # forwards no bucket covered (LeanLM's eager path ran them)
+        self._wide: frozenset[int] = frozenset()    # under graphs: every layer a call captured
         # Runners of one model share nothing while alive; a dropped runner's cache, buffers and
         # graphs go to an idle list on the model (as its packed weights do) and the next runner of
         # the same weights and graph mode takes them: captures happen once per model, not per run.
         self._idle = model.__dict__.setdefault("_speclab_static", {}).setdefault(
             (self.graphs, id(self.layers), id(self.head)), [])
-        # the smallest idle kit that holds the request: attention reads every slot of the cache
-        kit = min((k for k in self._idle if k["max_len"] >= need), key=lambda k: k["max_len"], default=None)
-        if kit is not None:
-            self._idle.remove(kit)
-            for a in KIT:
-                setattr(self, a, kit[a])
-        else:
+        kit = self._claim(need)
+        if kit is None:
             with torch.inference_mode(False):
                 self.kv.zero_()             # hidden slots enter attention as 0-weighted terms: finite
             self._alloc_buffers()
         self._kit = kit or {}
         self._save_kit()
         weakref.finalize(self, _hand_on, self._idle, self._kit)
+
+    def _claim(self, need: int) -> dict | None:
+        """Take the smallest idle kit that holds `need` slots (attention reads every slot of the
+        cache, so never a larger one than needed), or None."""
+        kit = min((k for k in self._idle if k["max_len"] >= need), key=lambda k: k["max_len"], default=None)
+        if kit is not None:
+            self._idle.remove(kit)
+            for a in KIT:
+                setattr(self, a, kit[a])
+        return kit
 
     def _save_kit(self):
         self._kit.update({a: getattr(self, a) for a in KIT})
@@ -116,7 +132,9 @@ class StaticLM(LeanLM):
             self.staging = torch.zeros(4, W, dtype=torch.long, pin_memory=dev.type == "cuda")
             self.inputs = torch.zeros(4, W, dtype=torch.long, device=dev)
             self.vis = torch.zeros(W, S, dtype=torch.bool, device=dev)   # True = may attend
-        self._graphs: dict[tuple[int, int], tuple] = {}                   # (width, kept) -> replay
+            # the state after layer l (row l - 1) of each row of the last forward, where captured
+            self.hidden = torch.zeros(len(self.layers), W, self.embed.shape[1], dtype=self.dtype, device=dev)
+        self._graphs: dict[tuple, tuple] = {}       # (width, kept, layers run, captured) -> replay
         self._compiled = None
         self._pool = None
         if hasattr(self, "_kit"):
@@ -133,6 +151,24 @@ class StaticLM(LeanLM):
     def reset(self):
         self.n = 0
 
+    def reserve(self, max_len: int):
+        """Size the cache for a request of max_len slots now, before its prefill, rather than by
+        doubling as its sequence grows (each growth re-captures the graphs). An empty runner hands
+        its too-small kit back to the idle list and takes one that holds the request."""
+        self.request = max_len
+        need = capacity_for(max_len + BUCKETS[-1])
+        if need <= self.max_len:
+            return
+        if self.n or not self._kit:             # a sequence in the cache, or a trimmed head's own kit
+            self.resize(max_len + BUCKETS[-1])
+            return
+        self._idle.append(dict(self._kit))
+        self._kit.clear()                       # the same dict: the finalizer hands on what it holds
+        kit = self._claim(need)
+        if kit is None:
+            self.resize(max_len + BUCKETS[-1])  # new buffers; the one handed back keeps its own
+        self._save_kit()
+
     def trim_head(self, n: int):
         super().trim_head(n)
         self._kit = {}                      # graphs of a trimmed head are this runner's alone
@@ -140,17 +176,17 @@ class StaticLM(LeanLM):
 
     # --- the protocol ------------------------------------------------------------------------
 
-    def _static(self, T: int, n_layers=None, embeds=None, subset=False) -> bool:
+    def _static(self, T: int, embeds=None, subset=False) -> bool:
         """This call fits a bucket (else LeanLM's eager path runs it, over the same cache)."""
-        return (T <= BUCKETS[-1] and n_layers is None and embeds is None and not subset
-                and not self.capture_layers)
+        return T <= BUCKETS[-1] and embeds is None and not subset
 
     @torch.inference_mode()
     def forward(self, ids, parents=None, n_prefix: int = 0, logits_to_keep: int = 0, n_layers=None,
                 embeds=None, subset: bool = False) -> torch.Tensor:
         T = (ids if embeds is None else embeds).shape[0]
-        if not self._static(T, n_layers, embeds, subset):
+        if not self._static(T, embeds, subset):
             self._fit(self.n + T)
+            self.fallbacks += 1
             return super().forward(ids, parents, n_prefix, logits_to_keep, n_layers, embeds, subset)
         past = self.n
         if parents is not None and not is_chain(parents):
@@ -159,13 +195,14 @@ class StaticLM(LeanLM):
         else:
             pos, vis = past + torch.arange(T), torch.ones(T, T, dtype=torch.bool).tril()
         k = logits_to_keep or T
-        return self._replay(ids, pos, torch.arange(T - k, T), own=vis)
+        return self._replay(ids, pos, torch.arange(T - k, T), own=vis, n_layers=n_layers)
 
     @torch.inference_mode()
     def forward_rows(self, ids, pos, vis, score=None) -> torch.Tensor:
         T = ids.shape[0]
         if not self._static(T):
             self._fit(self.n + T)
+            self.fallbacks += 1
             return super().forward_rows(ids, pos, vis, score)
         return self._replay(ids, pos.cpu(), torch.arange(T) if score is None else score.cpu(), full=vis)
 
@@ -174,11 +211,14 @@ class StaticLM(LeanLM):
         if need + BUCKETS[-1] > self.max_len:
             self.resize(need + BUCKETS[-1])
 
-    def _replay(self, ids, pos, keep, own=None, full=None) -> torch.Tensor:
+    def _replay(self, ids, pos, keep, own=None, full=None, n_layers=None) -> torch.Tensor:
         """Stage T rows (ids, positions, kept rows; visibility `own` (T, T) among themselves after
-        the whole committed cache, or `full` (T, n + T) over the cache) and run their bucket."""
+        the whole committed cache, or `full` (T, n + T) over the cache) and run their bucket
+        through the first n_layers layers (None: all), capturing self.capture_layers."""
         T, past, K = len(ids), self.n, len(keep)
         W, Kb = bucket(T), bucket(K)
+        nl = n_layers or len(self.layers)
+        want = tuple(sorted({c for c in self.capture_layers if 0 < c <= nl}))   # LeanLM's rule
         self._fit(past + W)
         s = self.staging
         if self._staged is not None:        # the previous copy out of the pinned staging is done
@@ -206,74 +246,92 @@ class StaticLM(LeanLM):
             v[:T, past:past + T] = own.to(self.device, non_blocking=True)
         pad = torch.arange(T, W, device=self.device)
         v[pad, past + pad] = True                              # a padding row sees only its own slot
-        out = self._run_bucket(W, Kb, past)
+        out = self._run_bucket(W, Kb, past, nl, want)
         self.n = past + T
         self.forwards += 1
+        self.captured = {c: self.hidden[c - 1, :T][None] for c in want}       # (1, T, C) views
         return out[:K].clone()
 
-    def _run_bucket(self, W: int, Kb: int, past: int) -> torch.Tensor:
+    def _run_bucket(self, W: int, Kb: int, past: int, nl: int, want: tuple) -> torch.Tensor:
         if not self.graphs:
-            return self._step(W, Kb, past)
+            return self._step(W, Kb, past, nl, want)
+        if want:                            # one capture set for every call: see the docstring
+            self._wide |= set(want)
+            want = tuple(sorted(c for c in self._wide if c <= nl))
         if self.graphs == "compile":
             if self._compiled is None:
                 self._compiled = torch.compile(self._step, mode="reduce-overhead", fullgraph=True, dynamic=False)
             self.replays += 1
-            return self._compiled(W, Kb, 0)
-        key = (W, Kb)
+            return self._compiled(W, Kb, 0, nl, want)
+        key = (W, Kb, nl, want)
         if key not in self._graphs:
-            self._graphs[key] = self._capture(W, Kb)
+            self._graphs[key] = self._capture(*key)
         graph, out = self._graphs[key]
         graph.replay()
         self.replays += 1
         return out
 
-    def _capture(self, W: int, Kb: int):
-        """Capture bucket (W, Kb) once. The warm-up runs compute exactly what the replay that
-        follows computes (same buffers), so their cache writes are the replay's own."""
+    def _capture(self, W: int, Kb: int, nl: int, want: tuple):
+        """Capture one bucket once. The warm-up runs compute exactly what the replay that follows
+        computes (same buffers), so their cache writes are the replay's own."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._step(W, Kb, 0)
+                self._step(W, Kb, 0, nl, want)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._step(W, Kb, 0)
+            out = self._step(W, Kb, 0, nl, want)
         self._pool = graph.pool()
         self._save_kit()
         return graph, out
 
-    # --- the step: every shape fixed by (W, Kb) ----------------------------------------------
+    # --- the step: every shape fixed by (W, Kb, nl, caps) -------------------------------------
 
-    def _step(self, W: int, Kb: int, past: int) -> torch.Tensor:
-        """Logits (Kb, V) float32 of the kept rows of a W-row forward, read from the buffers.
+    def _step(self, W: int, Kb: int, past: int, nl: int | None = None, caps: tuple = ()) -> torch.Tensor:
+        """Logits (Kb, V) float32 of the kept rows of a W-row forward through the first nl layers
+        (None: all), read from the buffers; the state after each layer in caps goes to `hidden`.
         `past` is used by the native kernel only (eager, CPU); the torch ops read slots from the
         buffers, so a captured step is valid for every cache length."""
         ids, pos, slot, keep = self.inputs[0, :W], self.inputs[1, :W], self.inputs[2, :W], self.inputs[3, :Kb]
         vis = self.vis[:W]                                                 # (W, S)
+        nl = nl or len(self.layers)
         x = self.embed_ids(ids)                                            # (W, C)
         if self.fused:
-            x = kernels.module().layers(x.contiguous(), *self._span(), self.kv, 0, self.cos, self.sin,
-                                        pos, past, vis[:, :past + W].contiguous(), self.Hq, self.Hkv, self.eps)
+            x = self._fused_static(x, pos, past, vis[:, :past + W].contiguous(), nl, caps)
         else:
-            x = self._static_layers(x, pos, slot, vis)
+            x = self._static_layers(x, pos, slot, vis, nl, caps)
         x = x.index_select(0, keep)
         return self.final_norm_head(x).float()
 
-    def _span(self):
-        L = len(self.layers)
-        if (0, L) not in self._spans:
-            ws = self.layers
-            self._spans[0, L] = ([w["ln1"] for w in ws], [w["wqkv_k"].data for w in ws], [w["wo_k"].data for w in ws],
-                                 [w["ln2"] for w in ws], [w["w13_k"].data for w in ws], [w["w2_k"].data for w in ws])
-        return self._spans[0, L]
+    def _fused_static(self, x, pos, past: int, vis, nl: int, caps: tuple) -> torch.Tensor:
+        """The first nl layers as native calls (CPU, bf16), one a run of layers up to each captured
+        layer, as LeanLM._fused_layers splits them."""
+        W, start = x.shape[0], 0
+        for stop in sorted({c for c in caps if c < nl} | {nl}):
+            x = kernels.module().layers(x.contiguous(), *self._span(start, stop), self.kv, start, self.cos, self.sin,
+                                        pos, past, vis, self.Hq, self.Hkv, self.eps)
+            if stop in caps:
+                self.hidden[stop - 1, :W].copy_(x)
+            start = stop
+        return x
 
-    def _static_layers(self, x, pos, slot, vis) -> torch.Tensor:
+    def _span(self, start: int, stop: int):
+        """The native call's weight lists for layers start..stop-1 (LeanLM's cache of them)."""
+        if (start, stop) not in self._spans:
+            ws = self.layers[start:stop]
+            self._spans[start, stop] = ([w["ln1"] for w in ws], [w["wqkv_k"].data for w in ws],
+                                        [w["wo_k"].data for w in ws], [w["ln2"] for w in ws],
+                                        [w["w13_k"].data for w in ws], [w["w2_k"].data for w in ws])
+        return self._spans[start, stop]
+
+    def _static_layers(self, x, pos, slot, vis, nl: int | None = None, caps: tuple = ()) -> torch.Tensor:
         """LeanLM._layers over the whole cache: k, v written at `slot`, attention masked by `vis`."""
         W = x.shape[0]
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]                 # (W, 1, D)
         Hq, Hkv, D = self.Hq, self.Hkv, self.D
-        for i, w in enumerate(self.layers):
+        for i, w in enumerate(self.layers[:nl]):
             h = self.rms(x, w["ln1"])
             qkv = mm(h, w, "wqkv")                                                # (W, (Hq + 2 Hkv) D)
             qk = _rope(self.qk_heads(qkv, w), cos, sin).transpose(0, 1)
@@ -286,6 +344,8 @@ class StaticLM(LeanLM):
             h = self.rms(x, w["ln2"])
             g, u = mm(h, w, "w13").chunk(2, -1)
             x = x + mm(self.act(g) * u, w, "w2")
+            if i + 1 in caps:
+                self.hidden[i, :W].copy_(x)
         return x
 
     def _attend_all(self, q, K, V, vis):

@@ -280,3 +280,31 @@ def test_gemma2_and_gemma3_run_on_transformers_and_decode_what_ar_decodes(tok):
         assert r.ids == want and r.trace.models["target"].backend == "CausalLM", method
         if draft is not None:
             assert r.trace.totals.tau > 2, f"{method}: the target as its own draft was rejected"
+
+
+def test_a_gemma_batch_decodes_what_each_prompt_decodes_alone(models, tok):
+    """B Gemma sequences in one lean slot space (LeanBatchLM): each gets what ar gives it alone."""
+    target = (models["gemma"][0], tok)
+    prompts = [[7, 8, 9, 7, 8, 9, 7, 8], [40, 41, 7, 8, 300, 12], [5, 9, 11]]
+    alone = [speclab.generate(target, p, "ar", max_new_tokens=NEW, record=None).ids for p in prompts]
+    for method in ("ar", "prompt-lookup"):
+        batch = speclab.generate(target, prompts, method, max_new_tokens=NEW, record=None)
+        assert [r.ids for r in batch] == alone, method
+
+
+def test_gemma_static_steps_compile_without_graph_breaks(models):
+    """Gemma's deltas (the embedding scale, the 1 + weight norm, GELU-tanh) inside the static
+    runner's step compile with fullgraph=True (what CUDA graph capture needs) and give its logits."""
+    from speclab.models.lean.static import StaticLM
+    lm = StaticLM(models["gemma"][0], graphs=False)
+    ids = torch.tensor([5, 9, 11, 3, 40, 41, 7, 300, 12, 13, 20, 21])
+    lm.forward(ids[:8])
+    torch._dynamo.reset()
+    step = torch.compile(lm._step, fullgraph=True, backend="eager", dynamic=False)
+    for W, parents in ((1, None), (4, [-1, 0, 0, 1])):
+        base = lm.length
+        eager = lm.forward(ids[8:8 + W], parents=parents)            # stages the buffers
+        lm.keep(base)
+        with torch.inference_mode():
+            assert torch.equal(step(W, W, 0)[:W], eager)
+    torch._dynamo.reset()

@@ -194,6 +194,14 @@ def test_a_run_of_slow_forwards_starts_a_probe_early():
         team._record(2, "one-row", 0.017)
     team._pick(2, 1, "one-row")
     assert team._trial == [2, 1]                # a probe, long before 1,000 forwards
+    while team._trial:                          # one thread wins it
+        n = team._pick(2, 1, "one-row")
+        team._record(n, "one-row", {2: 0.017, 1: 0.009}[n])
+    assert team.size == 1 and team.probes_run == 2
+    for _ in range(16):                         # slower still at one thread: a busier machine, no probe
+        assert team._pick(2, 1, "one-row") == 1
+        team._record(1, "one-row", 0.030)
+    assert not team._trial
 
 
 def test_threads_setting_refuses_what_is_not_a_count():

@@ -170,8 +170,8 @@ class TeamSize:
     """The thread count of one model's kernel forwards: fixed, or chosen from the load ("auto").
 
     Auto: the first decode-sized forward (at most `max_rows` rows) starts a probe, and so does every
-    `every`-th one after, or a run of slow ones (`slow` of the last 16 at over `slow_factor` x the
-    median the last probe measured for their kind). A probe runs the next forwards at the current
+    `every`-th one after, or, above one thread, a run of slow ones (`slow` of the last 16 at over
+    `slow_factor` x the median the last probe measured for their kind: a load has come). A probe runs the next forwards at the current
     size and at its neighbours (one thread fewer, one more, within 1..torch's thread count), taking
     turns within each kind of forward (`key`: rows, layers, logits kept), until one kind has
     `probes` forwards at every size, and keeps the size with the fastest median; a neighbour must
@@ -223,7 +223,8 @@ class TeamSize:
         size = min(self.size or top, top)
         if rows > self.max_rows or top < 2:
             return size
-        if not self._trial and (self._since >= self.every or self._slow_run()):
+        # slow forwards at one thread mean a busier machine, where more threads would not help
+        if not self._trial and (self._since >= self.every or (size > 1 and self._slow_run())):
             self._trial = [s for s in (size, size - 1, size + 1) if 1 <= s <= top]
             self._turn, self._samples = 0, {s: {} for s in self._trial}
         if self._trial:                        # the size with the fewest forwards of this kind so far

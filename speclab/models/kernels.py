@@ -171,14 +171,14 @@ class TeamSize:
 
     Auto: the first decode-sized forward (at most `max_rows` rows) starts a probe, and so does every
     `every`-th one after, or, above one thread, a run of slow ones (`slow` of the last 16 at over
-    `slow_factor` x the median the last probe measured for their kind: a load has come). A probe runs the next forwards at the current
-    size and at its neighbours (one thread fewer, one more, within 1..torch's thread count), taking
-    turns within each kind of forward (`key`: rows, layers, logits kept), until one kind has
-    `probes` forwards at every size, and keeps the size with the fastest median; a neighbour must
-    beat the current size by `margin` to replace it. The probe's forwards are the model's own (no
-    extra forward runs) and are compared only with forwards of the same kind: a draft loop whose
-    forwards alternate between kinds still compares like with like. Prefills (more rows) run at the
-    current size and are not timed.
+    `slow_factor` x the median the last probe measured for their kind: a load has come). A probe
+    runs the next forwards at the current size and at its neighbours (one thread fewer, one more,
+    within 1..torch's thread count), taking turns within each kind of forward (`key`: rows, layers,
+    logits kept), until one kind has `probes` forwards at every size, and keeps the size with the
+    fastest median; a neighbour must beat the current size by `margin` to replace it. The probe's
+    forwards are the model's own (no extra forward runs) and are compared only with forwards of the
+    same kind: a draft loop whose forwards alternate between kinds still compares like with like.
+    Prefills (more rows) run at the current size and are not timed.
     """
 
     def __init__(self, setting: str | int | None = None, every: int = 200, probes: int = 4, max_rows: int = 16,

@@ -12,7 +12,11 @@ can be held to `ar` token for token), it measures in bf16, batch 1, on random pr
   cache_implementation="static" (warmed until compiled), ar with graphs off (the static runner
   eager, and the eager lean forward), the bandwidth limit (weight bytes per token over a measured
   device copy rate), each output's equality with ar, and a torch.profiler summary of ar (device
-  kernel time against wall time per round).
+  kernel time against wall time per round);
+  eagle and eagle3 with drafts built for the shape (an EAGLE head that passes the token's embedding
+  through to the target's t -> t+1 head, so it drafts well; a random EAGLE-3 draft): their target
+  verifies capture hidden states inside the static runner's graphs (CUDA; the static runner eager
+  under --smoke), each row saying whether graphs replayed its target.
 
 Then every method of the toy zoo against ar on the same device in fp32 and bf16. It prints a table
 and writes JSON (--out, default stdout). Timings on CUDA wait for the device before every clock
@@ -43,8 +47,9 @@ SHAPES = {
     "llama-1b": (2048, 8192, 16, 32, 8, 128256, 500000.0),
     "llama-8b": (4096, 14336, 32, 32, 8, 128256, 500000.0),
 }
-# --smoke: the same three names, each shrunk to a size a CPU test runs in seconds
-SMOKE = {name: (64, 128, 2, 4, 2, 512, theta) for name, (*_, theta) in SHAPES.items()}
+# --smoke: the same three names, each shrunk to a size a CPU test runs in seconds (4 layers: an
+# EAGLE-3 draft reads three distinct ones)
+SMOKE = {name: (64, 128, 4, 4, 2, 512, theta) for name, (*_, theta) in SHAPES.items()}
 ZOO_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\ndef walk(root):"]
 
 
@@ -123,6 +128,45 @@ def speclab_row(target, prompt, method, params, new, backend="auto"):
     return fn
 
 
+def feature_drafts(model):
+    """An EAGLE head and an EAGLE-3 draft for `model` (the t -> t+1 Llama of build()). The EAGLE head
+    fuses (feature, next token) into the token's embedding alone, its layer adds nothing and it scores
+    with the target's own head: from token x it drafts x + 1, as the target would. The EAGLE-3 draft
+    is random over the first 32,000 ids (its drafts are rarely accepted): it exercises the capture of
+    three target layers per verify."""
+    from speclab.models import eagle3 as E
+    from speclab.models.heads import build_eagle, head_config
+    dev, dtype = model.device, model.dtype
+    V, C, L = model.config.vocab_size, model.config.hidden_size, model.config.num_hidden_layers
+    ids = torch.arange(V, device=dev)
+    head = build_eagle(model, head_config(model.config, "eagle"), ids)
+    with torch.no_grad():
+        head.eagle_fc.weight.zero_()
+        head.eagle_fc.bias.zero_()
+        head.eagle_fc.weight[:, C:] = torch.eye(C)
+        layer = head.model.layers[0]
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+        head.lm_head.weight.copy_(model.lm_head.weight[ids])
+    torch.manual_seed(1)
+    d3 = E.new_draft(model.config, min(V, 32000), [2, L // 2 + 1, L])
+    with torch.no_grad():
+        d3.lm_head.weight.copy_(model.lm_head.weight[d3.draft_ids].cpu())
+    return head.eval(), d3.to(dev, dtype).eval().requires_grad_(False)
+
+
+def feature_row(target, prompt, method, draft, new, backend):
+    def fn():
+        from speclab.decoding.drafters.eagle3 import Eagle3Drafter
+        m = Eagle3Drafter(target[0], draft, verifier=False) if method == "eagle3" else method
+        kw = {} if method == "eagle3" else dict(draft=(draft, target[1]))
+        r = speclab.generate(target, prompt, m, max_new_tokens=new, record=None, backend=backend, **kw)
+        t, info = r.trace.totals, r.trace.models["target"]
+        return r.ids, t.new_tokens, dict(tau=round(t.tau, 3), target_forwards=t.target_forwards,
+                                         backend=info.backend, graphs=info.graphs), t.wall_s
+    return fn
+
+
 def batch_row(target, batch_prompts, new):
     def fn():
         rs = speclab.generate(target, batch_prompts, "ar", max_new_tokens=new, record=None)
@@ -182,6 +226,13 @@ def check_shape(name, shape, device, args) -> dict:
              ("hf-static", peer_row("hf-static", model, tok, p, args.new))]
     if device.type == "cuda" and args.compile_shape == name:
         plan.append(("ar[static-compile]", speclab_row(target, p, "ar", {}, args.new, backend="static-compile")))
+    head = d3 = None
+    try:
+        head, d3 = feature_drafts(model)
+        static = "static" if device.type == "cuda" else "static-eager"
+        plan += [(m, feature_row(target, p, m, d, args.new, static)) for m, d in (("eagle", head), ("eagle3", d3))]
+    except Exception as e:                      # the drafts could not be built: say so, time the rest
+        rows["eagle"] = rows["eagle3"] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
     for label, fn in plan:
         try:
             rows[label] = timed(fn, device, rep, warm=not args.smoke)
@@ -203,7 +254,7 @@ def check_shape(name, shape, device, args) -> dict:
                params=sum(x.numel() for x in model.parameters()), dtype=str(dtype).replace("torch.", ""),
                bandwidth=limit, rows=rows, profile_ar=prof, build_and_run_s=round(time.perf_counter() - t0, 1))
     out["goals"] = goals(rows, limit)
-    del model, target
+    del model, target, head, d3
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -257,7 +308,8 @@ def table(report: dict) -> str:
                 lines.append(f"| {label} | error: {r['error'][:80]} | | | | |")
                 continue
             lines.append(f"| {label} | {r['tokens_per_s']} | {r.get('speedup_vs_ar')} | {r.get('tau', '')} | "
-                         f"{'yes' if r.get('identical_to_ar') else 'NO'} | {r.get('backend', '')} |")
+                         f"{'yes' if r.get('identical_to_ar') else 'NO'} | {r.get('backend', '')}"
+                         f"{', CUDA graphs' if r.get('graphs') else ''} |")
         pr = s["profile_ar"]
         lines.append(f"ar profile: {pr['wall_ms_per_round']} ms wall / round, kernels {pr['kernel_ms_per_round']} ms "
                      f"({pr['kernel_share']} of wall); goals: {s['goals']}")

@@ -30,13 +30,16 @@ def test_smoke_run_writes_every_row_and_holds_each_to_ar(gpu_check, tmp_path):
     (shape,) = rep["shapes"]
     rows = shape["rows"]
     assert set(rows) == {"ar", "oracle[k=2]", "oracle[k=4]", "oracle[k=8]", "prompt-lookup", "ar[batch=8]",
-                         "ar[graphs=off]", "ar[lean eager]", "hf-greedy", "hf-static"}
+                         "ar[graphs=off]", "ar[lean eager]", "hf-greedy", "hf-static", "eagle", "eagle3"}
     for label, r in rows.items():
         assert "error" not in r, (label, r)
         assert r["identical_to_ar"], label          # the t -> t+1 head leaves no near-tie to round
         assert r["tokens_per_s"] > 0 and r["new_tokens"] == 8
     assert rows["ar"]["speedup_vs_ar"] == 1.0 and rows["oracle[k=4]"]["tau"] > 2
     assert rows["ar[graphs=off]"]["backend"] == "StaticLM"
+    for m in ("eagle", "eagle3"):               # their targets capture hidden states in the static runner
+        assert (rows[m]["backend"], rows[m]["graphs"]) == ("StaticLM", False)
+    assert rows["eagle"]["tau"] > 1.5           # the pass-through head drafts what the t -> t+1 target writes
     assert shape["bandwidth"]["limit_tokens_per_s"] > 0
     assert shape["profile_ar"]["rounds"] >= 8 and shape["profile_ar"]["top"]
     assert set(shape["goals"]) >= {"ar_vs_hf_static", "ar_share_of_bandwidth_limit", "oracle4_vs_ar"}

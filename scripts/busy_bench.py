@@ -10,8 +10,8 @@ the hog phase shows how soon it moves), all with the sleeping barrier. --compare
 --threads, the barrier spinning (spin, then yield: the loop that the sleeping barrier replaced)
 against spinning briefly then sleeping (futex).
 
-Within a phase the modes alternate forward by forward (a, b, c, a, b, c, ...), so whatever else the
-machine does falls on all alike. The hog (`python -c "while True: pass"`) is started before its
+Within a phase the modes alternate forward by forward, the order turning each round (a b c, b c a,
+c a b, ...), so whatever else the machine does falls on all alike. The hog (`python -c "while True: pass"`) is started before its
 phase and killed by its PID after it. Each cell: the median ms of --runs forwards with the
 quartiles and the 90th percentile (a descheduled thread shows in the tail first); `busy` is other
 processes' share of the CPUs during the phase (speclab.bench.timing.CpuMeter), the hog included: a
@@ -56,9 +56,12 @@ def phase(lm, ids, context: int, rows: int, runs: int, modes: dict) -> dict:
     kinds = ("one-row", f"verify-{rows}")
     times = {(m, kind): [] for m in modes for kind in kinds}
     meter = CpuMeter().start()
+    names = list(modes)
     for i in range(runs + 5):                             # the first 5 rounds warm up, untimed
-        for mode, setup in modes.items():
-            setup()
+        # the order turns each round: a forward right after a larger team's shares the machine with
+        # that team's idle OpenMP threads still spinning, so no mode may always come after another
+        for mode in names[i % len(names):] + names[:i % len(names)]:
+            modes[mode]()
             for kind, x in zip(kinds, (ids[context:context + 1], ids[context:context + rows])):
                 lm.keep(context)
                 t0 = time.perf_counter()

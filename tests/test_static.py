@@ -5,7 +5,9 @@ attends over the whole preallocated cache through a mask; on a CPU it runs eager
 those buffers. It must give every real row what LeanLM gives it: the same decoded tokens, logits
 equal to fp32 rounding (fp32 GEMMs on a CPU round by row count and softmax sums by length, and
 padding changes both), and bit for bit the same logits through the native bf16 kernel, which
-computes every row as a one-token forward.
+computes every row as a one-token forward. Captured hidden states (the EAGLE family's targets) and
+early exits (layer-skip's drafts) run in the buckets too, with the same states LeanLM captures; a
+request sizes its runners before its prefill; batch traces name each role's forward.
 """
 from __future__ import annotations
 

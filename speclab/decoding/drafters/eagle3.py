@@ -15,6 +15,11 @@ outside it could never have been drafted: the round records it as `coverage_miss
 Provenance, in each node's `source`: "h{t}@L{a},{b},{c}" = fed by the target's hidden states at
 position t after layers a, b, c; "h{t}+{j}@L..." = j steps of the draft's own outputs past it. The
 first drafted round's info names the checkpoint: {"drafter": {"format", "source"}}.
+
+Host reads per round (a device -> host transfer, which waits for the device): eagle3-chain one, its
+tokens and their q together (one per step with `threshold`); eagle3 one per depth
+(trees.grow_dynamic: the nodes' tokens and their parents' outputs gathered on the device for the
+next depth). Each draft forward over a tree builds its mask on the host from parents already read.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import torch
 
 from speclab.decoding.drafters.heads import FeatureReader
 from speclab.decoding.drafters.model import ChainDrafter
-from speclab.decoding.drafters.trees import check_budget, grow_dynamic
+from speclab.decoding.drafters.trees import Growing, check_budget, grow_dynamic
 from speclab.decoding.speculative import Context, Outcome
 from speclab.decoding.tree import DraftTree
 from speclab.models.eagle3 import Cache, Eagle3Draft, check_target
@@ -126,18 +131,18 @@ class Eagle3Drafter(Eagle3ChainDrafter):
         if self.feats is None:
             return DraftTree()
         t = len(ctx.ids) - 2
-        out_of, root_q = {}, []                 # node (-1 = root) -> the draft's pre-norm output there
+        outs, root_q = [], []                   # (1 + N, C): the draft's pre-norm output at the root, per node
 
-        def q_at(tree: DraftTree) -> torch.Tensor:
+        def q_at(tree: Growing) -> torch.Tensor:
             if not root_q:                      # first call: the committed entries, then the root
-                logits, out_of[-1] = self.feed(ctx)
+                logits, root = self.feed(ctx)
                 root_q.append(logits.float().softmax(-1)[None])
+                outs.append(root)
             if not len(tree):
                 return root_q[0]
-            g = torch.cat([out_of[p] for p in tree.parents])                      # (nodes, C)
-            toks = torch.tensor(tree.tokens, device=g.device)
-            normed, pre = self.step(toks, g, parents=tree.parents, keep_new=False)  # tree entries never kept
-            out_of.update((i, pre[i:i + 1]) for i in range(len(tree)))
+            g = outs[0].index_select(0, tree.dev_parents + 1)                     # (nodes, C): each parent's
+            normed, pre = self.step(tree.dev_tokens, g, parents=tree.parents, keep_new=False)  # never kept
+            outs[0] = torch.cat([outs[0][:1], pre])
             return torch.cat([root_q[0], self.draft.logits(normed, self.fast).float().softmax(-1)])
         tree = grow_dynamic(self.budget, self.width, self.depth, q_at, label=lambda d: self.label(t, d - 1),
                             ids=self.ids, threshold=self.tree_threshold)

@@ -20,6 +20,14 @@ Provenance, in each node's `source`: "h{t}" = fed by the target's hidden state a
 position t at several layers); "medusa{k}@h{t}" = head
 k read position t. A target token outside the head's trimmed vocabulary could never have been
 drafted: the round records it as `coverage_miss` in its info.
+
+Host reads per round (a device -> host transfer, which waits for the device): eagle-chain one, its
+tokens and their q together (with `threshold`, one per step instead); eagle one per depth
+(trees.grow_dynamic: top-k, ranking and the chosen nodes on the device, the nodes' tokens and
+their parents' head outputs gathered there for the next depth); medusa one (every head's top-k
+ids and probabilities together). Reading the verify's captured features reads nothing. Each head
+forward over a tree builds its tree mask on the host from the parents already read, and copies it
+to the device.
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ import torch.nn.functional as F
 
 from speclab.decoding.drafters.lookup import PromptLookupDrafter
 from speclab.decoding.drafters.model import ChainDrafter, OwnDraftLM, check_k
-from speclab.decoding.drafters.trees import calibrated_paths, check_budget, check_paths, grow_dynamic
+from speclab.decoding.drafters.trees import Growing, _read, calibrated_paths, check_budget, check_paths, grow_dynamic
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 from speclab.models import kernels
@@ -190,21 +198,20 @@ class EagleDrafter(EagleChainDrafter):
         if self.feats is None:
             return DraftTree()
         t = len(ctx.ids) - 2
-        out_of = {}                             # node (-1 = root) -> the head's output there (1, C)
-        root_q = []
+        outs, root_q = [], []                   # (1 + N, C): the head's output at the root, then per node
 
-        def q_at(tree: DraftTree) -> torch.Tensor:
+        def q_at(tree: Growing) -> torch.Tensor:
             if not root_q:                      # first call: the committed entries, then the root
-                logits, out_of[-1] = self.feed(ctx, subset=True)
+                logits, root = self.feed(ctx, subset=True)
                 root_q.append(logits.softmax(-1)[None])
+                outs.append(root)
             if not len(tree):
                 return root_q[0]
-            feats = torch.cat([out_of[p] for p in tree.parents])               # (N, C)
-            x = self.fuse(feats, torch.tensor(tree.tokens, device=ctx.device))
+            feats = outs[0].index_select(0, tree.dev_parents + 1)              # (N, C): each node's parent's
+            x = self.fuse(feats, tree.dev_tokens)
             logits = self.lm.forward(None, parents=tree.parents, embeds=x, subset=True)   # (nodes, N)
-            out = self.lm.captured[1][0]
+            outs[0] = torch.cat([outs[0][:1], self.lm.captured[1][0]])
             self.lm.keep(self.fed)              # tree entries are never kept in the head's cache
-            out_of.update((i, out[i:i + 1]) for i in range(len(tree)))
             return torch.cat([root_q[0], logits.softmax(-1)])
         tree = grow_dynamic(self.budget, self.width, self.depth, q_at,
                             label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}", ids=self.lm.head_ids,
@@ -273,8 +280,7 @@ class MedusaDrafter(FeatureReader, Drafter):
         self.forwards += 1
         self.feats = None
         top = p.topk(self.ranks, -1)                                         # over the kept ids only
-        ids = self.heads.lm_head.head_ids[top.indices].tolist()
-        probs = top.values.tolist()
+        ids, probs = _read(self.heads.lm_head.head_ids[top.indices], top.values)      # the round's one read
         tree, node_of = DraftTree(info={"shape": "static", "nodes": len(self.paths)}), {(): -1}
         for path in self.paths:                 # depth then rank: every parent before its children
             d, r = len(path) - 1, path[-1]      # a node at depth d+1 is head d+1's rank-r guess

@@ -29,7 +29,9 @@ def check_k(k: int, name: str = "k"):
 
 
 class ChainDrafter(Drafter):
-    """Shared draft loop: k single-token steps of a causal LM, greedy or sampled."""
+    """Shared draft loop: k single-token steps of a causal LM, greedy or sampled. Host reads: one
+    per round (the tokens and their q together), or with `threshold` one per step (the stop test
+    needs q on the host) and none after."""
 
     def __init__(self, k: int = 4, threshold: float | None = None, max_k: int = 8,
                  schedule: str = "fixed"):
@@ -56,6 +58,7 @@ class ChainDrafter(Drafter):
         not recording "full"; see subset_ids): the argmax and its q are the same, found over N."""
         inp = first
         toks, dists, confs = [], [], []
+        read_t, read_q = [], []                 # what a threshold's per-step read brought to the host
         need_q = self.record is not None or self.threshold is not None
         for i in range(self.draft_length()):
             logits = step(inp)                                              # (V,)
@@ -74,11 +77,21 @@ class ChainDrafter(Drafter):
                 dists.append(q)
                 confs.append(q[tok])
             toks.append(tok)
-            if self.threshold is not None and confs[-1].item() < self.threshold:
-                break
+            if self.threshold is not None:      # the step's one read: its token and q together
+                t, c = torch.stack([tok.reshape(()).double(), confs[-1].reshape(()).double()]).tolist()
+                read_t.append(int(t))
+                read_q.append(c)
+                if c < self.threshold:
+                    break
             inp = tok.view(1)
-        tokens = torch.stack(toks).tolist()                                 # one host sync per round
-        q_tok = torch.stack(confs).tolist() if confs else [None] * len(tokens)
+        if self.threshold is not None:
+            tokens, q_tok = read_t, read_q
+        elif confs:                             # the round's one read: tokens and q together
+            both = torch.stack([torch.stack(toks).reshape(-1).double(), torch.stack(confs).reshape(-1).double()])
+            tokens, q_tok = both.tolist()
+            tokens = [int(t) for t in tokens]
+        else:
+            tokens, q_tok = torch.stack(toks).reshape(-1).tolist(), [None] * len(toks)
         return tokens, q_tok, (torch.stack(dists) if dists else None)
 
     @staticmethod

@@ -11,10 +11,19 @@ verified by recursive rejection without replacement (EAGLE-2 style): lossless.
 
 Each depth costs one draft forward over the whole tree so far (tree attention), after which the
 draft cache is cut back to the committed prefix.
+
+Host reads (a device -> host transfer waits for the device): ONE per depth. grow_dynamic ranks the
+frontier's top-k children on the device (cumulative probabilities in float64, a stable sort: the
+order a host sort of the same doubles gives) and reads the chosen nodes' tokens, parents,
+probabilities and scores in one transfer; the tree's tokens and parents stay on the device too
+(Growing), so the next depth's draft forward gathers its inputs there. grow_static reads one
+top-k of every row per depth. What a draft forward itself syncs (its tree mask is built on the
+host from the parents it read) belongs to the forward.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -23,6 +32,22 @@ from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 
 DEFAULT_PATHS = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0, 0]]
+
+
+@dataclass
+class Growing(DraftTree):
+    """A tree being grown, its tokens and parents also on the draft's device: the next depth's
+    draft forward gathers its inputs (tokens, the parents' features) there, with no host copy."""
+    dev_tokens: torch.Tensor | None = None          # (N,) long
+    dev_parents: torch.Tensor | None = None         # (N,) long, -1 = a child of the root
+
+
+def tokens_on(tree: DraftTree, device) -> torch.Tensor:
+    """The tree's tokens (N,) on `device`: the grown copy where there is one."""
+    dev = getattr(tree, "dev_tokens", None)
+    if dev is not None and len(dev) == len(tree):
+        return dev.to(device)
+    return torch.tensor(tree.tokens, dtype=torch.long, device=device)
 
 
 class TreeDrafterBase(OwnDraftLM, Drafter):
@@ -37,7 +62,9 @@ class TreeDrafterBase(OwnDraftLM, Drafter):
         run only the tree and reuse the root distribution.
         """
         base = self.lm.length
-        ids = torch.tensor(pending + tree.tokens, device=device)
+        ids = tokens_on(tree, device)
+        if pending:
+            ids = torch.cat([torch.tensor(pending, dtype=torch.long, device=device), ids])
         logits = self.lm.forward(ids, parents=tree.parents or None, n_prefix=len(pending))
         self.lm.keep(base + len(pending))          # tree nodes are never kept in the draft cache
         probs = logits.softmax(-1)
@@ -106,12 +133,28 @@ def grow_static(paths: list[tuple[int, ...]], q_at, info: dict | None = None) ->
     tree, node_of = DraftTree(info=info or {"shape": "static", "nodes": len(paths)}), {(): -1}
     for depth in range(1, max(len(p) for p in paths) + 1):
         q = q_at(tree)                                             # (1 + N, V)
-        for p in (p for p in paths if len(p) == depth):
+        level = [p for p in paths if len(p) == depth]
+        k = max(p[-1] for p in level) + 1
+        top = q.topk(k, -1)                                        # (1 + N, k): every row, one read
+        toks, probs = _read(top.indices, top.values)
+        for p in level:
             parent = node_of[p[:-1]]
-            top = q[parent + 1].topk(p[-1] + 1)
-            tok, prob = int(top.indices[-1]), float(top.values[-1])
-            node_of[p] = tree.add(tok, parent, prob, f"rank{p[-1]}")
+            node_of[p] = tree.add(toks[parent + 1][p[-1]], parent, probs[parent + 1][p[-1]], f"rank{p[-1]}")
     return tree
+
+
+def _read(*xs: torch.Tensor) -> list:
+    """Tensors of one shape (ids, probabilities) read to the host in ONE transfer, each as the
+    nested lists .tolist() gives (float64 holds every id and every float32 exactly)."""
+    both = torch.stack([x.double() for x in xs]).tolist()
+    return [_typed(b, x.dtype) for b, x in zip(both, xs)]
+
+
+def _typed(rows, dtype):
+    """Nested lists of floats back to ints where the tensor held integers."""
+    if dtype.is_floating_point:
+        return rows
+    return [_typed(r, dtype) for r in rows] if isinstance(rows, list) else int(rows)
 
 
 def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"depth{d}",
@@ -123,25 +166,31 @@ def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"de
     below it. No deeper node can score higher, so by the draft's own estimate the next depth (one
     more draft forward) would rarely be accepted: the tree grows as deep as the draft is sure,
     shallow on open chat, deep on code."""
-    grown = DraftTree()
+    grown = Growing()
     score: list[float] = []                                        # cumulative draft probability
-    frontier, levels = [-1], 0
+    frontier, levels = [-1], 0                                     # the last depth's nodes, best first
+    base = dev_frontier = None                                     # their scores and ids on the device
     for d in range(depth):
         if d and threshold is not None and score[frontier[0]] < threshold:
             break                                                  # frontier[0]: the best of depth d
-        q = q_at(grown)
-        cands = []
-        top = q[[p + 1 for p in frontier]].topk(width, -1)          # (frontier, width): one call per depth
-        toks = (top.indices if ids is None else ids[top.indices]).tolist()
-        for parent, row_toks, row_probs in zip(frontier, toks, top.values.tolist()):
-            base = 1.0 if parent < 0 else score[parent]
-            for tok, prob in zip(row_toks, row_probs):
-                cands.append((base * prob, parent, tok, prob))
-        cands.sort(key=lambda c: -c[0])
-        frontier = []
-        for s, parent, tok, prob in cands[:width]:                 # expand the best `width` per depth
-            frontier.append(grown.add(tok, parent, prob, label(d + 1)))
-            score.append(s)
+        q = q_at(grown)                                            # (1 + N, V)
+        if base is None:                                           # the root: cumulative probability 1
+            base = torch.ones(1, dtype=torch.float64, device=q.device)
+            dev_frontier = torch.full((1,), -1, dtype=torch.long, device=q.device)
+        n = len(grown)                                             # the frontier: the last nodes added
+        top = q[n + 1 - len(frontier):n + 1].topk(width, -1)       # (frontier, width): one call per depth
+        s = (base[:, None] * top.values.double()).flatten()        # what base * prob gives on the host
+        # the best `width` candidates, ties in (frontier, rank) order: a stable sort, as the host's
+        best = (-s).sort(stable=True).indices[:width]
+        toks = (top.indices if ids is None else ids[top.indices]).flatten()[best]
+        parents = dev_frontier[best // width]
+        probs = top.values.flatten()[best]
+        tok_h, par_h, prob_h, s_h = _read(toks, best // width, probs.double(), s[best])   # the depth's one read
+        frontier = [grown.add(tok, frontier[j], prob, label(d + 1)) for tok, j, prob in zip(tok_h, par_h, prob_h)]
+        score += s_h
+        base, dev_frontier = s[best], torch.arange(n, n + len(best), device=q.device)
+        grown.dev_tokens = toks if n == 0 else torch.cat([grown.dev_tokens, toks])
+        grown.dev_parents = parents if n == 0 else torch.cat([grown.dev_parents, parents])
         levels = d + 1
     keep = sorted(range(len(grown)), key=lambda i: -score[i])[:budget]
     keep = sorted(_ancestor_closed(grown, keep))

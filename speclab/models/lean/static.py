@@ -96,6 +96,7 @@ class StaticLM(LeanLM):
         self.replays = 0                    # forwards served by a captured graph
         self.fallbacks = 0                  # forwards no bucket covered (LeanLM's eager path ran them)
         self._wide: frozenset[int] = frozenset()    # under graphs: every layer a call captured
+        self._trimmed = False                       # a trimmed head's kit is never handed on
         # Runners of one model share nothing while alive; a dropped runner's cache, buffers and
         # graphs go to an idle list on the model (as its packed weights do) and the next runner of
         # the same weights and graph mode takes them: captures happen once per model, not per run.
@@ -159,7 +160,7 @@ class StaticLM(LeanLM):
         need = capacity_for(max_len + BUCKETS[-1])
         if need <= self.max_len:
             return
-        if self.n or not self._kit:             # a sequence in the cache, or a trimmed head's own kit
+        if self.n or self._trimmed:             # a sequence in the cache, or a trimmed head's own kit
             self.resize(max_len + BUCKETS[-1])
             return
         self._idle.append(dict(self._kit))
@@ -171,7 +172,7 @@ class StaticLM(LeanLM):
 
     def trim_head(self, n: int):
         super().trim_head(n)
-        self._kit = {}                      # graphs of a trimmed head are this runner's alone
+        self._kit, self._trimmed = {}, True     # graphs of a trimmed head are this runner's alone
         self._alloc_buffers()
 
     # --- the protocol ------------------------------------------------------------------------

@@ -116,7 +116,7 @@ class StaticLM(LeanLM):
         cache, so never a larger one than needed), or None."""
         kit = min((k for k in self._idle if k["max_len"] >= need), key=lambda k: k["max_len"], default=None)
         if kit is not None:
-            self._idle.remove(kit)
+            del self._idle[next(i for i, k in enumerate(self._idle) if k is kit)]   # by identity: == compares tensors
             for a in KIT:
                 setattr(self, a, kit[a])
         return kit

@@ -32,6 +32,23 @@ def draft():
     return load("code-draft", device="cpu")
 
 
+def toy_heads(target):
+    """An EAGLE head (layer copied from the target's last) and Medusa heads with small random
+    residuals, both over a trimmed vocabulary that leaves out the 50 highest ids (new modules on
+    every call, so a test file may change its own)."""
+    import torch
+    from speclab.models.heads import build_eagle, build_medusa, head_config
+    base, _ = target
+    torch.manual_seed(0)
+    ids = torch.arange(base.config.vocab_size - 50)
+    eagle = build_eagle(base, head_config(base.config, "eagle"), ids)
+    eagle.model.layers[0].load_state_dict(base.model.layers[-1].state_dict())
+    medusa = build_medusa(base, head_config(base.config, "medusa", 3), ids)
+    for w in medusa.w2:
+        torch.nn.init.normal_(w.weight, std=0.02)
+    return {"eagle": eagle.eval(), "medusa": medusa.eval()}
+
+
 @pytest.fixture(scope="session")
 def heldout_prompts():
     from speclab.prompts import load_prompts

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import toy_heads
 from scipy.stats import chisquare
 
 import speclab
@@ -19,17 +20,8 @@ NEW = 48
 
 @pytest.fixture(scope="module")
 def heads(target):
-    """An EAGLE head (layer copied from the target's last) and Medusa heads with small random
-    residuals, both over a trimmed vocabulary that leaves out the 50 highest ids."""
-    base, tok = target
-    torch.manual_seed(0)
-    ids = torch.arange(base.config.vocab_size - 50)
-    eagle = build_eagle(base, head_config(base.config, "eagle"), ids)
-    eagle.model.layers[0].load_state_dict(base.model.layers[-1].state_dict())
-    medusa = build_medusa(base, head_config(base.config, "medusa", 3), ids)
-    for w in medusa.w2:
-        torch.nn.init.normal_(w.weight, std=0.02)
-    return {"eagle": (eagle.eval(), tok), "medusa": (medusa.eval(), tok)}
+    """conftest's toy EAGLE and Medusa heads, each with the target's tokenizer."""
+    return {k: (m, target[1]) for k, m in toy_heads(target).items()}
 
 
 CASES = {"eagle-full-tree": ("eagle", dict(budget=10, width=3, depth=4, threshold=None)),

@@ -12,7 +12,12 @@ from torch.overrides import TorchFunctionMode
 
 import speclab
 from speclab.decoding.registry import build_drafter
-from speclab.models.heads import build_eagle, build_medusa, head_config
+from conftest import toy_heads
+
+@pytest.fixture(scope="module")
+def heads(target):
+    return toy_heads(target)
+
 
 READS = {"tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy", "cpu"}
 
@@ -40,15 +45,6 @@ def counted(drafter) -> list[tuple[int, int]]:
     return calls
 
 
-@pytest.fixture(scope="module")
-def heads(target):
-    base, tok = target
-    torch.manual_seed(0)
-    ids = torch.arange(base.config.vocab_size - 50)
-    eagle = build_eagle(base, head_config(base.config, "eagle"), ids)
-    eagle.model.layers[0].load_state_dict(base.model.layers[-1].state_dict())
-    medusa = build_medusa(base, head_config(base.config, "medusa", 3), ids)
-    return {"eagle": eagle.eval(), "medusa": medusa.eval()}
 
 
 @pytest.mark.parametrize("method,params", [("eagle", dict(budget=10, width=3, depth=4, threshold=None)),

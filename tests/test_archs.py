@@ -259,6 +259,24 @@ def test_bf16_off_the_fused_layer_call_decodes_what_ar_decodes(family, backend, 
         assert r.trace.models["target"].dtype == "bfloat16"
 
 
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_chains_roll_back_past_a_sliding_window_and_trees_say_what_to_do(family, tok):
+    """On transformers' path a sliding-window cache drops the keys that leave the window; a rejected
+    draft past the window rolls back into them, so the cache records them until the crop. A draft
+    tree there would need the window in its mask: it is refused with what to run instead."""
+    extra = dict(sliding_window=16) | (dict(head_dim=32) if family == "gemma2" else {})
+    model, other = build(family, tok, 3, **extra), build(family, tok, 4, layers=1, **extra)
+    ids = [7, 8, 9, 7, 8, 9, 7, 8]
+    want = speclab.generate((model, tok), ids, "ar", max_new_tokens=40, record=None).ids
+    assert len(want) == 40
+    for method, draft in (("prompt-lookup", None), ("draft-model", other), ("draft-model", model)):
+        r = speclab.generate((model, tok), ids, method, draft=None if draft is None else (draft, tok),
+                             max_new_tokens=40, record=None)
+        assert r.ids == want and r.trace.models["target"].backend == "CausalLM", method
+    with pytest.raises(ValueError, match="past its sliding window of 16: use a chain method"):
+        speclab.generate((model, tok), ids, "tree-dynamic", draft=(model, tok), max_new_tokens=40, record=None)
+
+
 def test_gemma2_and_gemma3_run_on_transformers_and_decode_what_ar_decodes(tok):
     """Gemma 2 / 3 (soft-capping, norms after each sublayer, alternating local / global layers)
     are not deltas of Llama: auto picks transformers' forward, which every method decodes on."""

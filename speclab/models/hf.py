@@ -84,6 +84,14 @@ class CausalLM:
     def reset(self):
         from transformers import DynamicCache
         self.cache = DynamicCache(config=self.model.config)
+        # A sliding-window layer drops the keys that leave its window at every update unless it
+        # records them until a crop: a rejected draft rolls the cache back into that past.
+        if hasattr(self.cache, "activate_past_recording"):
+            self.cache.activate_past_recording()
+
+    def _window(self) -> int | None:
+        """The narrowest sliding window among the cache's layers (None: no layer slides)."""
+        return min((l.sliding_window for l in self.cache.layers if getattr(l, "sliding_window", None)), default=None)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, parents: list[int] | None = None, n_prefix: int = 0,
@@ -100,6 +108,11 @@ class CausalLM:
         past, T = self.length, ids.shape[0]
         kw = {}
         if parents is not None and not is_chain(parents):
+            window = self._window()
+            if window is not None and past + T > window:
+                raise ValueError(f"a draft tree on {self.model.config.model_type} reaches position {past + T}, past its "
+                                 f"sliding window of {window}: use a chain method (draft-model, prompt-lookup, "
+                                 f"eagle-chain) or fewer tokens")
             depth, mask = tree_attention(parents, n_prefix, past, self.device)
             kw["attention_mask"] = mask
             pos = past + tree_positions(depth, n_prefix).to(self.device)
@@ -121,6 +134,9 @@ class CausalLM:
             raise ValueError(f"cannot keep {n} tokens: the cache holds {self.length}")
         if drop:
             self.cache.crop(-drop)  # 5.x: negative = number of tokens to drop
+        for layer in self.cache.layers:   # recorded keys past a window: only the window's stay
+            if getattr(layer, "record_past", False) and layer.get_seq_length() >= layer.sliding_window:
+                layer.crop(0)
 
     def keep_positions(self, start: int, idx: list[int]):
         """Keep cache[:start] followed by the tree slots `idx` (relative to start), in order."""

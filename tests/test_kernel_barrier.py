@@ -133,6 +133,20 @@ def test_auto_team_probes_both_sizes_and_restores_torchs_count(two_threads, kern
     assert lm.team.size in (1, 2)
 
 
+def test_overlapping_forwards_restore_the_callers_thread_count(two_threads):
+    """Two decodes in two Python threads overlap their forwards: the one that ends last restores the
+    count the process had, not the other's team size."""
+    a = kernels.TeamSize("1").forward("one-row", 1)
+    b = kernels.TeamSize("2").forward("one-row", 1)
+    a.__enter__()
+    assert torch.get_num_threads() == 1
+    b.__enter__()
+    assert torch.get_num_threads() == 2
+    a.__exit__(None, None, None)
+    b.__exit__(None, None, None)
+    assert torch.get_num_threads() == 2
+
+
 def test_a_fixed_thread_count_is_honoured(monkeypatch, two_threads, kernel_threads):
     monkeypatch.setenv("SPECLAB_THREADS", "1")
     lm = _lean()(_tiny())

@@ -151,6 +151,13 @@ class Packed:
 
 
 # -- the team size ---------------------------------------------------------------------------------
+# torch's thread count is the process's: forwards that overlap (two Python threads decoding) must
+# not read each other's team size as the count to restore, or the process would keep the smaller
+# one. The first forward in remembers the caller's count and the last one out restores it.
+_outer = {"active": 0, "threads": 0}
+_outer_lock = threading.Lock()
+
+
 def threads_setting(value: str | int | None = None) -> int | None:
     """SPECLAB_THREADS (or value) -> None for "auto" (choose from the load), or a fixed thread count."""
     v = os.environ.get("SPECLAB_THREADS", "auto") if value is None else value
@@ -204,7 +211,11 @@ class TeamSize:
     def forward(self, key, rows: int):
         """Run one forward (the with-block) at this model's team size; `key`: forwards with equal
         keys cost the same (rows, layers, logits kept); rows: the forward's row count."""
-        top = torch.get_num_threads()
+        with _outer_lock:
+            if not _outer["active"]:
+                _outer["threads"] = torch.get_num_threads()
+            _outer["active"] += 1
+            top = _outer["threads"]
         n = self._pick(top, rows, key)
         torch.set_num_threads(n)                # process-wide: the kernel reads it once per call
         t0 = time.perf_counter()
@@ -212,7 +223,10 @@ class TeamSize:
             yield n
             dt = time.perf_counter() - t0
         finally:
-            torch.set_num_threads(top)
+            with _outer_lock:
+                _outer["active"] -= 1
+                if not _outer["active"]:
+                    torch.set_num_threads(top)
         self.last, self.used[n] = n, self.used.get(n, 0) + 1
         if self.fixed is None and rows <= self.max_rows:
             self._record(n, key, dt)

@@ -192,16 +192,21 @@ class LeanLM:
         return self.final_norm_head(x, subset).float()
 
     def _fused_layers(self, x, use, pos, past: int, vis) -> torch.Tensor:
-        """The layers as native calls (speclab.models.kernels), one a run of layers up to each
-        captured layer: bf16 on a CPU with AVX512-BF16. Every row is computed as a one-token forward
-        would compute it (see bf16_linear.cpp), so this path is exact without the exact backend's
-        row-by-row cost."""
-        T = x.shape[0]
-        pos = torch.arange(past, past + T) if isinstance(pos, slice) else pos.cpu()
+        """The layers as native calls (speclab.models.kernels): bf16 on a CPU with AVX512-BF16.
+        Every row is computed as a one-token forward would compute it (see bf16_linear.cpp), so
+        this path is exact without the exact backend's row-by-row cost."""
+        pos = torch.arange(past, past + x.shape[0]) if isinstance(pos, slice) else pos.cpu()
         vis = torch.empty(0, dtype=torch.bool) if vis is None else vis.contiguous()
-        cuts = sorted({c for c in self.capture_layers if 0 < c < len(use)} | {len(use)})
+
+        def put(layer: int, h: torch.Tensor):
+            self.captured[layer] = h[None]
+        return self._native_layers(x, len(use), pos, past, vis, self.capture_layers, put)
+
+    def _native_layers(self, x, n: int, pos, past: int, vis, caps, put) -> torch.Tensor:
+        """The first n layers as native calls, one a run of layers up to each layer in caps, whose
+        state after it goes to put(layer, state)."""
         start = 0
-        for stop in cuts:
+        for stop in sorted({c for c in caps if 0 < c < n} | {n}):
             if (start, stop) not in self._spans:            # the weights' lists, built once per span
                 ws = self.layers[start:stop]
                 self._spans[start, stop] = ([w["ln1"] for w in ws], [w["wqkv_k"].data for w in ws],
@@ -209,8 +214,8 @@ class LeanLM:
                                             [w["w13_k"].data for w in ws], [w["w2_k"].data for w in ws])
             x = kernels.module().layers(x.contiguous(), *self._spans[start, stop], self.kv, start, self.cos,
                                         self.sin, pos, past, vis, self.Hq, self.Hkv, self.eps)
-            if stop in self.capture_layers:
-                self.captured[stop] = x[None]
+            if stop in caps:
+                put(stop, x)
             start = stop
         return x
 

@@ -39,7 +39,6 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from speclab.models import kernels
 from speclab.models.geometry import is_chain, tree_depths_and_visibility, tree_positions
 from speclab.models.lean.forward import LeanLM, _rope
 from speclab.models.lean.weights import mm
@@ -300,32 +299,13 @@ class StaticLM(LeanLM):
         nl = nl or len(self.layers)
         x = self.embed_ids(ids)                                            # (W, C)
         if self.fused:
-            x = self._fused_static(x, pos, past, vis[:, :past + W].contiguous(), nl, caps)
+            # the native calls split at each captured layer, as LeanLM splits them
+            x = self._native_layers(x, nl, pos, past, vis[:, :past + W].contiguous(), caps,
+                                    lambda layer, h: self.hidden[layer - 1, :W].copy_(h))
         else:
             x = self._static_layers(x, pos, slot, vis, nl, caps)
         x = x.index_select(0, keep)
         return self.final_norm_head(x).float()
-
-    def _fused_static(self, x, pos, past: int, vis, nl: int, caps: tuple) -> torch.Tensor:
-        """The first nl layers as native calls (CPU, bf16), one a run of layers up to each captured
-        layer, as LeanLM._fused_layers splits them."""
-        W, start = x.shape[0], 0
-        for stop in sorted({c for c in caps if c < nl} | {nl}):
-            x = kernels.module().layers(x.contiguous(), *self._span(start, stop), self.kv, start, self.cos, self.sin,
-                                        pos, past, vis, self.Hq, self.Hkv, self.eps)
-            if stop in caps:
-                self.hidden[stop - 1, :W].copy_(x)
-            start = stop
-        return x
-
-    def _span(self, start: int, stop: int):
-        """The native call's weight lists for layers start..stop-1 (LeanLM's cache of them)."""
-        if (start, stop) not in self._spans:
-            ws = self.layers[start:stop]
-            self._spans[start, stop] = ([w["ln1"] for w in ws], [w["wqkv_k"].data for w in ws],
-                                        [w["wo_k"].data for w in ws], [w["ln2"] for w in ws],
-                                        [w["w13_k"].data for w in ws], [w["w2_k"].data for w in ws])
-        return self._spans[start, stop]
 
     def _static_layers(self, x, pos, slot, vis, nl: int | None = None, caps: tuple = ()) -> torch.Tensor:
         """LeanLM._layers over the whole cache: k, v written at `slot`, attention masked by `vis`."""

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from speclab.decoding.drafters.lookup import PromptLookupDrafter
-from speclab.decoding.drafters.model import ChainDrafter, OwnDraftLM, check_k
-from speclab.decoding.drafters.trees import Growing, _read, calibrated_paths, check_budget, check_paths, grow_dynamic
+from speclab.decoding.drafters.model import ChainDrafter, OwnDraftLM, check_k, host_read
+from speclab.decoding.drafters.trees import Growing, calibrated_paths, check_budget, check_paths, grow_dynamic
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 from speclab.models import kernels
@@ -280,7 +280,7 @@ class MedusaDrafter(FeatureReader, Drafter):
         self.forwards += 1
         self.feats = None
         top = p.topk(self.ranks, -1)                                         # over the kept ids only
-        ids, probs = _read(self.heads.lm_head.head_ids[top.indices], top.values)      # the round's one read
+        ids, probs = host_read(self.heads.lm_head.head_ids[top.indices], top.values)      # the round's one read
         tree, node_of = DraftTree(info={"shape": "static", "nodes": len(self.paths)}), {(): -1}
         for path in self.paths:                 # depth then rank: every parent before its children
             d, r = len(path) - 1, path[-1]      # a node at depth d+1 is head d+1's rank-r guess

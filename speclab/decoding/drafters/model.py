@@ -28,6 +28,20 @@ def check_k(k: int, name: str = "k"):
         raise ValueError(f"{name} must be an integer >= 1 (number of draft tokens per round), got {k!r}")
 
 
+def host_read(*xs: torch.Tensor) -> list:
+    """Tensors of one shape (ids, probabilities) read to the host in ONE transfer (a transfer waits
+    for the device), each as the nested lists .tolist() gives: float64 holds every id and every
+    float32 exactly, and integer tensors come back as ints."""
+    both = torch.stack([x.double() for x in xs]).tolist()
+    return [_typed(b, x.dtype) for b, x in zip(both, xs)]
+
+
+def _typed(rows, dtype):
+    if dtype.is_floating_point:
+        return rows
+    return [_typed(r, dtype) for r in rows] if isinstance(rows, list) else int(rows)
+
+
 class ChainDrafter(Drafter):
     """Shared draft loop: k single-token steps of a causal LM, greedy or sampled. Host reads: one
     per round (the tokens and their q together), or with `threshold` one per step (the stop test
@@ -78,8 +92,8 @@ class ChainDrafter(Drafter):
                 confs.append(q[tok])
             toks.append(tok)
             if self.threshold is not None:      # the step's one read: its token and q together
-                t, c = torch.stack([tok.reshape(()).double(), confs[-1].reshape(()).double()]).tolist()
-                read_t.append(int(t))
+                t, c = host_read(tok.reshape(()), confs[-1].reshape(()))
+                read_t.append(t)
                 read_q.append(c)
                 if c < self.threshold:
                     break
@@ -87,9 +101,7 @@ class ChainDrafter(Drafter):
         if self.threshold is not None:
             tokens, q_tok = read_t, read_q
         elif confs:                             # the round's one read: tokens and q together
-            both = torch.stack([torch.stack(toks).reshape(-1).double(), torch.stack(confs).reshape(-1).double()])
-            tokens, q_tok = both.tolist()
-            tokens = [int(t) for t in tokens]
+            tokens, q_tok = host_read(torch.stack(toks).reshape(-1), torch.stack(confs).reshape(-1))
         else:
             tokens, q_tok = torch.stack(toks).reshape(-1).tolist(), [None] * len(toks)
         return tokens, q_tok, (torch.stack(dists) if dists else None)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speclab.decoding.drafters.model import OwnDraftLM, check_k
+from speclab.decoding.drafters.model import OwnDraftLM, check_k, host_read
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 
@@ -136,25 +136,11 @@ def grow_static(paths: list[tuple[int, ...]], q_at, info: dict | None = None) ->
         level = [p for p in paths if len(p) == depth]
         k = max(p[-1] for p in level) + 1
         top = q.topk(k, -1)                                        # (1 + N, k): every row, one read
-        toks, probs = _read(top.indices, top.values)
+        toks, probs = host_read(top.indices, top.values)
         for p in level:
             parent = node_of[p[:-1]]
             node_of[p] = tree.add(toks[parent + 1][p[-1]], parent, probs[parent + 1][p[-1]], f"rank{p[-1]}")
     return tree
-
-
-def _read(*xs: torch.Tensor) -> list:
-    """Tensors of one shape (ids, probabilities) read to the host in ONE transfer, each as the
-    nested lists .tolist() gives (float64 holds every id and every float32 exactly)."""
-    both = torch.stack([x.double() for x in xs]).tolist()
-    return [_typed(b, x.dtype) for b, x in zip(both, xs)]
-
-
-def _typed(rows, dtype):
-    """Nested lists of floats back to ints where the tensor held integers."""
-    if dtype.is_floating_point:
-        return rows
-    return [_typed(r, dtype) for r in rows] if isinstance(rows, list) else int(rows)
 
 
 def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"depth{d}",
@@ -185,7 +171,7 @@ def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"de
         toks = (top.indices if ids is None else ids[top.indices]).flatten()[best]
         parents = dev_frontier[best // width]
         probs = top.values.flatten()[best]
-        tok_h, par_h, prob_h, s_h = _read(toks, best // width, probs.double(), s[best])   # the depth's one read
+        tok_h, par_h, prob_h, s_h = host_read(toks, best // width, probs.double(), s[best])   # the depth's one read
         frontier = [grown.add(tok, frontier[j], prob, label(d + 1)) for tok, j, prob in zip(tok_h, par_h, prob_h)]
         score += s_h
         base, dev_frontier = s[best], torch.arange(n, n + len(best), device=q.device)

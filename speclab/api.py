@@ -9,7 +9,7 @@ from speclab.decoding.registry import (Method, build_drafter, get_method, method
                                        recorded_params)
 from speclab.decoding.speculative import Drafter
 from speclab.decoding.speculative import run as run_speculative
-from speclab.models.backends import GRAPHS, make_lm, resolve
+from speclab.models.backends import make_lm
 from speclab.models.lean.archs import VERIFY_ROOM
 from speclab.models.loading import (PromptBoundaryWarning, as_model, chat_prompt, check_vocab,  # noqa: F401
                                     encode_prompt, model_info)
@@ -106,12 +106,8 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         traces = run_batch(model, [build() for _ in ids], tok, ids, max_new_tokens, sampler, seeds, record,
                            method, params, models, progress, backend)
         return [Result(text=tok.decode(t.output_ids), ids=list(t.output_ids), trace=t) for t in traces]
-    # how far the request reaches: a sliding-window model runs lean inside its window, and the static
-    # runner sizes its cache (so its attention) once for it; the eager lean forward keeps a
-    # context-window cache, which a verify wider than VERIFY_ROOM at the end cannot overflow
-    reach = len(ids[0]) + max_new_tokens + VERIFY_ROOM
-    static = resolve(model, backend, reach) in GRAPHS
-    lm = make_lm(model, "target", backend, max_len=reach if static else None, positions=reach)
+    # how far the request reaches (the factory sizes what it builds by it)
+    lm = make_lm(model, "target", backend, max_len=len(ids[0]) + max_new_tokens + VERIFY_ROOM)
     trace = run_speculative(lm, build(), tok, ids[0], max_new_tokens, sampler, seed,
                             record, method, params, models, progress)
     return Result(text=tok.decode(trace.output_ids), ids=list(trace.output_ids), trace=trace)

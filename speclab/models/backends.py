@@ -51,19 +51,19 @@ def resolve(model, backend: str = "auto", positions: int | None = None) -> str:
     return backend
 
 
-def make_lm(model, name: str = "", backend: str = "auto", max_len: int | None = None,
-            positions: int | None = None):
+def make_lm(model, name: str = "", backend: str = "auto", max_len: int | None = None):
     """The forward for one sequence of `model` on `backend` (see the module's docstring).
     max_len: the cache slots the request needs (prompt + new tokens + widest draft), where known;
-    the static runner sizes its cache (and so its attention) by it. positions: how far the request
-    reaches, where known without sizing a cache by it (default max_len): a sliding-window model
-    runs lean only inside its window."""
-    backend = resolve(model, backend, positions or max_len)
+    it says how far the request reaches (a sliding-window model runs lean only inside its window)
+    and the static runner sizes its cache (and so its attention) by it, once. The eager lean
+    forward keeps a context-window cache: a verify wider than the request's room at its end would
+    overflow one sized by the request."""
+    backend = resolve(model, backend, max_len)
     if backend == "hf":
         return CausalLM(model, name)
     if backend in GRAPHS:
         return StaticLM(model, name, max_len, graphs=GRAPHS[backend])
-    return LeanLM(model, name, max_len, exact=backend == "exact")
+    return LeanLM(model, name, exact=backend == "exact")
 
 
 def make_batch_lm(model, rows: int, backend: str = "auto"):

@@ -58,6 +58,9 @@ def free_port() -> int:
 
 def start_server(port: int, log) -> subprocess.Popen:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    # the page's target: the code zoo unless the caller chose one (its outputs are checked against
+    # code-target's greedy ar, on prompts a chat template does not wrap)
+    env.setdefault("SPECLAB_DASHBOARD_TARGET", "code-target")
     proc = subprocess.Popen([sys.executable, "-m", "speclab.apps.serve", "serve", "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     for _ in range(240):
@@ -69,6 +72,16 @@ def start_server(port: int, log) -> subprocess.Popen:
         except OSError:
             time.sleep(0.5)
     raise RuntimeError("server did not answer")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop the server by its own pid: terminate, then kill if it does not exit within 15 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
 
 
 async def session(ctx, url: str, prompt: str, method: str, tokens: int, go: asyncio.Event, ready: list,
@@ -150,12 +163,7 @@ def main(argv=None) -> int:
             results, wall = asyncio.run(drive(f"http://127.0.0.1:{port}/", a.sessions, a.tokens,
                                               int(a.timeout * 1000), methods))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=15)
+            stop_server(proc)
     ref = {} if a.no_reference else reference_outputs([r["prompt"] for r in results], a.tokens)
     errors = [r for r in results if r["error"] or r.get("alert")]
     crosstalk = [r for r in results if not r["error"] and not r.get("alert") and

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadtest_dashboard import ARGS, CHROMIUM, DEEP_TEXT, free_port, start_server  # noqa: E402
+from loadtest_dashboard import ARGS, CHROMIUM, DEEP_TEXT, free_port, start_server, stop_server  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -121,12 +120,7 @@ def main(argv=None) -> int:
                         print(json.dumps(report), flush=True)
                 ctx.close()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=15)
+            stop_server(proc)
     for e in errors[:20]:
         print("  problem:", json.dumps(e), file=sys.stderr)
     report = summary(a, a.runs, rss, lat, errors, time.perf_counter() - t_start, log.name)

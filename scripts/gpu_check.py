@@ -123,8 +123,10 @@ def speclab_row(target, prompt, method, params, new, backend="auto"):
     def fn():
         r = speclab.generate(target, prompt, method, max_new_tokens=new, record=None, backend=backend, **params)
         t = r.trace.totals
+        info = r.trace.models.get("target")
         return r.ids, t.new_tokens, dict(tau=round(t.tau, 3), target_forwards=t.target_forwards,
-                                         backend=r.trace.params.get("backend")), t.wall_s
+                                         backend=r.trace.params.get("backend"),
+                                         graphs=getattr(info, "graphs", None)), t.wall_s
     return fn
 
 
@@ -197,15 +199,47 @@ def profile_ar(target, prompt, new, device) -> dict:
     dev_t = lambda e: getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0
     kernel_s = sum(dev_t(e) for e in ka) / 1e6 if device.type == "cuda" else None
     top = sorted(ka, key=lambda e: dev_t(e) if device.type == "cuda" else e.self_cpu_time_total, reverse=True)[:8]
+    # the host's side: which torch calls the decode loop makes per round, and what they cost on the CPU
+    # (a launch, a copy, a sync each): what stands between two graph replays
+    host = sorted(ka, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
     return dict(rounds=rounds, wall_ms_per_round=round(1e3 * wall / rounds, 3),
                 kernel_ms_per_round=None if kernel_s is None else round(1e3 * kernel_s / rounds, 3),
                 kernel_share=None if kernel_s is None else round(kernel_s / wall, 3),
                 top=[dict(op=e.key, calls=e.count,
                           ms_per_round=round((dev_t(e) if device.type == "cuda" else e.self_cpu_time_total)
-                                             / 1e3 / rounds, 4)) for e in top])
+                                             / 1e3 / rounds, 4)) for e in top],
+                host=[dict(op=e.key, calls_per_round=round(e.count / rounds, 2),
+                           cpu_ms_per_round=round(e.self_cpu_time_total / 1e3 / rounds, 4)) for e in host])
 
 
-def check_shape(name, shape, device, args) -> dict:
+ROW_LABELS = ["ar", "oracle[k=2]", "oracle[k=4]", "oracle[k=8]", "prompt-lookup", "hf-static", "ar[static-compile]",
+              "ar[batch=8]", "ar[graphs=off]", "ar[lean eager]", "hf-greedy", "eagle", "eagle3"]
+
+
+def row_labels(name: str, device, args) -> list[str]:
+    """The rows of shape `name` in the order they run (ar first: every output is held to it; the
+    issue's goals next), less those --only leaves out."""
+    labels = [l for l in ROW_LABELS if l != "ar[static-compile]" or (device.type == "cuda" and args.compile_shape == name)]
+    only = dict(o.split(":", 1) for o in args.only or [])
+    return [l for l in labels if l in only[name].split("|")] if name in only else labels
+
+
+def describe(e: BaseException) -> dict:
+    """A row's error: its first line and the innermost frames of speclab's and this script's code."""
+    import traceback
+    frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_tb(e.__traceback__)
+              if "speclab" in f.filename or "gpu_check" in f.filename]
+    return dict(error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}", where=frames[-4:])
+
+
+def fatal(e: BaseException) -> bool:
+    """A CUDA error that leaves the process's context unusable (an illegal access, a device assert)."""
+    return isinstance(e, getattr(torch, "AcceleratorError", ())) or "CUDA error" in str(e)
+
+
+def check_shape(name, shape, device, args, labels: list[str], out_path: str | None = None) -> dict:
+    """Build the shape's model, time `labels` in order (each row's JSON saved as it lands), then the
+    bandwidth probe and ar's profile. A fatal CUDA error stops the rows: out["fatal"] names the row."""
     dtype = torch.bfloat16
     t0 = time.perf_counter()
     model = build(shape, device, dtype)
@@ -213,51 +247,144 @@ def check_shape(name, shape, device, args) -> dict:
     target = (model, tok)
     ps = prompts(shape[5], 8, args.prompt_len, args.new)
     p = ps[0]
-    rep = args.repeats
-    rows = {}
-    # (label, callable, warm): ar first, the reference every output is held to
-    plan = [("ar", speclab_row(target, p, "ar", {}, args.new))]
-    plan += [(f"oracle[k={k}]", speclab_row(target, p, "oracle", dict(k=k), args.new)) for k in (2, 4, 8)]
-    plan += [("prompt-lookup", speclab_row(target, p, "prompt-lookup", {}, args.new)),
-             ("ar[batch=8]", batch_row(target, ps, args.new)),
-             ("ar[graphs=off]", speclab_row(target, p, "ar", {}, args.new, backend="static-eager")),
-             ("ar[lean eager]", speclab_row(target, p, "ar", {}, args.new, backend="fast")),
-             ("hf-greedy", peer_row("hf-greedy", model, tok, p, args.new)),
-             ("hf-static", peer_row("hf-static", model, tok, p, args.new))]
-    if device.type == "cuda" and args.compile_shape == name:
-        plan.append(("ar[static-compile]", speclab_row(target, p, "ar", {}, args.new, backend="static-compile")))
-    head = d3 = None
-    try:
-        head, d3 = feature_drafts(model)
-        static = "static" if device.type == "cuda" else "static-eager"
-        plan += [(m, feature_row(target, p, m, d, args.new, static)) for m, d in (("eagle", head), ("eagle3", d3))]
-    except Exception as e:                      # the drafts could not be built: say so, time the rest
-        rows["eagle"] = rows["eagle3"] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
-    for label, fn in plan:
+    out = dict(shape=name, config=dict(zip(("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab",
+                                             "rope_theta"), shape)),
+               params=sum(x.numel() for x in model.parameters()), dtype=str(dtype).replace("torch.", ""), rows={})
+    rows = out["rows"]
+    static = "static" if device.type == "cuda" else "static-eager"
+    drafts = {}
+
+    def feature(m):
+        if not drafts:
+            drafts["eagle"], drafts["eagle3"] = feature_drafts(model)
+        return feature_row(target, p, m, drafts[m], args.new, static)
+
+    make = {"ar": lambda: speclab_row(target, p, "ar", {}, args.new),
+            "prompt-lookup": lambda: speclab_row(target, p, "prompt-lookup", {}, args.new),
+            "hf-static": lambda: peer_row("hf-static", model, tok, p, args.new),
+            "ar[static-compile]": lambda: speclab_row(target, p, "ar", {}, args.new, backend="static-compile"),
+            "ar[batch=8]": lambda: batch_row(target, ps, args.new),
+            "ar[graphs=off]": lambda: speclab_row(target, p, "ar", {}, args.new, backend="static-eager"),
+            "ar[lean eager]": lambda: speclab_row(target, p, "ar", {}, args.new, backend="fast"),
+            "hf-greedy": lambda: peer_row("hf-greedy", model, tok, p, args.new),
+            "eagle": lambda: feature("eagle"), "eagle3": lambda: feature("eagle3")}
+    make.update({f"oracle[k={k}]": (lambda k=k: speclab_row(target, p, "oracle", dict(k=k), args.new)) for k in (2, 4, 8)})
+    for label in labels:
+        t1 = time.perf_counter()
         try:
-            rows[label] = timed(fn, device, rep, warm=not args.smoke)
+            if label == args.fail_row:
+                raise RuntimeError("CUDA error: simulated by --fail-row")
+            rows[label] = timed(make[label](), device, args.repeats, warm=not args.smoke and not args.diag)
+            sync(device)                        # an asynchronous fault is this row's, not the next one's
         except Exception as e:                  # one failing row must not hide the others' numbers
-            rows[label] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
-    ar = rows["ar"]
+            rows[label] = describe(e)
+            if fatal(e):
+                out["fatal"] = label
+        rows[label]["row_s"] = round(time.perf_counter() - t1, 1)
+        print(f"gpu_check: {name} {label}: {rows[label].get('tokens_per_s', rows[label].get('error'))}"
+              f" ({rows[label]['row_s']} s)", file=sys.stderr, flush=True)
+        save(out, out_path)
+        if "fatal" in out:
+            return out
+    if not args.diag:
+        try:
+            probe = BandwidthProbe(device, dtype, mib_stream=16 if args.smoke else 1024,
+                                   mib_gemv=8 if args.smoke else 256)
+            probe.sample(2 if args.smoke else 5)
+            out["bandwidth"] = bandwidth_limit(model, probe.summary())
+            if "error" not in rows.get("ar", {}):     # ar ran here, or in an earlier worker
+                out["profile_ar"] = profile_ar(target, p, args.new, device)
+        except Exception as e:
+            out["after_rows"] = describe(e)
+    out["build_and_run_s"] = round(time.perf_counter() - t0, 1)
+    save(out, out_path)
+    return out
+
+
+def finish_shape(out: dict) -> dict:
+    """Each row held to ar (ids, speed), and the issue's goals."""
+    rows = out["rows"]
+    ar = rows.get("ar", {})
     ref = ar.get("ids")
     for label, r in rows.items():
         if "ids" in r:
-            r["identical_to_ar"] = r["ids"] == ref
+            r["identical_to_ar"] = None if ref is None else r["ids"] == ref
             r["speedup_vs_ar"] = round(r["tokens_per_s"] / ar["tokens_per_s"], 3) if "tokens_per_s" in ar else None
             r["new_tokens"] = len(r.pop("ids"))
-    probe = BandwidthProbe(device, dtype, mib_stream=16 if args.smoke else 1024, mib_gemv=8 if args.smoke else 256)
-    probe.sample(2 if args.smoke else 5)
-    limit = bandwidth_limit(model, probe.summary())
-    prof = profile_ar(target, p, args.new, device)
-    out = dict(shape=name, config=dict(zip(("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab",
-                                             "rope_theta"), shape)),
-               params=sum(x.numel() for x in model.parameters()), dtype=str(dtype).replace("torch.", ""),
-               bandwidth=limit, rows=rows, profile_ar=prof, build_and_run_s=round(time.perf_counter() - t0, 1))
-    out["goals"] = goals(rows, limit)
-    del model, target, head, d3
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    if "bandwidth" in out:
+        out["goals"] = goals(rows, out["bandwidth"])
     return out
+
+
+def run_worker(kind: str, name: str, args, labels: list[str] | None, deadline: float, diag: bool = False) -> dict:
+    """One shape's rows (or one zoo target) in a process of its own: a fatal CUDA error (the
+    context is lost with it) ends that process only. Returns its JSON, partial if it was cut short."""
+    import os
+    import subprocess
+    import tempfile
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    cmd = [sys.executable, __file__, "--worker", f"{kind}:{name}", "--worker-out", path, "--new", str(args.new),
+           "--prompt-len", str(args.prompt_len), "--repeats", str(1 if diag else args.repeats),
+           "--compile-shape", args.compile_shape]
+    if labels is not None:
+        cmd += ["--only", f"{name}:{'|'.join(labels)}"]
+    if args.smoke:
+        cmd.append("--smoke")
+    if args.fail_row and not diag:
+        cmd += ["--fail-row", args.fail_row]
+    if diag:
+        cmd.append("--diag")
+    env = dict(os.environ, **({"CUDA_LAUNCH_BLOCKING": "1"} if diag else {}))
+    left = deadline - time.perf_counter()
+    tail = ""
+    try:
+        r = subprocess.run(cmd, env=env, timeout=max(left, 1), stderr=subprocess.PIPE, text=True)
+        tail, code = r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        tail, code = (e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or ""), "timeout"
+    sys.stderr.write("".join(l + "\n" for l in tail.splitlines() if l.startswith("gpu_check")))
+    try:
+        got = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        got = {}
+    Path(path).unlink(missing_ok=True)
+    if code != 0:
+        got["exit"] = code
+        got["stderr_tail"] = [l for l in tail.splitlines() if l.strip() and "USDT" not in l][-25:]
+    return got
+
+
+def check_shape_isolated(name: str, device, args, deadline: float) -> dict:
+    """check_shape in worker processes: after a fatal row, a CUDA_LAUNCH_BLOCKING run of that row
+    alone (where its traceback points), then a fresh process for the rows after it."""
+    labels = row_labels(name, device, args)
+    merged = None
+    while labels:
+        if time.perf_counter() > deadline:
+            merged = merged or dict(shape=name, rows={})
+            merged["rows"].update({l: dict(error="not run: --deadline-s reached") for l in labels})
+            break
+        got = run_worker("shape", name, args, labels, deadline)
+        rows = got.get("rows", {})
+        if merged is None:
+            merged = dict(dict(shape=name), **{k: v for k, v in got.items() if k != "rows"}, rows={})
+        else:
+            merged.update({k: v for k, v in got.items() if k not in ("rows", "fatal")})
+        merged["rows"].update(rows)
+        bad = got.get("fatal") or (next((l for l in labels if l not in rows), None) if got.get("exit") else None)
+        if bad is None:
+            break
+        merged.setdefault("fatal_rows", []).append(bad)
+        merged["rows"].setdefault(bad, dict(error=f"worker ended ({got.get('exit')}) in this row"))
+        merged["rows"][bad]["stderr_tail"] = got.get("stderr_tail", [])[-12:]
+        if deadline - time.perf_counter() > 60:
+            d = run_worker("shape", name, args, [bad], deadline, diag=True)
+            merged["rows"][bad]["diag_launch_blocking"] = d.get("rows", {}).get(bad) or d.get("stderr_tail")
+        labels = labels[labels.index(bad) + 1:]
+    merged.pop("fatal", None)
+    merged.pop("exit", None)
+    return merged
 
 
 def goals(rows: dict, limit: dict) -> dict:
@@ -299,20 +426,24 @@ def table(report: dict) -> str:
     lines = [f"# speclab gpu_check on {report['device']} (torch {report['torch']}, transformers "
              f"{report['transformers']}), bf16, batch 1, prompt {report['prompt_len']}, {report['new_tokens']} new tokens"]
     for s in report["shapes"]:
-        b = s["bandwidth"]
-        lines += ["", f"## {s['shape']} ({s['params'] / 1e6:.0f}M params): bandwidth limit "
-                      f"{b['limit_tokens_per_s']} tok/s ({b['weight_mb_per_token']} MB/token at {b['bandwidth_gb_s']} GB/s)",
+        b = s.get("bandwidth")
+        limit = (f"bandwidth limit {b['limit_tokens_per_s']} tok/s ({b['weight_mb_per_token']} MB/token at "
+                 f"{b['bandwidth_gb_s']} GB/s)") if b else "bandwidth not measured"
+        params = f"{s['params'] / 1e6:.0f}M params" if "params" in s else "not built"
+        lines += ["", f"## {s['shape']} ({params}): {limit}",
                   "| row | tok/s | x ar | tau | = ar | backend |", "|---|---|---|---|---|---|"]
         for label, r in s["rows"].items():
             if "error" in r:
-                lines.append(f"| {label} | error: {r['error'][:80]} | | | | |")
+                lines.append(f"| {label} | error: {r['error'][:80]} {' < '.join(r.get('where', [])[-2:])} | | | | |")
                 continue
+            same = {True: "yes", False: "NO", None: "?"}[r.get("identical_to_ar")]
             lines.append(f"| {label} | {r['tokens_per_s']} | {r.get('speedup_vs_ar')} | {r.get('tau', '')} | "
-                         f"{'yes' if r.get('identical_to_ar') else 'NO'} | {r.get('backend', '')}"
-                         f"{', CUDA graphs' if r.get('graphs') else ''} |")
-        pr = s["profile_ar"]
-        lines.append(f"ar profile: {pr['wall_ms_per_round']} ms wall / round, kernels {pr['kernel_ms_per_round']} ms "
-                     f"({pr['kernel_share']} of wall); goals: {s['goals']}")
+                         f"{same} | {r.get('backend', '')}{', CUDA graphs' if r.get('graphs') else ''} |")
+        pr = s.get("profile_ar")
+        if pr:
+            lines.append(f"ar profile: {pr['wall_ms_per_round']} ms wall / round, kernels {pr['kernel_ms_per_round']} ms "
+                         f"({pr['kernel_share']} of wall)")
+        lines.append(f"goals: {s.get('goals')}; fatal rows: {s.get('fatal_rows', [])}")
     for dt, z in report.get("zoo", {}).items():
         if "error" in z:
             lines.append(f"zoo {dt}: {z['error']}")
@@ -328,6 +459,9 @@ def main(argv=None):
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, few tokens, one run each: the code path on a CPU")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, from " + ", ".join(SHAPES))
+    ap.add_argument("--only", action="append", metavar="SHAPE:ROW|ROW",
+                    help="run only these rows of SHAPE (repeatable), e.g. 'smollm2-135m:ar|eagle'; rows: "
+                         + ", ".join(ROW_LABELS))
     ap.add_argument("--new", type=int, default=None, help="new tokens per run (128; --smoke 8)")
     ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (200; --smoke 24)")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per row, median reported (3; --smoke 1)")
@@ -336,6 +470,17 @@ def main(argv=None):
     ap.add_argument("--zoo", default=None,
                     help="zoo targets whose methods are held to ar (default: code-target, and smollm2-135m with its "
                          "heads on CUDA; --smoke: code-target); 'none' skips")
+    ap.add_argument("--compile-cache", default=None,
+                    help="a file of torch.compile's artifacts: loaded when present, written after the shapes")
+    ap.add_argument("--isolate", choices=("auto", "on", "off"), default="auto",
+                    help="each shape (and zoo target) in a process of its own, resumed after a fatal CUDA error "
+                         "with a CUDA_LAUNCH_BLOCKING run of the failing row (auto: on CUDA)")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no new work after this many seconds; workers are stopped at it (their rows so far kept)")
+    ap.add_argument("--fail-row", default=None, help=argparse.SUPPRESS)    # exercises the resume path on a CPU
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)      # shape:NAME or zoo:NAME, internal
+    ap.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--diag", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.new = args.new or (8 if args.smoke else 128)
     args.prompt_len = args.prompt_len or (24 if args.smoke else 200)
@@ -346,36 +491,110 @@ def main(argv=None):
     device = torch.device("cuda" if cuda and not args.smoke else "cpu")
     shapes = SMOKE if args.smoke else SHAPES
     unknown = [s for s in args.shapes.split(",") if s not in shapes]
+    unknown += [o for o in args.only or [] if o.split(":")[0] not in shapes or ":" not in o]
     if unknown:
-        ap.error(f"unknown shape(s) {', '.join(unknown)}: use {', '.join(shapes)}")
+        ap.error(f"unknown shape(s) {', '.join(unknown)}: use {', '.join(shapes)} (--only SHAPE:ROW|ROW)")
+    if args.worker:
+        kind, name = args.worker.split(":", 1)
+        if kind == "shape":
+            check_shape(name, shapes[name], device, args, row_labels(name, device, args), args.worker_out)
+        else:
+            save(zoo_entry(name, device, args), args.worker_out)
+        return None
     import transformers
     report = dict(device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                   torch=torch.__version__, transformers=transformers.__version__, smoke=args.smoke,
                   new_tokens=args.new, prompt_len=args.prompt_len, repeats=args.repeats, shapes=[])
+    if device.type == "cuda":
+        report.update(cuda=torch.version.cuda, driver=driver_version())
+    isolate = args.isolate == "on" or args.isolate == "auto" and device.type == "cuda"
+    report["isolated"] = isolate
+    load_compile_cache(args.compile_cache)
     t0 = time.perf_counter()
+    deadline = t0 + (args.deadline_s or 7 * 86400)
     for name in args.shapes.split(","):
         print(f"gpu_check: {name} ...", file=sys.stderr, flush=True)
-        report["shapes"].append(check_shape(name, shapes[name], device, args))
+        if isolate:
+            shape = check_shape_isolated(name, device, args, deadline)
+        else:
+            shape = check_shape(name, shapes[name], device, args, row_labels(name, device, args))
+        report["shapes"].append(finish_shape(shape))
+        save(report, args.out)              # a run cut short by its time limit keeps what it measured
+        print(table(dict(report, shapes=report["shapes"][-1:], zoo={})), file=sys.stderr, flush=True)
+    if not isolate:
+        save_compile_cache(args.compile_cache)
     zoo = args.zoo or ("code-target" if args.smoke or device.type != "cuda" else "code-target,smollm2-135m")
     report["zoo"] = {}
     for target in [] if zoo == "none" else zoo.split(","):
-        for dtype in (torch.float32, torch.bfloat16):
-            key = f"{target} {str(dtype).replace('torch.', '')}"
-            print(f"gpu_check: zoo methods, {key} ...", file=sys.stderr, flush=True)
-            try:
-                report["zoo"][key] = check_zoo(target, device, dtype, 8 if args.smoke else 32, args.smoke)
-            except Exception as e:          # a target not installed here
-                report["zoo"][key] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        if time.perf_counter() > deadline:
+            report["zoo"][target] = dict(error="not run: --deadline-s reached")
+            continue
+        print(f"gpu_check: zoo methods, {target} ...", file=sys.stderr, flush=True)
+        got = run_worker("zoo", target, args, None, deadline) if isolate else zoo_entry(target, device, args)
+        report["zoo"].update(got.get("zoo", {}) or {target: dict(error=f"worker ended: {got.get('stderr_tail', [])[-3:]}")})
+        save(report, args.out)
     report["total_s"] = round(time.perf_counter() - t0, 1)
     print(table(report), file=sys.stderr if not args.out else sys.stdout, flush=True)
-    text = json.dumps(report, indent=1)
     if args.out:
-        tmp = Path(args.out).with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+        save(report, args.out)
     else:
-        print(text)
+        print(json.dumps(report, indent=1))
     return report
+
+
+def zoo_entry(target: str, device, args) -> dict:
+    """check_zoo for one zoo target in fp32 and bf16: {"zoo": {"TARGET DTYPE": result}}."""
+    got = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        key = f"{target} {str(dtype).replace('torch.', '')}"
+        try:
+            got[key] = check_zoo(target, device, dtype, 8 if args.smoke else 32, args.smoke)
+        except Exception as e:          # a target not installed here
+            got[key] = describe(e)
+    return dict(zoo=got)
+
+
+def save(report: dict, out: str | None):
+    """The report as JSON at `out`, atomically (nothing when out is None)."""
+    if not out:
+        return
+    tmp = Path(out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    tmp.replace(out)
+
+
+def driver_version() -> str | None:
+    import subprocess
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load_compile_cache(path: str | None):
+    """torch.compile's artifacts from an earlier run (torch.compiler.save_cache_artifacts), so a rerun
+    on a fresh machine skips the compiles (transformers' static step, the static-compile row)."""
+    if path and Path(path).exists():
+        try:
+            torch.compiler.load_cache_artifacts(Path(path).read_bytes())
+            print(f"gpu_check: compile cache loaded from {path}", file=sys.stderr, flush=True)
+        except Exception as e:              # another torch: compile afresh
+            print(f"gpu_check: compile cache not used ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+
+
+def save_compile_cache(path: str | None):
+    if not path or not torch.cuda.is_available():
+        return
+    try:
+        got = torch.compiler.save_cache_artifacts()
+        if got is not None:
+            tmp = Path(path).with_suffix(".tmp")
+            tmp.write_bytes(got[0])
+            tmp.replace(path)
+            print(f"gpu_check: compile cache saved to {path} ({len(got[0]) / 2 ** 20:.1f} MiB)", file=sys.stderr, flush=True)
+    except Exception as e:
+        print(f"gpu_check: compile cache not saved ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

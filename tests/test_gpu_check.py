@@ -55,3 +55,34 @@ def test_without_cuda_the_full_check_says_what_to_do(gpu_check):
         pytest.skip("this machine has a GPU")
     with pytest.raises(SystemExit):
         gpu_check.main([])
+
+
+def test_a_fatal_row_ends_its_process_only_and_the_shape_resumes(gpu_check, tmp_path):
+    """--isolate: a CUDA fault loses the process's context, so each shape runs in a worker; a fatal
+    row (simulated here: the CPU has no CUDA fault to give) is rerun alone under
+    CUDA_LAUNCH_BLOCKING, and a fresh worker runs the rows after it, still held to ar."""
+    out = tmp_path / "check.json"
+    gpu_check.main(["--smoke", "--isolate", "on", "--zoo", "none", "--shapes", "smollm2-135m", "--fail-row",
+                    "ar[graphs=off]", "--only", "smollm2-135m:ar|ar[graphs=off]|hf-greedy", "--out", str(out)])
+    (shape,) = json.loads(out.read_text())["shapes"]
+    rows = shape["rows"]
+    assert shape["fatal_rows"] == ["ar[graphs=off]"]
+    assert rows["ar[graphs=off]"]["error"].startswith("RuntimeError: CUDA error")
+    assert rows["ar[graphs=off]"]["where"][-1].startswith("gpu_check.py")
+    assert rows["ar[graphs=off]"]["diag_launch_blocking"]["tokens_per_s"] > 0   # the row alone, one run
+    assert rows["hf-greedy"]["identical_to_ar"] and rows["ar"]["speedup_vs_ar"] == 1.0
+    assert shape["bandwidth"]["limit_tokens_per_s"] > 0 and shape["profile_ar"]["rounds"] >= 8
+
+
+def test_a_draft_is_built_on_its_base_device():
+    """build_draft builds on the CPU and must move its layers to the base's device (a CUDA target's
+    EAGLE head once kept them on the CPU). The meta device stands in for a GPU here."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from speclab.models.heads import build_eagle, head_config
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    with torch.device("meta"):
+        base = LlamaForCausalLM(cfg)
+    head = build_eagle(base, head_config(base.config, "eagle"), torch.arange(64, device="meta"))
+    assert {p.device.type for p in head.parameters()} == {"meta"}

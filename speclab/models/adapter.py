@@ -67,7 +67,7 @@ def build_draft(base, config, head_ids: torch.Tensor):
     model.model.embed_tokens.weight = embed                 # shared with the base: not copied, not saved
     model.model.embed_tokens.weight.requires_grad_(False)
     model.lm_head = SubsetHead(embed, head_ids, cfg.vocab_size)
-    return model
+    return model.to(embed.device)       # built on the CPU; its layers join the base on its device
 
 
 def own_state(model) -> dict[str, torch.Tensor]:

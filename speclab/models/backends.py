@@ -10,7 +10,7 @@ Backends (the `backend` parameter of speclab.run, the bench and the drafters):
   "static"          the lean forward in static shapes (models.lean.static.StaticLM), each bucket
                     captured as a CUDA graph on CUDA, eager elsewhere
   "static-eager"    the same runner with graphs off (graphs=False)
-  "static-compile"  the same runner through torch.compile(mode="reduce-overhead", fullgraph=True)
+  "static-compile"  the same runner, its step compiled by torch.compile (fullgraph) inside the graphs
   "hf"              transformers' own forward (models.hf.CausalLM): every architecture
 
 On a CPU "auto" stays the eager lean forward: there every launch is a function call, and the

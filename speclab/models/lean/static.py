@@ -19,9 +19,13 @@ SGLang do the same):
   next forward (the drafters read their rows from it at once);
 - an early exit (n_layers: the layer-skip draft) runs the first n_layers layers in the bucket too;
 - on CUDA each (width, kept rows, layers run, layers captured) bucket is captured once as a
-  torch.cuda.CUDAGraph (or compiled with torch.compile(mode="reduce-overhead", fullgraph=True):
-  graphs="compile") and replayed; the host copies one small staging tensor in and reads the logits
-  out, with no sync inside a forward. Under graphs a capture set widens to every layer any call of
+  torch.cuda.CUDAGraph and replayed; the host copies one small staging tensor in and reads the
+  logits out, with no sync inside a forward. graphs="compile" captures the same graph over the step
+  compiled by torch.compile (fullgraph, inductor's default mode: its fused kernels, not its own
+  graphs). On the first H200 run (BENCHMARKS.md, GPU) the plain step was ~25 kernels a layer, each a
+  few microseconds: at 135M that, not the weights' read, set the speed. Inductor's own
+  "reduce-overhead" graphs refused this step (the cache is a mutated input), so speclab captures.
+  Under graphs a capture set widens to every layer any call of
   this runner captured (a copy per layer inside the graph costs little), so layer-skip's rotating
   exit scores do not capture a graph per combination.
 
@@ -258,11 +262,6 @@ class StaticLM(LeanLM):
         if want:                            # one capture set for every call: see the docstring
             self._wide |= set(want)
             want = tuple(sorted(c for c in self._wide if c <= nl))
-        if self.graphs == "compile":
-            if self._compiled is None:
-                self._compiled = torch.compile(self._step, mode="reduce-overhead", fullgraph=True, dynamic=False)
-            self.replays += 1
-            return self._compiled(W, Kb, 0, nl, want)
         key = (W, Kb, nl, want)
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key)
@@ -274,15 +273,23 @@ class StaticLM(LeanLM):
     def _capture(self, W: int, Kb: int, nl: int, want: tuple):
         """Capture one bucket once. The warm-up runs compute exactly what the replay that follows
         computes (same buffers), so their cache writes are the replay's own."""
+        step = self._step
+        if self.graphs == "compile":
+            if self._compiled is None:
+                import torch._dynamo as _dynamo
+                # one compiled step per bucket (ints are specialised): room for every bucket a tree uses
+                _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
+                self._compiled = torch.compile(self._step, fullgraph=True, dynamic=False)
+            step = self._compiled
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._step(W, Kb, 0, nl, want)
+            for _ in range(2):                  # (graphs="compile": the first compiles)
+                step(W, Kb, 0, nl, want)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._step(W, Kb, 0, nl, want)
+            out = step(W, Kb, 0, nl, want)
         self._pool = graph.pool()
         self._save_kit()
         return graph, out

@@ -1,6 +1,7 @@
 """The prose says what the code does: no project-history names anywhere, a README that fits a front
 door and lists every notebook and method, the methods page's parameters equal to the code's
-defaults, and every short command in README.md and docs/*.md runs as written.
+defaults, every relative link in README.md and docs/*.md resolves, and every short command there
+runs as written.
 
 Which commands run (the rest are long by this rule, and are run by hand or by the bench):
   - `speclab methods`, and any `speclab ...` line with -h / --help;
@@ -20,6 +21,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 HISTORY = re.compile(r"(first|second|third|[a-z]+th) stop", re.I)
+# "this stop" / "last stop" name a moment in the project's history too ("the last stop token" does not)
+STOP = re.compile(r"\b(this|last) stop\b(?![-_ ]?(token|string|id|word|sequence|criteri))", re.I)
 SKIP_DIRS = {".git", ".venv", ".venv-vllm", "node_modules", "__pycache__", ".pytest_cache", "build", "dist"}
 TEXT = {".py", ".md", ".ipynb", ".txt", ".toml", ".cfg", ".sh", ".yml", ".yaml", ".cpp", ".h", ".js", ".html",
         ".json", ".jsonl", ""}
@@ -57,6 +61,92 @@ def test_no_project_history_names_anywhere():
         hits += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
                  for m in HISTORY.finditer(text)]
     assert hits == []
+
+
+def package_comments(path: Path):
+    """(line, text) of every comment and string literal of a .py file (docstrings included), or of
+    every line of a .cpp file that holds a comment."""
+    if path.suffix == ".py":
+        with path.open(encoding="utf-8") as f:
+            for tok in tokenize.generate_tokens(f.readline):
+                if tok.type in (tokenize.COMMENT, tokenize.STRING):
+                    yield tok.start[0], tok.string
+    else:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "//" in line or "/*" in line or line.lstrip().startswith("*"):
+                yield n, line
+
+
+def test_no_this_stop_or_last_stop_in_prose_or_comments():
+    """The README, BENCHMARKS.md, docs/*.md and the package's comments say what is true now, never
+    "this stop" or "last stop"."""
+    prose = [ROOT / "BENCHMARKS.md", *DOCS]
+    code = sorted(p for p in (ROOT / "speclab").rglob("*") if p.suffix in (".py", ".cpp")
+                  and STOP.search(p.read_text(encoding="utf-8")))      # only those files are parsed
+    hits = [f"{p.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+            for p in prose for text in [p.read_text(encoding="utf-8")] for m in STOP.finditer(text)]
+    hits += [f"{p.relative_to(ROOT)}:{n}: {m.group(0)}"
+             for p in code for n, text in package_comments(p) for m in STOP.finditer(text)]
+    assert hits == []
+    assert STOP.search("as measured at the Last Stop") and not STOP.search("the last stop token")
+
+
+# -- every relative link resolves ----------------------------------------------------------------
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """Every heading's anchor in a markdown text (outside fenced blocks), -1, -2 ... for repeats."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    seen: dict[str, int] = {}
+    out = set()
+    for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, flags=re.M):
+        base = slug(m.group(1))
+        out.add(f"{base}-{seen[base]}" if base in seen else base)
+        seen[base] = seen.get(base, 0) + 1
+    return out
+
+
+def relative_links(text: str) -> list[str]:
+    """The targets of inline links and images and of reference definitions, outside code, that are
+    not URLs."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    targets = re.findall(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text)
+    targets += re.findall(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s.*)?$", text, flags=re.M)
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t, flags=re.I)]
+
+
+def broken_links(path: Path) -> list[str]:
+    bad = []
+    for target in relative_links(path.read_text(encoding="utf-8")):
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            bad.append(f"{path.name}: {target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor.lower() not in anchors(dest.read_text(encoding="utf-8")):
+            bad.append(f"{path.name}: {target} (no such heading)")
+    return bad
+
+
+def test_the_link_rule_finds_broken_links_and_anchors(tmp_path):
+    (tmp_path / "b.md").write_text("# Title\n\n## A `code` heading (x)\n\n```sh\n# not a heading\n```\n")
+    page = tmp_path / "a.md"
+    page.write_text("[ok](b.md#a-code-heading-x) ![img](b.md) [top](#here) [web](https://x.org/a.md)\n"
+                    "`[not a link](nowhere.md)`\n[gone](missing.md) [bad](b.md#not-a-heading)\n"
+                    "[also](b.md#not-a-heading-1)\n\n# Here\n")
+    assert slug("The draft (`smollm2-draft`)") == "the-draft-smollm2-draft"
+    assert broken_links(page) == ["a.md: missing.md (no such file)", "a.md: b.md#not-a-heading (no such heading)",
+                                  "a.md: b.md#not-a-heading-1 (no such heading)"]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_relative_links_resolve(path):
+    """Every relative link of README.md and docs/*.md names a file that exists, and its #anchor a
+    heading of that file where it is markdown."""
+    assert broken_links(path) == []
 
 
 # -- the README is a front door -------------------------------------------------------------------

@@ -82,8 +82,8 @@ class BandwidthProbe:
             self.read = (lambda: native.stream_read(self.x)) if native else flat.sum
             self.stream_kind = "streaming read"
         # and the model's own packed weights read the same way: the bytes a decode step reads, from
-        # wherever they live. Measured on a host whose 300 MiB L3 holds SmolLM2's 269 MB when its
-        # other guests are quiet: ar ran at 1.10-1.25x the 512 MiB read's "limit" there
+        # wherever they live (a CPU whose L3 holds the weights reads them faster than its memory's
+        # streaming rate, so ar can pass the big buffer's "limit": docs/performance.md)
         self.model, self.native = model, native
         self.own: list[float] = []
         self.own_pairs: list[tuple[float, float]] = []

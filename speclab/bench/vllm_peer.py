@@ -2,8 +2,8 @@
 
 vLLM pins its own torch and transformers, so it lives in its own venv (`make vllm` builds
 .venv-vllm) and runs in a subprocess of that interpreter: one call of speclab/bench/vllm_worker.py
-per peer and prompt set (vLLM's start-up, with its torch.compile warm-up, took 3-4 minutes on this
-2-core CPU, so a prompt set never pays it more than once). Requests and responses are JSON files.
+per peer and prompt set (vLLM's start-up, with its torch.compile warm-up, takes minutes on a CPU,
+so a prompt set never pays it more than once). Requests and responses are JSON files.
 
   vllm-greedy   plain greedy decoding
   vllm-ngram    vLLM's prompt lookup ("ngram": k = 8, n-grams of 4 down to 2 tokens)

@@ -11,9 +11,8 @@ each forward advances >= 1 token and the output is the one-per-step output, toke
 
 A tree of drafts (EAGLE-2's idea applied here): the chain above guesses one next commit per depth,
 and on an AR-adapted block model that guess is often wrong, because the slot after a fresh commit
-was predicted while its left neighbour was still a mask (measured on smollm2-dllm's chat answers:
-the next commit is the fresh commit's right neighbour 68% of the time, and the token it gets there
-was that slot's top-1 proposal before in only 46% of those cases, in its top 3 in 67%). So each
+was predicted while its left neighbour was still a mask, so its guess there is often not the
+token it gets (docs/performance.md has the rates measured on smollm2-dllm). So each
 draft may branch to the next `branch_slots` slots in confidence order,
 each with its `branch_tokens` likeliest tokens, and the K likeliest paths (score: the product of
 the proposals' probabilities, halved per rank down the confidence order) share the one forward.

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 ADAPTER_KEY = "speclab_adapter"
-KEEP_FILES = ("RECIPE.md",)
+KEEP_FILES: tuple[str, ...] = ()        # files of a model directory a re-save carries over
 
 
 class SubsetHead(nn.Module):

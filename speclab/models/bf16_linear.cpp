@@ -56,7 +56,7 @@ static inline void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16*
   for (int64_t k2 = 0; k2 < K2; ++k2) {
     const at::BFloat16* w = Wb + k2 * 2 * B;
     // 4 KB ahead of the stream (into the next block at the end of this one): more requests in
-    // flight than the hardware prefetcher keeps (measured: a 5-row verify's layers 7-15% faster)
+    // flight than the hardware prefetcher keeps, so the stream runs nearer the memory's rate
     const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
     _mm_prefetch(ahead, _MM_HINT_T0);
     _mm_prefetch(ahead + 64, _MM_HINT_T0);
@@ -81,9 +81,8 @@ static inline void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16*
 // ---------------------------------------------------------------------------------------------
 // The same product on AMX (Sapphire Rapids and later), where the CPU has it and the OS grants it.
 //
-// Why: the loop above is bound by its dot-product instructions from 2 rows on (measured, one thread,
-// a 3072 x 576 matrix in cache: 6 rows cost 1.9x one row, 16 rows 5x; a SmolLM2 forward of 16
-// tokens ~3x one token). One TDPBF16PS multiplies a (rows <= 16, 32) tile of x by a (32, 16) tile of W in 16
+// Why: the loop above is bound by its dot-product instructions from 2 rows on, so its cost grows
+// with the rows (docs/performance.md). One TDPBF16PS multiplies a (rows <= 16, 32) tile of x by a (32, 16) tile of W in 16
 // cycles whatever the number of rows, so up to 16 rows cost what one row costs: the weight's stream.
 //
 // The packed layout is already AMX's: the 16 k-pairs x 16 rows x 2 of a B tile are rows of 64 bytes
@@ -119,8 +118,8 @@ struct TileConfig {                          // the LDTILECFG memory layout (pal
   __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #dst :: "r"((const void*)(base)), "r"((long)(stride)) : "memory")
 
 // Work is shared out in columns of 16 outputs (one tile's), not blocks of 64: SmolLM2's 576-wide
-// matrices are 9 blocks, which two threads split 5 / 4 (measured: 6% of a one-row forward was one
-// thread waiting at the barrier); in columns they split 18 / 18. A column's arithmetic is the same
+// matrices are 9 blocks, which two threads split 5 / 4, leaving one thread idle at the barrier for a
+// ninth of every product; in columns they split 18 / 18. A column's arithmetic is the same
 // whichever thread computes it.
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16")))
 static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat16* wp, int64_t K2,
@@ -248,8 +247,9 @@ static void add_rows(const bf16* a, const bf16* b, bf16* out, int64_t n) {
 static void rms_rows(const bf16* x, const bf16* w, bf16* out, int64_t T, int64_t C, float eps) {
   for (int64_t t = 0; t < T; ++t) {
     const bf16* xr = x + t * C;
-    // the sum of squares in 16 lanes (one chain of C adds took ~1 us a row: 2 norms x T rows a
-    // layer, the same on every thread), lanes summed in a fixed tree, the tail after them
+    // the sum of squares in 16 lanes (one chain of C dependent adds waits on each add's latency,
+    // and every thread runs 2 norms x T rows a layer), lanes summed in a fixed tree, the tail
+    // after them
     __m512 acc = _mm512_setzero_ps();
     int64_t c0 = 0;
     for (; c0 + 16 <= C; c0 += 16) {
@@ -333,8 +333,8 @@ static void scores(const float* q, const bf16* Kc, int64_t ss, const int64_t* ke
 // p[0..n) scores -> exp(score - max), in place, and their sum: exp in 16-wide chunks, summed
 // lane-wise then across lanes (a fixed order for n keys)
 static float softmax_exp(float* ph, int64_t n) {
-  // the max 16 lanes at a time (exact in any order; a scalar chain of maxes, 4 cycles a key, was
-  // 31% of attention by perf)
+  // the max 16 lanes at a time (exact in any order; a scalar chain of maxes waits a dependent
+  // max per key, a large share of attention)
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
@@ -400,8 +400,8 @@ static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t
 // The same attention on AMX tiles, a group of rows at a time: the g query heads of one key/value
 // head for R = 16 / g rows fill a tile's 16 rows.
 // Why: the loop above spends a horizontal sum on every (query, key) score and 4 FMAs on every
-// (query, key) weight of V; measured (SmolLM2, 12 rows after 600 tokens) attention was 29% of the
-// forward, the scores 2/3 of it. On tiles, 16 queries x 16 keys of scores, or 16 queries x 32 keys
+// (query, key) weight of V, so after a long context attention is a large share of a verify, the
+// scores most of it (docs/performance.md). On tiles, 16 queries x 16 keys of scores, or 16 queries x 32 keys
 // x 16 of D of the weighted sum, are one TDPBF16PS.
 //  - scores: A = the queries (bf16: q is rounded to bf16 before it is widened), B = 16 keys in the
 //    pair-interleaved layout (the 32-bit transpose of their cache rows), for every slot a row of the
@@ -419,9 +419,9 @@ static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t
 // Which slots each row of a forward reads, in cache order: built once a forward, before the
 // parallel region. common(a, b): how many first keys rows a and b of one group of R rows share (a
 // draft tree's rows share the cache and the prefix, then part ways), so attend_amx tells which rows
-// read the same keys in a step by one comparison. Measured (SmolLM2, old / new in one process): a
-// mask's rows scanned for every layer and key/value head and compared key by key at every step had
-// cost a 6-node tree verify 0.15-0.2 ms and a 12-node one 0.25 ms, after 200 or 1,000 tokens.
+// read the same keys in a step by one comparison. Once a forward, not for every layer and key/value
+// head: scanning a mask's rows and comparing them key by key at every step costs a tree verify a
+// measurable share of its time (docs/performance.md).
 // A mask's lists are stored back to back (row t's from start[t]): as many entries as the mask has
 // visible slots, not T x S (a batch's prefill of 8 long prompts: ~7M, not ~100M).
 struct KeyLists {
@@ -637,10 +637,10 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
 }
 
 // ---------------------------------------------------------------------------------------------
-// All the layers of a forward in ONE parallel region. Measured (scripts/profile_ar.py): a layer
-// called as 5 parallel regions with serial steps between them (norms, RoPE, SiLU, residual adds on
-// one thread while the other waits) streamed its 7 MB at ~26 GB/s where a matrix alone reaches
-// ~36. Here each thread takes its share of every step, the steps separated by a spin barrier, and
+// All the layers of a forward in ONE parallel region. Why: a layer called as 5 parallel regions with
+// serial steps between them (norms, RoPE, SiLU, residual adds on one thread while the other waits)
+// streams its weights well below the rate a matrix alone reaches (docs/performance.md;
+// scripts/profile_ar.py measures it). Here each thread takes its share of every step, the steps separated by a spin barrier, and
 // the per-row arithmetic is exactly that of the one-layer path it replaces (the same roundings in
 // the same order), so the results are bit for bit the same.
 
@@ -926,8 +926,8 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
 
 // A plain streaming read of a buffer (no arithmetic to wait on: 64-byte loads OR-ed together),
 // split over the threads: the rate the memory system gives a reader, for the bench's bandwidth
-// limit (torch's reductions can be bound by their own arithmetic: a bf16 sum read 13 GB/s on a
-// machine where this read 30).
+// limit (torch's reductions can be bound by their own arithmetic, and then read below the memory's
+// rate).
 int64_t stream_read(torch::Tensor buf) {
   TORCH_CHECK(buf.is_contiguous() && buf.nbytes() % 256 == 0, "stream_read: a contiguous buffer of a multiple of 256 bytes");
   const char* p = static_cast<const char*>(buf.data_ptr());

@@ -32,8 +32,8 @@ def mark_dllm(config, mask_token_id: int, shift: bool):
 def bidirectional_logits(model, x: torch.Tensor) -> torch.Tensor:
     """x: (B, L) token ids -> (B, L, V) logits, every position attending to every position.
 
-    A 4-D additive mask of zeros replaces transformers' causal mask (measured: with it, the first
-    position's logits change when the last token changes).
+    A 4-D additive mask of zeros replaces transformers' causal mask, so the first position's logits
+    depend on the last token.
     """
     B, L = x.shape
     mask = torch.zeros(B, 1, L, L, device=x.device, dtype=next(model.parameters()).dtype)
@@ -119,8 +119,8 @@ class BlockDenoiser(Denoiser):
     @torch.inference_mode()
     def block_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (P+G,) -> (B, V) float32, the rows of the active block only: what the step loop reads,
-        without filling (P+G, V) rows it never looks at (at V = 49,152 that fill and the proposals
-        over every row cost ~10 ms a step)."""
+        without filling (P+G, V) rows it never looks at (at a large vocabulary that fill and a
+        proposal for every row would cost each step more than the rows it reads)."""
         return self._forward(x[None])[0]
 
     @torch.inference_mode()

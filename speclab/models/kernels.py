@@ -1,21 +1,20 @@
 """speclab's one native kernel: a bf16 linear layer for CPUs with AVX512-BF16 (bf16_linear.cpp).
 
-Batch-1 decoding is bound by how fast weights stream from memory. Measured on the 2-core CPU
-(torch 2.13, one thread): oneDNN's bf16 F.linear reads SmolLM2's LM head at 10-16 GB/s and its small
-layer matrices at ~20-30 GB/s, while this kernel streams the head at ~36 GB/s (a plain streaming
-read's rate) and the small matrices 3-4x faster, and costs little more for 5 rows than for 1.
+Batch-1 decoding is bound by how fast weights stream from memory. oneDNN's bf16 F.linear reads a
+one-row product's weight well below a plain streaming read's rate and pays a per-call cost on small
+matrices; this kernel streams a packed weight at the streaming-read rate and costs little more for
+5 rows than for 1 (docs/performance.md has the measured rates).
 
-It is built on first use with torch's C++ extension loader (g++ and ninja, ~30 s once, cached in
+It is built on first use with torch's C++ extension loader (g++ and ninja, once, cached in
 torch's extensions directory) and used only on CPUs that report avx512_bf16. Anywhere else, or if
 the build fails, `available()` is False and the lean forward keeps F.linear. SPECLAB_KERNELS=0 turns
 it off.
 
 On CPUs with AMX (Intel Sapphire Rapids and later) the product runs on AMX tiles instead: the
-AVX-512 loop is bound by its dot-product instructions from 2 rows on (one thread, a 3072 x 576
-matrix in cache: 6 rows 1.9x one row, 16 rows 5x), the tiles are not (1.0x, 1.5x). A whole SmolLM2
-forward of 16 tokens then costs ~1.3-1.8x one token instead of ~3x. Attention's scores and weighted
-sum of V run on the tiles too (a 12-token verify after 1,500 tokens: 16.0 -> 10.7 ms). SPECLAB_AMX=0
-keeps the loops.
+AVX-512 loop is bound by its dot-product instructions from 2 rows on, so its cost grows with the
+rows; a tile's product costs the same for up to 16 rows, so a verify of up to 16 tokens costs little
+more than one token's weight stream (docs/performance.md). Attention's scores and weighted sum of V
+run on the tiles too, which matters after a long context. SPECLAB_AMX=0 keeps the loops.
 
 How the kernel's threads wait for each other (between the steps of a layer): each spins for a
 bounded time, then sleeps in the kernel until the last thread wakes it, so that when the machine is
@@ -25,8 +24,8 @@ the two: scripts/busy_bench.py), SPECLAB_SPIN_US the spin before sleeping (defau
 `set_barrier` changes both in a running process. The outputs are the same bits either way.
 
 How many threads share a forward (`TeamSize`): beside a one-core hog on a 2-core machine a team
-of two waits for its descheduled member at every barrier, and one thread is about twice as fast
-as two (with no tail); on a quiet machine two are ~20% faster than one. So each lean model (one
+of two waits for its descheduled member at every barrier, so one thread beats two there, while on
+a quiet machine two beat one (BENCHMARKS.md, Busy machine). So each lean model (one
 LeanLM, its own TeamSize) chooses from the load: now and then it runs a few forwards at its team
 size and at the sizes next to it, interleaved, and keeps the fastest by median. SPECLAB_THREADS
 fixes the size (a number) or leaves the choice to the load ("auto", the default); the size is

@@ -12,7 +12,7 @@ zoo never trained on) and committed as JSONL, so every machine benchmarks the sa
                  template wraps each one), written by hand, so no draft trained on them
   chat-dev       60 more such questions, on other topics: the development split, to steer training
                  by (the trainers' dev score, scripts/head_agreement.py) while `chat` stays the test;
-                 no draft trained on them. The first 20 were the whole set before 2026-11-26.
+                 no draft trained on them.
 
 Prompts end at the colon, not after the newline: the byte-level BPE merges a newline with the
 indentation that follows ("\n   " is one token), so a prompt ending in a bare "\n" asks for the

@@ -43,7 +43,7 @@ class TrainConfig:
     seed: int = 0
     threads: int | None = None
     corpus: str = "stdlib"                               # or "stdlib+tests" (train side only)
-    bf16: bool = False  # measured: bf16 autocast is 2-3x slower than fp32 on this CPU
+    bf16: bool = False  # fp32 by default: bf16 autocast trains these small models slower on a CPU (docs/performance.md)
 
 
 def llama_config(tokenizer, shape: dict, max_positions: int = 512):

@@ -4,8 +4,8 @@ pick their checkpoint by.
 
 Why: the held-out rows of the training text (questions the target wrote itself) overstate what a
 drafter does on questions people write: a head's first guess agrees less often after hand-written
-questions than after the target's own, with the target as sure of its answers in both (BENCHMARKS.md,
-training text); the draft model shows the same gap.
+questions than after the target's own, with the target as sure of its answers in both (docs/training.md,
+the training text); the draft model shows the same gap.
 
   answers(base, tok, prompts, layers)   `ar` writes each answer (so each answer token IS the target's
                                         greedy token); with `layers`, the target's states over prompt +

@@ -7,7 +7,8 @@ DiffusionGemma's objective at this scale: the encoder reads the prompt; the deco
 answer's 8 slots with each replaced by a UNIFORM-RANDOM token with probability t ~ U(0, 1) (its
 canvas starts as noise, not masks) and predicts every clean slot (CE). Half of the batches first
 run once without gradient and feed their tempered logits back as self-conditioning, as the
-sampler does at every step after the first. Never in CI; the command and time are in the README.
+sampler does at every step after the first. Never in CI; the command and its result are in
+docs/training.md.
 """
 from __future__ import annotations
 

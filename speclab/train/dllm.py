@@ -6,7 +6,7 @@
 
 digits-dllm: the C.1 recipe (bidirectional, d=128, 4 layers, 4 heads, batch 128 half ADD half SUM,
 AdamW 1e-3, 200 warm-up steps then linear decay to 10%, 3000 steps); prompt never masked. The
-shipped model then ran 35 more minutes with `--resume --add-share 0.75` (see BENCHMARKS.md).
+shipped model adds 35 minutes of `--resume --add-share 0.75` (docs/training.md).
 code-dllm: AR-adapted (Dream / DiffuLLaMA style): starts from code-draft's weights, drops the
 causal mask and reads position i's prediction at i-1 (`speclab_shift`). Windows of the corpus
 (stdlib+tests, see speclab.train.corpus);

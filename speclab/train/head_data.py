@@ -34,7 +34,7 @@ def load_data(dirs: list[str]) -> dict:
                 data = load_rows(p) if data is None else merge(data, load_rows(p))
     if data is None:
         raise SystemExit(f"no training text in {dirs}: write it first with "
-                         "`speclab train smollm2-draft --gen-only` (see speclab/zoo/smollm2-draft/RECIPE.md)")
+                         "`speclab train smollm2-draft --gen-only` (docs/training.md has the commands)")
     return data
 
 

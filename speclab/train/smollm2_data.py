@@ -28,7 +28,7 @@ TOPK = 8
 TEMPLATE, QUESTION, ANSWER, CODE_PREFIX, CODE_GEN, CORPUS = 0, 1, 2, 3, 4, 5
 TRAINED_KINDS = (QUESTION, ANSWER, CODE_GEN, CORPUS)
 # CORPUS: stdlib text read by the target in one forward; its label is the target's argmax there,
-# not the next corpus token (prefill is ~5-10x cheaper per token than decoding on this CPU)
+# not the next corpus token (a forward over a window costs far less per token than decoding it)
 SOURCES = {"chat": 0, "code": 1, "corpus": 2}
 
 
@@ -119,7 +119,7 @@ def chat_prefix(tok) -> list[int]:
 
 
 # Openers for instruction-style questions. Left alone, SmolLM2's Magpie questions are mostly
-# first-person requests (443 of 690 in one run began "I'm" or "Can"), far from
+# first-person requests (most begin "I'm" or "Can"), far from
 # the instructions people type ("Explain ...", "Write a Python function ..."); the drafts and heads
 # trained on them agree about half as often on the bench's hand-written questions as on held-out
 # Magpie rows (the gap measured: see SEED_QUESTIONS below). Forcing the first word spreads them.
@@ -132,7 +132,7 @@ OPENERS = ("Explain", "Write", "Describe", "Give", "Create", "Generate", "List",
 # Self-instruct questions (--self-instruct), for the gap above: a drafter trained on Magpie questions
 # agrees less often with the target after hand-written questions than after the target's own,
 # although the target is as sure of its answers there (scripts/head_agreement.py measures the gap;
-# BENCHMARKS.md, training text). So the target is shown a numbered list of hand-written seed
+# docs/training.md, the training text). So the target is shown a numbered list of hand-written seed
 # questions and writes the next one (Self-Instruct's bootstrap, without its filtering model).
 SEED_QUESTIONS = Path(__file__).with_name("seed_questions.txt")
 # the chat prompt sets (test and dev) stay held out: a written question whose content words mostly

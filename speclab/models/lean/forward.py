@@ -40,14 +40,13 @@ class LeanLM:
         self.Hq, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.Hq
         self.eps = cfg.rms_norm_eps
-        # fp32: each weight is kept as (in, out) contiguous and applied as `x @ w`. Measured on the
-        # 2-core CPU (torch 2.13): fp32 F.linear on the usual (out, in) layout takes a slow path from
-        # 4 rows on (a k=4 verify: 15.3 ms against 9.9 ms for the whole target forward), yet is the
-        # fastest for 2-3 rows (7.1 ms against 9.4), so on a CPU the (out, in) copy is kept too and
-        # chosen for 2-3 rows. bf16 / fp16: F.linear on (out, in) for every row count, the fastest
-        # layout there (LM head of SmolLM2: 3.0 ms at 1 row, 3.9 ms at 16) and row for row the same
-        # result whatever the number of rows, so no second copy. bf16 on a CPU with AVX512-BF16:
-        # speclab's own kernel over a packed copy (speclab.models.kernels; 2-4x faster at 1-16 rows).
+        # fp32: each weight is kept as (in, out) contiguous and applied as `x @ w`, because fp32
+        # F.linear on the usual (out, in) layout takes a slow path on a CPU from 4 rows on (a
+        # verify); it is the fastest for 2-3 rows, so on a CPU the (out, in) copy is kept too and
+        # chosen for 2-3 rows (docs/performance.md). bf16 / fp16: F.linear on (out, in) for every
+        # row count, the fastest layout there and row for row the same result whatever the number
+        # of rows, so no second copy. bf16 on a CPU with AVX512-BF16: speclab's own kernel over a
+        # packed copy (speclab.models.kernels), faster than F.linear at every row count it takes.
         # The kernel's product adds no bias: a model with biases (Qwen2) runs its layers as torch
         # ops in bf16 too, F.linear adding each bias inside the product as transformers' nn.Linear
         # does (lean.archs.Arch.native). Its layer call computes plain Llama layers: any other delta
@@ -288,10 +287,10 @@ class LeanLM:
     def _attend(self, q, K, V, mask):
         """Attention (Hq, T, D) of q (Hq, T, D) over K, V (Hkv, S, D); mask (T, S) bool or None.
 
-        Up to MATMUL_ROWS query rows: two fp32 matmuls and a softmax. Measured on the 2-core CPU
-        (bf16, 9 / 3 heads, D = 64, 400 keys): 56-86 us a layer for one row, against 365-445 us for
-        scaled_dot_product_attention, whose flash kernel is built for many rows; just as accurate
-        (fp32 scores and sums). More rows (a long prompt's prefill): SDPA."""
+        Up to MATMUL_ROWS query rows: two fp32 matmuls and a softmax, several times faster than
+        scaled_dot_product_attention for a few rows (its flash kernel is built for many:
+        docs/performance.md) and just as accurate (fp32 scores and sums). More rows (a long
+        prompt's prefill): SDPA."""
         Hq, T, D = q.shape
         if T > MATMUL_ROWS:
             return F.scaled_dot_product_attention(q[None], K[None], V[None], attn_mask=mask,

@@ -22,9 +22,9 @@ SGLang do the same):
   torch.cuda.CUDAGraph and replayed; the host copies one small staging tensor in and reads the
   logits out, with no sync inside a forward. graphs="compile" captures the same graph over the step
   compiled by torch.compile (fullgraph, inductor's default mode: its fused kernels, not its own
-  graphs). On the first H200 run (BENCHMARKS.md, GPU) the plain step was ~25 kernels a layer, each a
-  few microseconds: at 135M that, not the weights' read, set the speed. Inductor's own
-  "reduce-overhead" graphs refused this step (the cache is a mutated input), so speclab captures.
+  graphs). The plain step is ~25 small kernels a layer, so on a small model their count, not the
+  weights' read, sets the speed (BENCHMARKS.md, GPU). Inductor's own "reduce-overhead" graphs
+  refuse this step (the cache is a mutated input), so speclab captures.
   Under graphs a capture set widens to every layer any call of
   this runner captured (a copy per layer inside the graph costs little), so layer-skip's rotating
   exit scores do not capture a graph per combination.

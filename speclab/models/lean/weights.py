@@ -77,7 +77,7 @@ def packed_matrices(model) -> list[torch.Tensor]:
     return [w.data for d in layers + [head] for w in d.values() if isinstance(w, kernels.Packed)]
 
 
-# Measured on this CPU (torch 2.13, oneDNN): a bf16 F.linear gives every row the same result
+# oneDNN's bf16 F.linear (torch 2.13, CPU) gives every row the same result
 # whatever the number of rows while the inner dimension is <= 768; at 1536 (SmolLM2's MLP down
 # projection) rows of a 2+ row call round differently from a 1-row call. The exact mode splits such
 # weights along the inner dimension and sums the parts in fp32, for every row count alike.

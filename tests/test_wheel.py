@@ -1,0 +1,231 @@
+"""A wheel built from the checkout installs and works like the source: every package folder, the
+package data (the zoo, the prompt sets, the kernel's source, the dashboard's examples), the console
+script and the bf16 CPU kernel's build, all from the installed copy.
+
+The wheel is built once per run (the `wheel` fixture) with `pip wheel --no-deps --no-build-isolation
+--no-index`, from a copy of the files the build reads, so nothing is downloaded and nothing is written
+into the checkout. The `installed` fixture installs it with --no-deps into a fresh venv whose
+site-packages holds a .pth line naming this interpreter's site-packages: torch, transformers and the
+rest come from there, speclab only from the wheel. A .pth line puts a folder on sys.path without
+running the .pth files inside it, so the checkout's editable install stays off in the fresh venv.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD_INPUTS = ("pyproject.toml", "README.md", "speclab", "widgets", "apps")
+# where each source folder lands in the installed copy (pyproject.toml's package-dir)
+INSTALLED_AS = {"speclab": "speclab", "widgets": "speclab/widgets", "apps": "speclab/apps"}
+ZOO_DATA = {".json", ".safetensors", ".txt", ".jinja"}
+
+
+def _installed(rel: Path) -> Path:
+    """A source path relative to the checkout -> its path relative to the installed site-packages."""
+    return Path(INSTALLED_AS[rel.parts[0]], *rel.parts[1:])
+
+
+def _clean_env(**extra: str) -> dict:
+    """The environment of the fresh venv's processes: nothing that points Python at the checkout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONNOUSERSITE"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Wheel:
+    path: Path
+    source: Path          # the copy of the checkout it was built from
+    log: str              # pip's and setuptools' output
+
+
+@dataclass
+class Installed:
+    venv: Path
+    python: Path
+    site: Path            # the fresh venv's site-packages, where the wheel went
+    work: Path            # a folder outside the checkout to run its processes in
+
+    def run(self, args: list, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(a) for a in args], cwd=self.work, env=_clean_env(**env),
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Wheel:
+    """The wheel of the checkout as it is now, built once per test run from a copy of the build's
+    inputs (an in-tree build would leave build/ and an egg-info in the checkout, and a stale
+    build/lib could slip old files into the wheel)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    src.mkdir()
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "checkpoint")
+    for name in BUILD_INPUTS:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=skip)
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    # stored, not deflated: the same files, without compressing the zoo's weights (they barely shrink)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "--config-settings=--build-option=--compression=stored",
+                           "-v", "-w", str(tmp / "dist"), str(src)],
+                          cwd=tmp, env=_clean_env(), capture_output=True, text=True, timeout=600)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    [path] = (tmp / "dist").glob("speclab-*.whl")
+    return Wheel(path, src, log)
+
+
+@pytest.fixture(scope="session")
+def installed(wheel, tmp_path_factory) -> Installed:
+    """`wheel` installed with --no-deps into a fresh venv that borrows this interpreter's
+    dependencies (no download), once per test run."""
+    tmp = tmp_path_factory.mktemp("installed")
+    venv, work = tmp / "venv", tmp / "work"
+    work.mkdir()
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    # installed before the .pth line exists, so pip sees an empty venv, not the checkout's editable speclab
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+                           "--no-compile", "-q", str(wheel.path)],
+                          cwd=work, env=_clean_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    where = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           cwd=work, env=_clean_env(), capture_output=True, text=True, check=True)
+    site_dir = Path(where.stdout.strip())
+    ours = [p for p in dict.fromkeys(site.getsitepackages() + [site.getusersitepackages()]) if os.path.isdir(p)]
+    (site_dir / "_speclab_test_deps.pth").write_text("".join(f"{p}\n" for p in ours))
+    return Installed(venv, python, site_dir, work)
+
+
+@pytest.fixture(scope="session")
+def imported(installed) -> dict:
+    """What `import speclab` in the fresh venv reports: where the package and the kernel's source
+    are, and whether this CPU runs the kernel."""
+    probe = installed.run([installed.python, "-c", "import json, speclab\n"
+                           "from speclab.models import kernels\n"
+                           "print(json.dumps({'speclab': speclab.__file__, 'kernel_source': str(kernels._SOURCE),"
+                           " 'cpu_has_bf16': kernels.cpu_has_bf16()}))"])
+    assert probe.returncode == 0, f"import speclab fails in the fresh venv:\n{probe.stderr[-4000:]}"
+    return json.loads(probe.stdout.strip().splitlines()[-1])
+
+
+def test_wheel_build_makes_no_data_folder_a_package(wheel):
+    """Data folders (the zoo's models, the dashboard's examples) ship as package data: setuptools has
+    no 'package would be ignored' / 'data as package' warning for them."""
+    for warning in ("would be ignored", "absent from the `packages` configuration", "as data is deprecated"):
+        assert warning not in wheel.log, f"the wheel build warns: {warning!r}"
+
+
+def test_speclab_imports_from_the_wheel_not_the_checkout(installed, imported):
+    """`import speclab` in the fresh venv finds the wheel's copy: the checkout's editable finder is not
+    active there."""
+    where = Path(imported["speclab"]).parent
+    assert where == installed.site / "speclab"
+    assert where.resolve().is_relative_to(installed.venv.resolve())
+
+
+def test_every_package_folder_of_the_source_is_installed(wheel, installed):
+    """Each folder with an __init__.py under speclab/, widgets/ and apps/ is in the installed copy with
+    all its modules: pyproject.toml lists the packages by hand, and this is the check on that list."""
+    packages, modules = [], []
+    for top in INSTALLED_AS:
+        for init in sorted((wheel.source / top).rglob("__init__.py")):
+            folder = _installed(init.parent.relative_to(wheel.source))
+            if not (installed.site / folder / "__init__.py").is_file():
+                packages.append(".".join(folder.parts))
+            modules += [str(m.relative_to(wheel.source)) for m in sorted(init.parent.glob("*.py"))
+                        if not (installed.site / _installed(m.relative_to(wheel.source))).is_file()]
+    assert not packages, f"add to [tool.setuptools] packages in pyproject.toml: {', '.join(packages)}"
+    assert not modules, f"modules missing from the wheel: {', '.join(modules)}"
+
+
+def _package_data(source: Path) -> dict[str, list[Path]]:
+    """The package data the wheel must hold, by what it is: source paths relative to the checkout."""
+    zoo = [p for p in (source / "speclab/zoo").rglob("*") if p.suffix in ZOO_DATA and "checkpoint" not in p.parts]
+    found = {"the kernel's source": (source / "speclab/models").glob("*.cpp"), "the zoo": zoo,
+             "the prompt sets": (source / "speclab/prompts").glob("*.jsonl"),
+             "the training seeds": (source / "speclab/train").glob("*.txt"),
+             "the dashboard's examples": (source / "apps/examples").glob("*.json")}
+    return {what: sorted(p.relative_to(source) for p in paths) for what, paths in found.items()}
+
+
+def test_package_data_is_installed(wheel, installed):
+    """The zoo's json / safetensors / txt / jinja, the prompt sets, the training seeds, the kernel's
+    .cpp and the dashboard's examples are installed whole (same size as the source)."""
+    data = _package_data(wheel.source)
+    for what, files in data.items():
+        assert files, f"the source has no files for {what}: the test's patterns are out of date"
+    assert Path("speclab/models/bf16_linear.cpp") in data["the kernel's source"]
+    assert any(p.suffix == ".safetensors" for p in data["the zoo"])
+    missing = [f"{what}: {rel}" for what, files in data.items() for rel in files
+               if not (installed.site / _installed(rel)).is_file()
+               or (installed.site / _installed(rel)).stat().st_size != (wheel.source / rel).stat().st_size]
+    assert not missing, "missing or different in the installed copy:\n" + "\n".join(missing)
+
+
+def test_zoo_training_logs_are_not_shipped(installed):
+    """The zoo's markdown (training logs) and training checkpoints stay out of the wheel."""
+    zoo = installed.site / "speclab" / "zoo"
+    assert zoo.is_dir()
+    assert not list(zoo.rglob("*.md")) and not list(zoo.rglob("checkpoint"))
+
+
+def test_console_script_lists_methods(installed):
+    """`speclab methods`, the installed console script, runs on the installed copy."""
+    done = installed.run([installed.venv / "bin" / "speclab", "methods"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[0] == "method" and any(line.split()[:1] == ["ar"] for line in lines), done.stdout
+
+
+def test_installed_kernel_source_is_where_kernels_looks(installed, imported):
+    """speclab.models.kernels builds bf16_linear.cpp from beside itself: that file is installed."""
+    source = Path(imported["kernel_source"])
+    assert source == installed.site / "speclab" / "models" / "bf16_linear.cpp"
+    assert source.is_file()
+
+
+KERNEL_CHECK = """
+import json, warnings, torch
+from speclab.models import kernels
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    mod = kernels.module()
+out = {"file": mod and mod.__file__, "warnings": [str(w.message) for w in caught]}
+if mod is not None:
+    torch.manual_seed(0)
+    W, x = torch.randn(100, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
+    y, ref = kernels.Packed(W)(x).float(), x.float() @ W.float().T
+    out["shape"], out["err"], out["scale"] = list(y.shape), float((y - ref).abs().max()), float(ref.abs().max())
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_installed_kernel_builds_and_runs(installed, imported, tmp_path):
+    """The bf16 CPU kernel builds from the installed .cpp and computes a linear layer. It builds into
+    a private extensions folder: a build of the same name from another source path would rewrite
+    torch's cached build files, and the checkout's next use would build its kernel again."""
+    if not imported["cpu_has_bf16"]:
+        pytest.skip("this CPU lacks AVX512-BF16: speclab does not build its kernel here "
+                    "(the installed .cpp is checked by test_installed_kernel_source_is_where_kernels_looks)")
+    # torch finds ninja on PATH: the one installed beside this interpreter
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    done = installed.run([installed.python, "-c", KERNEL_CHECK], timeout=900, PATH=path, SPECLAB_KERNELS="1",
+                         TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"))
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["file"], f"the kernel did not build from the installed copy: {out['warnings']}"
+    assert Path(out["file"]).is_relative_to(tmp_path)
+    assert out["shape"] == [3, 100] and out["err"] <= 0.02 * out["scale"]

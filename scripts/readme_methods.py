@@ -9,10 +9,10 @@ from speclab.decoding.registry import METHODS
 
 
 def table() -> str:
-    rows = ["| method | family | what drafts or commits | lossless |", "|---|---|---|---|"]
+    rows = ["| method | family | what drafts or commits | guarantee |", "|---|---|---|---|"]
     for m in METHODS.values():
         summary = m.summary.replace("|", "\\|")
-        rows.append(f"| `{m.name}` | {m.family} | {summary} | {'yes' if m.lossless else 'no'} |")
+        rows.append(f"| `{m.name}` | {m.family} | {summary} | {m.guarantee} |")
     return "\n".join(rows)
 
 

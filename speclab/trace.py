@@ -1,7 +1,7 @@
 """The trace: the contract between engines (which write it) and views (which read it).
 
-Schema "speclab.trace/1". Plain dataclasses, saved as JSON (never pickle), checked on load. One
-Trace holds one run of one engine:
+Schema "speclab.trace/2" (a /1 file loads: /2 only added fields with defaults). Plain
+dataclasses, saved as JSON (never pickle), checked on load. One Trace holds one run of one engine:
 
   speculative  `rounds`:   one Round per target forward (the AR baseline is a round with no draft)
   diffusion    `denoise`:  one DenoiseStep per model forward
@@ -11,6 +11,12 @@ Faithfulness: `replay(trace)` rebuilds the output token ids from the recorded ev
 `totals` holds the forwards the models really ran. Recording levels: "full" adds top-k
 distributions, "light" keeps tokens, p, q and decisions, None keeps totals and, per round, only
 the committed tokens (no per-node records), so replay works at every level.
+
+What any method decides beyond the engine's own loop is a `Decision` (policy, the input features it
+read, the threshold it compared them with, its output), kept on the round or step it shaped, so
+every view can show it without knowing the method. Draft nodes keep each acceptance rule's verdict
+(`verdicts`) beside the ruling one; a diffusion step keeps its `edits` (a committed token re-masked
+or rewritten); work that overlaps in time (drafting beside verifying) is drawn from `lanes`.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from typing import Any
 
 from speclab import metrics
 
-SCHEMA = "speclab.trace/1"
+SCHEMA = "speclab.trace/2"
 SCHEMA_NAME, SCHEMA_VERSION = SCHEMA.split("/")[0], int(SCHEMA.split("/")[1])
 RECORD_LEVELS = (None, "light", "full")
 # what a trace file may be, checked before the JSON is parsed: a 128-token run recorded "full" is
@@ -32,6 +38,7 @@ MAX_JSON_DEPTH = 64
 
 # decisions a draft node can get
 ACCEPTED, REJECTED, NOT_REACHED = "accepted", "rejected", "not_reached"
+MASK = -1                               # an Edit's token when the position is (or becomes) masked
 
 
 class TraceError(ValueError):
@@ -84,6 +91,44 @@ class Totals:
 
 
 @dataclass
+class Decision:
+    """One decision of a policy: what it read, what it compared with, what it chose. E.g. a stopping
+    rule at draft depth 3: policy "specdec++", inputs {"p_accept": 0.81, "p_any_reject": 0.42},
+    threshold 0.3, output "stop", at 3."""
+    policy: str
+    inputs: dict[str, Any] = field(default_factory=dict)   # feature -> number, string or short list
+    threshold: float | None = None
+    output: Any = None                  # the choice: "stop" / "go", a length, positions, a layer set, ...
+    at: int | None = None               # the draft depth, node or canvas position it concerns
+    note: str = ""
+
+
+@dataclass
+class Span:
+    """One stretch of work on a lane: seconds from the start of the decode."""
+    start_s: float
+    end_s: float
+    what: str                           # "draft", "verify", "pre-verify", ...
+    step: int                           # the round / denoising step it belongs to (0-based)
+
+
+@dataclass
+class Lane:
+    """A thread or stream of work; lanes overlap in time where drafting runs beside verifying."""
+    name: str
+    spans: list[Span] = field(default_factory=list)
+
+
+@dataclass
+class Edit:
+    """A diffusion step taking back (after == MASK) or rewriting a position it had committed."""
+    pos: int
+    before: int                         # the token there before (MASK: it was masked)
+    after: int                          # the token there after (MASK: re-masked)
+    reason: str = ""
+
+
+@dataclass
 class DraftNode:
     """One drafted token. parent = -1 means a child of the last committed token."""
     id: int
@@ -97,6 +142,7 @@ class DraftNode:
     u: float | None = None              # the uniform draw, where one was drawn
     rule: str = ""                      # the acceptance rule that decided
     try_order: int | None = None        # order in which siblings were tried
+    verdicts: dict[str, str] = field(default_factory=dict)  # rule -> its decision, where several rules judged
     q_topk: list[list[float]] | None = None   # [[token, prob], ...] with record="full"
     p_topk: list[list[float]] | None = None
 
@@ -114,7 +160,8 @@ class Round:
     residual_topk: list[list[float]] | None = None  # distribution the emitted token came from
     draft_s: float = 0.0
     verify_s: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)  # policy decisions: k, exit layer, ...
+    info: dict[str, Any] = field(default_factory=dict)  # facts about the round: k, exit layer, ...
+    decisions: list[Decision] = field(default_factory=list)   # what policies decided, with their inputs
 
     @property
     def tokens(self) -> list[int]:
@@ -142,6 +189,8 @@ class DenoiseStep:
     threshold_scale: str | None = None                  # what `threshold` measures (THRESHOLD_SCALES)
     tokens: list[int] = field(default_factory=list)     # generation-region tokens after the step
     info: dict[str, Any] = field(default_factory=dict)
+    edits: list[Edit] = field(default_factory=list)     # committed positions re-masked or rewritten
+    decisions: list[Decision] = field(default_factory=list)
 
 
 @dataclass
@@ -162,6 +211,7 @@ class Trace:
     engine: str                         # "speculative" | "diffusion" | "dag"
     method: str
     params: dict[str, Any] = field(default_factory=dict)
+    guarantee: str | None = None        # what the output is held to (decoding/guarantees.py); None: not recorded
     models: dict[str, ModelInfo] = field(default_factory=dict)   # role -> model
     sampling: Sampling = field(default_factory=Sampling)
     record: str | None = "light"
@@ -172,6 +222,7 @@ class Trace:
     rounds: list[Round] = field(default_factory=list)
     denoise: list[DenoiseStep] = field(default_factory=list)
     dag: DagRun | None = None
+    lanes: list[Lane] = field(default_factory=list)     # timing lanes where work overlapped (empty: one lane)
     schema: str = SCHEMA
 
     # -- JSON ------------------------------------------------------------------------------
@@ -192,7 +243,7 @@ class Trace:
         check_schema(d)
         try:
             return cls(
-                engine=d["engine"], method=d["method"], params=d.get("params", {}),
+                engine=d["engine"], method=d["method"], params=d.get("params", {}), guarantee=d.get("guarantee"),
                 models={k: ModelInfo(**v) for k, v in d.get("models", {}).items()},
                 sampling=Sampling(**d.get("sampling", {})), record=d.get("record"),
                 prompt_ids=list(d["prompt_ids"]), output_ids=list(d["output_ids"]),
@@ -201,6 +252,7 @@ class Trace:
                 rounds=[_round(r) for r in d.get("rounds", [])],
                 denoise=[_denoise(s) for s in d.get("denoise", [])],
                 dag=DagRun(**d["dag"]) if d.get("dag") else None,
+                lanes=[Lane(l["name"], [Span(**sp) for sp in l.get("spans", [])]) for l in d.get("lanes", [])],
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TraceError(f"corrupted trace: {e!r}; re-record it with `speclab run --trace`") from e
@@ -241,6 +293,7 @@ class Trace:
             ids.update(s.top1)
             ids.update(s.tokens)
             ids.update(s.committed_tokens)
+            ids.update(t for e in s.edits for t in (e.before, e.after) if t != MASK)
         if self.dag is not None:
             tops += self.dag.emissions_topk
             ids.update(t for out in self.dag.outputs.values() for t in out)
@@ -298,12 +351,15 @@ def check_schema(d: Any) -> None:
 def _round(r: dict) -> Round:
     r = dict(r)
     r["nodes"] = [DraftNode(**n) for n in r.get("nodes", [])]
+    r["decisions"] = [Decision(**x) for x in r.get("decisions", [])]
     return Round(**r)
 
 
 def _denoise(s: dict) -> DenoiseStep:
     s = dict(s)
     s["block"] = tuple(s["block"])
+    s["edits"] = [Edit(**e) for e in s.get("edits", [])]
+    s["decisions"] = [Decision(**x) for x in s.get("decisions", [])]
     return DenoiseStep(**s)
 
 
@@ -319,14 +375,19 @@ def replay(trace: Trace) -> list[int]:
 
 
 def _replay_denoise(trace: Trace) -> list[int]:
-    """Fill the canvas with every committed position's token (its proposal, unless the step lists
-    the committed tokens), step by step."""
+    """Fill the canvas step by step: first the step's edits (a committed position re-masked or
+    rewritten), then every committed position's token (its proposal, unless the step lists the
+    committed tokens)."""
     canvas: list[int | None] = [None] * int(trace.params.get("gen_length", 0))
-    for s in trace.denoise:
+    for i, s in enumerate(trace.denoise):
+        for e in s.edits:
+            if canvas[e.pos] != (None if e.before == MASK else e.before):
+                raise TraceError(f"step {i + 1} edits position {e.pos} from {e.before}, but it holds {canvas[e.pos]}")
+            canvas[e.pos] = None if e.after == MASK else e.after
         proposed = dict(zip(s.committed, s.committed_tokens)) if s.committed_tokens else dict(zip(s.masked, s.top1))
         for pos in s.committed:
             if canvas[pos] is not None:
-                raise TraceError(f"position {pos} committed twice (a diffusion trace never re-commits)")
+                raise TraceError(f"position {pos} committed while it holds a token (re-mask it first: an Edit)")
             canvas[pos] = proposed[pos]
     out = _strip_after_eos(canvas, trace.params.get("eos_id"))
     if None in out:

@@ -48,6 +48,18 @@ def test_accept_prob_exact():
     assert accept_prob(0.3, None) == pytest.approx(0.3)       # point mass: q(x) = 1
 
 
+def test_a_token_the_target_cannot_emit_is_never_accepted():
+    """p(x) = 0 rejects before q is looked at (q(x) = 0 once made it 1); q(x) = 0 with p(x) > 0 accepts;
+    u = 0.0, which torch.rand can return, does not accept an impossible token either."""
+    from speclab.decoding.acceptance import accepts, speculative_sampling_chain
+    assert accept_prob(0.0, 0.0) == 0.0 and accept_prob(0.0, None) == 0.0 and accept_prob(0.0, 0.5) == 0.0
+    assert accept_prob(0.4, 0.0) == 1.0
+    assert not accepts(0.0, 0.0, 0.3) and accepts(0.0, 0.1, 0.3)
+    n, tok, _ = speculative_sampling_chain([1], torch.tensor([[1., 0.]]), torch.tensor([[1., 0.], [1., 0.]]),
+                                           torch.tensor([.5]), None)
+    assert (n, tok) == (0, 0)
+
+
 def test_residual_and_remove_token():
     p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.6, 0.2])
     assert torch.allclose(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))

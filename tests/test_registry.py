@@ -36,8 +36,8 @@ class EchoDrafter(Drafter):
         return DraftTree()
 
 
-TOY = Method("toy-echo", "model-free", "speculative", True, "a test's toy: repeat what followed the last token",
-             EchoDrafter, batchable=True)
+TOY = Method(name="toy-echo", family="model-free", engine="speculative", guarantee="identical-to-ar",
+             summary="a test's toy: repeat what followed the last token", drafter=EchoDrafter, batchable=True)
 
 
 @pytest.fixture
@@ -89,7 +89,8 @@ def test_a_registered_method_runs_in_a_batch(toy, target):
 
 
 def test_a_method_not_marked_batchable_is_refused_in_a_batch(target):
-    with registered(Method("toy-alone", "model-free", "speculative", True, "", EchoDrafter)):
+    with registered(Method(name="toy-alone", family="model-free", engine="speculative", guarantee="identical-to-ar",
+                           summary="", drafter=EchoDrafter)):
         with pytest.raises(ValueError, match="'toy-alone' does not run in a batch yet"):
             speclab.generate(target, ["a", "b"], "toy-alone", max_new_tokens=2)
 
@@ -112,8 +113,12 @@ def test_a_registered_method_is_on_the_dashboards_form_at_its_defaults(toy):
 
 def test_a_bad_row_is_refused_with_one_line():
     with pytest.raises(ValueError, match="EchoDrafter takes no \\['draft_model'\\]"):
-        registry.register(Method("toy-bad", "model-free", "speculative", True, "", EchoDrafter,
-                                 {"draft_model": registry.the_draft}))
+        registry.register(Method(name="toy-bad", family="model-free", engine="speculative",
+                                 guarantee="identical-to-ar", summary="", drafter=EchoDrafter,
+                                 inputs={"draft_model": registry.the_draft}))
+    with pytest.raises(ValueError, match="guarantee must be one of"):
+        registry.register(Method(name="toy-vague", family="model-free", engine="speculative", guarantee="mostly",
+                                 summary="", drafter=EchoDrafter))
     with pytest.raises(ValueError, match="already registered"):
         registry.register(get_method("ar"))
     assert "toy-bad" not in registry.METHODS

@@ -84,10 +84,21 @@ def remove_token(p: torch.Tensor, x: int) -> torch.Tensor:
 
 
 def accept_prob(p_x: float, q_x: float | None) -> float:
-    """min(1, p(x) / q(x)); q(x) = None means a point-mass draft (q(x) = 1)."""
+    """min(1, p(x) / q(x)); q(x) = None means a point-mass draft (q(x) = 1). A token the target
+    cannot emit (p(x) = 0) is never accepted, whatever q says; one the draft gave no mass (q(x) = 0,
+    a draft that emitted it anyway) always is where p(x) > 0."""
+    if p_x <= 0:
+        return 0.0
     if q_x is None:
         return min(1.0, p_x)
     return 1.0 if q_x <= 0 else min(1.0, p_x / q_x)
+
+
+def accepts(u: float, p_x: float, q_x: float | None) -> bool:
+    """The speculative-sampling test u <= min(1, p(x)/q(x)) for u ~ U[0, 1), never true where
+    p(x) = 0 (u can be exactly 0)."""
+    a = accept_prob(p_x, q_x)
+    return a > 0 and u <= a
 
 
 def greedy_chain(draft: list[int], target_argmax: list[int]) -> tuple[int, int]:
@@ -105,7 +116,7 @@ def speculative_sampling_chain(draft: list[int], q: torch.Tensor, p: torch.Tenso
     Returns (n accepted, emitted token, distribution it was drawn from).
     """
     for i, x in enumerate(draft):
-        if u[i].item() > accept_prob(p[i, x].item(), q[i, x].item()):
+        if not accepts(u[i].item(), p[i, x].item(), q[i, x].item()):
             r = residual(p[i], q[i])
             return i, int(sample(r, gen)), r
     return len(draft), int(sample(p[len(draft)], gen)), p[len(draft)]
@@ -113,12 +124,16 @@ def speculative_sampling_chain(draft: list[int], q: torch.Tensor, p: torch.Tenso
 
 @dataclass
 class Tried:
-    """One sibling tried at one node of the walk."""
+    """One sibling tried at one node of the walk. A rule other than `exact` also says what the exact
+    rule would have decided there (`exact`), the features it read (`inputs`) and its threshold."""
     node: int
     accepted: bool
     u: float | None
     p_x: float
     q_x: float | None
+    exact: bool | None = None
+    inputs: dict | None = None
+    threshold: float | None = None
 
 
 def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_at, sampler: Sampler,
@@ -154,7 +169,7 @@ def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_a
             x = tokens[c]
             p_x, q_x = p[x].item(), (q[x].item() if q is not None else None)
             u = draw()
-            ok = u <= accept_prob(p_x, q_x)
+            ok = accepts(u, p_x, q_x)
             tries.append(Tried(c, ok, u, p_x, q_x))
             if ok:
                 nxt = c

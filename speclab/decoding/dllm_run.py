@@ -9,6 +9,7 @@ from speclab.decoding.dgemma import DGemmaSampler, canvas_length, dgemma_decode,
 from speclab.decoding.diffusion import check_shape, denoise
 from speclab.decoding.dllm_policies import POLICIES, FreeDave
 from speclab.decoding.freedave import freedave
+from speclab.decoding.registry import get_method
 from speclab.models.loading import as_model, chat_prompt, encode_prompt, model_info, token_table
 from speclab.trace import RECORD_LEVELS, Sampling, Trace
 
@@ -29,7 +30,8 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     gen_length = gen_length if gen_length is not None else (max_new_tokens or 64)
     known = [f.name for f in fields(POLICIES[method])]
     noise_only = [f.name for f in fields(DGemmaSampler) if f.name not in known]
-    if set(params) - set(known) - set(noise_only) or (set(params) & set(noise_only) and method != "dllm-entropy-bound"):
+    noise_canvas = get_method(method).noise_canvas          # the sampler that also runs DiffusionGemma's canvas
+    if set(params) - set(known) - set(noise_only) or (set(params) & set(noise_only) and not noise_canvas):
         raise ValueError(f"{method} does not take {sorted(set(params) - set(known))}; it takes "
                          f"gen_length, block_length, eos_stop, {', '.join(known)}")
     model, tok = as_model(target, device, dtype)
@@ -52,7 +54,7 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     new, steps, totals = run(den, ids, policy, gen_length, block_length, temperature, seed, record,
                                  tok.eos_token_id, eos_stop, progress)
     seen = ids + new + [den.mask_id] + [t for s in steps for t in s.top1 + s.committed_tokens]
-    trace = Trace(engine="diffusion", method=method,
+    trace = Trace(engine="diffusion", method=method, guarantee=get_method(method).guarantee,
                   params=dict(params, gen_length=gen_length, block_length=block_length or gen_length,
                               eos_stop=eos_stop, eos_id=tok.eos_token_id, mask_id=den.mask_id,
                               policy=type(policy).__name__, **({"chat": True} if chat else {}),
@@ -68,7 +70,7 @@ def _run_dgemma(model, tok, prompt, method, gen_length, block_length, temperatur
                 params) -> Trace:
     """DiffusionGemma: its own sampler (entropy bound, re-noising, temperature schedule, stop rule)."""
     L = canvas_length(model)
-    if method != "dllm-entropy-bound":
+    if not get_method(method).noise_canvas:
         raise ValueError(f"DiffusionGemma denoises a canvas of random tokens, not masks: {method} needs a mask-based "
                          "dLLM; decode it with dllm-entropy-bound (its own sampler)")
     if block_length not in (None, L):
@@ -83,7 +85,7 @@ def _run_dgemma(model, tok, prompt, method, gen_length, block_length, temperatur
     new, steps, totals = dgemma_decode(model, ids, sampler, gen_length, seed, record, tok.eos_token_id, progress)
     pad = int(model.config.get_text_config().pad_token_id or 0)
     seen = ids + new + [pad] + [t for s in steps for t in s.top1 + s.tokens]
-    return Trace(engine="diffusion", method=method,
+    return Trace(engine="diffusion", method=method, guarantee=get_method(method).guarantee,
                  params=dict(params, gen_length=gen_length, block_length=L, eos_stop=True, eos_id=tok.eos_token_id,
                              mask_id=pad, policy="DGemmaSampler", canvas="noise", **({"chat": True} if chat else {})),
                  models={"target": model_info(model, getattr(model, "name_or_path", "target"))},

@@ -1,16 +1,20 @@
 """Every decoding method by name, one row each: what it is, what it needs, and how the engines and
 front ends treat it.
 
-A speculative method is its drafter class plus one `Method` row. Its parameters and their defaults
-are the drafter constructor's own (read with `inspect`, through `**kw` into the base classes), so
-they are written once, where they run. The row declares the rest: what the constructor receives from
-the run (`inputs`: the target, the draft), the draft it needs and the zoo's draft for each target
-(`draft`), whether it runs in a batch (`batchable`), whether it drafts trees (`tree`: its budget is a
-verify's row count), whether the cost gate wraps it (`adaptive`: a predicate on its parameters), and
-any work before the run (`setup`: the oracle decodes the answer it drafts). Every caller (the API,
-the CLI, the bench, a batch, the dashboard's form) reads these rows and nothing else, so a new
-drafter is one file plus one row, and `register()` adds one at run time (a user's own, a test's).
-Diffusion and DAG methods take their parameters from a config dataclass (`config`) the same way.
+A speculative method is its drafter class plus one `Method` row, written with keywords. Its
+parameters and their defaults are the drafter constructor's own (read with `inspect`, through `**kw`
+into the base classes), so they are written once, where they run. The row declares the rest: what
+it guarantees (`guarantee`, one of GUARANTEES; `guarantee()` combines it with the run's acceptance
+rule), what the constructor receives from the run (`inputs`: the target as `target_model`, the draft
+as `draft`), the draft it needs and the zoo's draft for each target (`draft`), whether it runs in a
+batch (`batchable`), whether it drafts trees (`tree`: its budget is a verify's row count), whether
+the cost gate wraps it (`adaptive`: a predicate on its parameters), and any work before the run
+(`setup`: the oracle decodes the answer it drafts). Every caller (the API, the CLI, the bench, a
+batch, the dashboard's form) reads these rows and nothing else, so a new drafter is one file plus
+one row, and `register()` adds one at run time (a user's own, a test's). Diffusion and DAG methods
+take their parameters from a config dataclass (`config`) the same way, and declare their facts:
+a DAG row its decoding `strategy`, a diffusion row whether it runs on a noise canvas
+(`noise_canvas`: DiffusionGemma's sampler).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import Callable
 
 from speclab.decoding.dag import DecodeConfig
 from speclab.decoding.dllm_policies import POLICIES
+from speclab.decoding.guarantees import GUARANTEES, LOSSLESS, check, weakest  # noqa: F401 (re-exported)
 from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
 from speclab.decoding.drafters.heads import EagleChainDrafter, EagleDrafter, MedusaDrafter
 from speclab.decoding.drafters.lookahead import LookaheadDrafter
@@ -28,6 +33,7 @@ from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixDrafter,
 from speclab.decoding.drafters.model import DraftModelDrafter, LayerSkipDrafter
 from speclab.decoding.drafters.oracle import OracleDrafter
 from speclab.decoding.drafters.recycling import RecyclingDrafter
+from speclab.decoding.drafters.rsd import RSDDrafter
 from speclab.decoding.drafters.trees import DynamicTreeDrafter, StaticTreeDrafter
 from speclab.decoding.speculative import Drafter
 
@@ -59,13 +65,13 @@ def vocabulary_of_target(target, draft):
     return SuffixHistory.key_of(target)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Method:
     name: str
     family: str                     # autoregressive | speculative | self-speculative | model-free | ... | dag | diffusion
     engine: str                     # speculative | diffusion | dag
-    lossless: bool
-    summary: str
+    guarantee: str                  # a key of decoding/guarantees.GUARANTEES, under the exact rule
+    summary: str                    # what it does, naming its paper
     drafter: type | None = None     # speculative: the Drafter class; its constructor's parameters are the method's
     inputs: dict = field(default_factory=dict)   # constructor parameter -> f(target, draft): filled by the run
     draft: Draft | None = None      # the draft it needs (None: none)
@@ -77,6 +83,13 @@ class Method:
     sampling: bool = True           # takes the run's temperature (False: greedy only, or the method ignores it)
     config: type | None = None      # diffusion / dag: the dataclass whose fields are its parameters
     run_params: tuple = ()          # diffusion / dag: parameters of the run, before the config's
+    strategy: str | None = None     # dag: the decoding strategy (decoding/dag.py DECODERS, or "all")
+    rule: str = "exact"             # speculative: the acceptance rule a run takes unless it names one
+    noise_canvas: bool = False      # diffusion: DiffusionGemma's sampler over a canvas of random tokens
+
+    @property
+    def lossless(self) -> bool:
+        return self.guarantee in LOSSLESS
 
     @property
     def needs_draft(self) -> bool:
@@ -109,7 +122,7 @@ def decode_reference(params: dict, ar) -> dict:
 
 def constructor_params(cls) -> dict[str, inspect.Parameter]:
     """A class's constructor parameters by name, in order, following `**kw` into the base classes'
-    constructors (DraftModelDrafter(draft_model, backend, vocab, **kw) takes ChainDrafter's k, ...)."""
+    constructors (DraftModelDrafter(draft, backend, vocab, **kw) takes ChainDrafter's k, ...)."""
     out: dict[str, inspect.Parameter] = {}
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
@@ -126,7 +139,8 @@ def constructor_params(cls) -> dict[str, inspect.Parameter]:
     return out
 
 
-TARGET_AND_HEAD = {"target_model": the_target, "head": the_draft}
+TARGET_AND_DRAFT = {"target_model": the_target, "draft": the_draft}
+DRAFT = {"draft": the_draft}
 METHODS: dict[str, Method] = {}
 
 
@@ -136,6 +150,7 @@ def register(method: Method) -> Method:
     if method.name in METHODS:
         raise ValueError(f"a method named {method.name!r} is already registered: unregister it first or pick "
                          "another name")
+    check(f"method {method.name!r}", method.guarantee)
     if method.engine == "speculative" and not (isinstance(method.drafter, type) and issubclass(method.drafter, Drafter)):
         raise ValueError(f"method {method.name!r}: drafter must be a Drafter subclass, got {method.drafter!r}")
     if method.drafter is not None:
@@ -162,53 +177,61 @@ def registered(method: Method):
         unregister(method.name)
 
 
+AR = "identical-to-ar"
 for _m in [
-    Method("ar", "autoregressive", "speculative", True, "plain autoregressive decoding (the reference)",
-           Drafter, batchable=True),
-    Method("draft-model", "speculative", "speculative", True,
-           "a separate draft LM proposes k tokens (fixed, threshold or heuristic length)",
-           DraftModelDrafter, {"draft_model": the_draft}, DRAFT_LM, batchable=True,
+    Method(name="ar", family="autoregressive", engine="speculative", guarantee=AR,
+           summary="plain autoregressive decoding (the reference)", drafter=Drafter, batchable=True),
+    Method(name="draft-model", family="speculative", engine="speculative", guarantee=AR,
+           summary="a separate draft LM proposes k tokens, fixed, threshold or heuristic length "
+                   "(Leviathan et al. 2023; Chen et al. 2023)",
+           drafter=DraftModelDrafter, inputs=DRAFT, draft=DRAFT_LM, batchable=True,
            adaptive=lambda p: p["threshold"] is not None or p["schedule"] != "fixed"),
-    Method("layer-skip", "self-speculative", "speculative", True,
-           "the target's first L layers draft through its own head (exit fixed or auto)",
-           LayerSkipDrafter, {"target_model": the_target}, adaptive=lambda p: p["exit_layer"] == "auto"),
-    Method("prompt-lookup", "model-free", "speculative", True,
-           "copy what followed the last n-gram's previous occurrence",
-           PromptLookupDrafter, batchable=True, adaptive=lambda p: p["grow"] > 0),
-    Method("suffix", "model-free", "speculative", True,
-           "suffix automaton over prompt, output and the caller's earlier requests (SuffixDecoding)",
-           SuffixDrafter, {"key": vocabulary_of_target}, batchable=True, adaptive=lambda p: True,
+    Method(name="layer-skip", family="self-speculative", engine="speculative", guarantee=AR,
+           summary="the target's first L layers draft through its own head, exit fixed or auto (LayerSkip; "
+                   "Draft & Verify)",
+           drafter=LayerSkipDrafter, inputs={"target_model": the_target}, adaptive=lambda p: p["exit_layer"] == "auto"),
+    Method(name="prompt-lookup", family="model-free", engine="speculative", guarantee=AR,
+           summary="copy what followed the last n-gram's previous occurrence (prompt lookup decoding)",
+           drafter=PromptLookupDrafter, batchable=True, adaptive=lambda p: p["grow"] > 0),
+    Method(name="suffix", family="model-free", engine="speculative", guarantee=AR,
+           summary="suffix automaton over prompt, output and the caller's earlier requests (SuffixDecoding)",
+           drafter=SuffixDrafter, inputs={"key": vocabulary_of_target}, batchable=True, adaptive=lambda p: True,
            aliases={"k": "max_k"}),
-    Method("oracle", "model-free", "speculative", True,
-           "drafts the next k tokens of the known answer (ar's, decoded first): the ceiling a perfect draft of "
-           "length k reaches", OracleDrafter, setup=decode_reference),
-    Method("recycling", "model-free", "speculative", True,
-           "Token Recycling: top-k successor matrix refreshed by every verify", RecyclingDrafter, batchable=True),
-    Method("lookahead", "model-free", "speculative", True,
-           "Jacobi lookahead branch feeding an n-gram pool (Lookahead decoding)", LookaheadDrafter, batchable=True,
-           aliases={"k": "window"}),
-    Method("tree-static", "speculative-tree", "speculative", True,
-           "a fixed expansion pattern over the draft's top-k (Medusa / SpecInfer)",
-           StaticTreeDrafter, {"draft_model": the_draft}, DRAFT_LM, batchable=True, tree=True),
-    Method("tree-dynamic", "speculative-tree", "speculative", True,
-           "grow the tree by cumulative draft probability under a node budget (EAGLE-2 / DySpec)",
-           DynamicTreeDrafter, {"draft_model": the_draft}, DRAFT_LM, batchable=True, tree=True),
-    Method("eagle", "feature-head", "speculative", True,
-           "EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE head)",
-           EagleDrafter, TARGET_AND_HEAD, EAGLE_HEAD, tree=True),
-    Method("eagle-chain", "feature-head", "speculative", True,
-           "EAGLE: the head drafts a chain of k tokens from the target's hidden state (draft: an EAGLE head)",
-           EagleChainDrafter, TARGET_AND_HEAD, EAGLE_HEAD),
-    Method("eagle3", "feature-head", "speculative", True,
-           "EAGLE-2's tree from an EAGLE-3 drafter in the layout vLLM, SGLang and speculators use (draft: its "
-           "directory, speculators or SpecForge)", Eagle3Drafter, {"target_model": the_target, "draft": the_draft},
-           EAGLE3_DRAFTER, tree=True),
-    Method("eagle3-chain", "feature-head", "speculative", True,
-           "an EAGLE-3 drafter (speculators / SpecForge layout) drafts a chain of k tokens, as vLLM does",
-           Eagle3ChainDrafter, {"target_model": the_target, "draft": the_draft}, EAGLE3_DRAFTER),
-    Method("medusa", "feature-head", "speculative", True,
-           "Medusa-1: K heads on the last hidden state, a static tree of top-k products (draft: Medusa heads)",
-           MedusaDrafter, {"target_model": the_target, "heads": the_draft}, MEDUSA_HEADS, tree=True),
+    Method(name="oracle", family="model-free", engine="speculative", guarantee=AR,
+           summary="drafts the next k tokens of the known answer (ar's, decoded first): the ceiling a perfect "
+                   "draft of length k reaches", drafter=OracleDrafter, setup=decode_reference),
+    Method(name="recycling", family="model-free", engine="speculative", guarantee=AR,
+           summary="Token Recycling: top-k successor matrix refreshed by every verify", drafter=RecyclingDrafter,
+           batchable=True),
+    Method(name="lookahead", family="model-free", engine="speculative", guarantee=AR,
+           summary="Jacobi lookahead branch feeding an n-gram pool (Lookahead decoding)", drafter=LookaheadDrafter,
+           batchable=True, aliases={"k": "window"}),
+    Method(name="tree-static", family="speculative-tree", engine="speculative", guarantee=AR,
+           summary="a fixed expansion pattern over the draft's top-k (Medusa / SpecInfer)",
+           drafter=StaticTreeDrafter, inputs=DRAFT, draft=DRAFT_LM, batchable=True, tree=True),
+    Method(name="tree-dynamic", family="speculative-tree", engine="speculative", guarantee=AR,
+           summary="grow the tree by cumulative draft probability under a node budget (EAGLE-2 / DySpec)",
+           drafter=DynamicTreeDrafter, inputs=DRAFT, draft=DRAFT_LM, batchable=True, tree=True),
+    Method(name="tree-rsd", family="speculative-tree", engine="speculative", guarantee=AR,
+           summary="siblings drawn without replacement (Gumbel-Top-k) from the draft, verified by recursive "
+                   "rejection against q renormalised without the earlier siblings (RSD, Jeon et al. 2024)",
+           drafter=RSDDrafter, inputs=DRAFT, draft=DRAFT_LM, tree=True, rule="rsd"),
+    Method(name="eagle", family="feature-head", engine="speculative", guarantee=AR,
+           summary="EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE "
+                   "head)", drafter=EagleDrafter, inputs=TARGET_AND_DRAFT, draft=EAGLE_HEAD, tree=True),
+    Method(name="eagle-chain", family="feature-head", engine="speculative", guarantee=AR,
+           summary="EAGLE: the head drafts a chain of k tokens from the target's hidden state (draft: an EAGLE "
+                   "head)", drafter=EagleChainDrafter, inputs=TARGET_AND_DRAFT, draft=EAGLE_HEAD),
+    Method(name="eagle3", family="feature-head", engine="speculative", guarantee=AR,
+           summary="EAGLE-2's tree from an EAGLE-3 drafter in the layout vLLM, SGLang and speculators use (draft: "
+                   "its directory, speculators or SpecForge)", drafter=Eagle3Drafter, inputs=TARGET_AND_DRAFT,
+           draft=EAGLE3_DRAFTER, tree=True),
+    Method(name="eagle3-chain", family="feature-head", engine="speculative", guarantee=AR,
+           summary="an EAGLE-3 drafter (speculators / SpecForge layout) drafts a chain of k tokens, as vLLM does",
+           drafter=Eagle3ChainDrafter, inputs=TARGET_AND_DRAFT, draft=EAGLE3_DRAFTER),
+    Method(name="medusa", family="feature-head", engine="speculative", guarantee=AR,
+           summary="Medusa-1: K heads on the last hidden state, a static tree of top-k products (draft: Medusa "
+                   "heads)", drafter=MedusaDrafter, inputs=TARGET_AND_DRAFT, draft=MEDUSA_HEADS, tree=True),
 ]:
     register(_m)
 
@@ -223,8 +246,8 @@ DAG_SUMMARY = {
     "all": "every DAG strategy on the same graph in one trace",
 }
 for _s, _d in DAG_SUMMARY.items():
-    register(Method(f"dag-{_s}", "dag", "dag", _s != "sample", _d, sampling=_s in ("sample", "all"),
-                    config=DecodeConfig))
+    register(Method(name=f"dag-{_s}", family="dag", engine="dag", guarantee="deterministic", summary=_d,
+                    sampling=_s in ("sample", "all"), config=DecodeConfig, strategy=_s))
 
 
 DLLM_SUMMARY = {
@@ -239,12 +262,33 @@ DLLM_SUMMARY = {
 }
 DLLM_RUN_PARAMS = ("gen_length", "block_length", "eos_stop")
 for _n, _d in DLLM_SUMMARY.items():
-    # FreeDave is lossless against greedy one-token-per-step decoding only: it refuses a temperature
-    register(Method(_n, "diffusion", "diffusion", _n == "dllm-freedave", _d, sampling=_n != "dllm-freedave",
-                    config=POLICIES[_n], run_params=DLLM_RUN_PARAMS))
+    # FreeDave is lossless against greedy one-token-per-step decoding only: it refuses a temperature;
+    # the others commit several tokens a step where one-per-step decoding would commit one
+    register(Method(name=_n, family="diffusion", engine="diffusion", summary=_d,
+                    guarantee="identical-to-one-per-step" if _n == "dllm-freedave" else "lossy",
+                    sampling=_n != "dllm-freedave", config=POLICIES[_n], run_params=DLLM_RUN_PARAMS,
+                    noise_canvas=_n == "dllm-entropy-bound"))
 
 
-def get_method(name: str) -> Method:
+def guarantee(method: str, rule: str | None = None, params: dict | None = None) -> str:
+    """What a run of `method` under acceptance `rule` (None: the method's own) keeps: the weaker of
+    the method's and the rule's guarantees (a lossy rule makes any method lossy). A method whose
+    drafts its own rule alone keeps lossless (tree-rsd) keeps nothing under another."""
+    from speclab.decoding.rules import get_rule
+    m = get_method(method)
+    if m.engine != "speculative":
+        return m.guarantee
+    rule = rule or m.rule
+    if rule != m.rule and m.rule != "exact":
+        return "lossy"
+    return weakest(m.guarantee, get_rule(rule).guarantee)
+
+
+def get_method(name: str | Method) -> Method:
+    """A method's row by name; a row passes through, so a caller that has looked it up hands the row
+    to the helpers below (method_params, paired_draft, build_drafter) instead of its name."""
+    if isinstance(name, Method):
+        return name
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(METHODS)}")
     return METHODS[name]
@@ -264,7 +308,7 @@ def _knobs(m: Method) -> dict:
     return out | {alias: None for alias in m.aliases}
 
 
-def method_params(name: str) -> list[str]:
+def method_params(name: str | Method) -> list[str]:
     return list(_knobs(get_method(name)))
 
 
@@ -274,7 +318,7 @@ def method_defaults(name: str) -> dict:
     return _knobs(get_method(name))
 
 
-def build_drafter(name: str, target, draft, params: dict, backend: str = "auto") -> Drafter:
+def build_drafter(name: str | Method, target, draft, params: dict, backend: str = "auto") -> Drafter:
     """A new drafter for one run of a speculative method: the constructor gets the caller's
     parameters (aliases resolved), what the row's `inputs` take from the run, and the run's backend;
     the cost gate wraps it when the row says so."""
@@ -294,7 +338,7 @@ def build_drafter(name: str, target, draft, params: dict, backend: str = "auto")
     return gated(drafter, params.get("gate", "auto"), m.adaptive(values))
 
 
-def paired_draft(target, method: str) -> str | None:
+def paired_draft(target, method: str | Method) -> str | None:
     """The zoo's draft for `method` on a target given by name (None if there is none, or none installed)."""
     from speclab.models.zoo import ZOO_DIR
     m = get_method(method)
@@ -324,7 +368,9 @@ def takes_backend(name: str) -> bool:
 
 
 def methods() -> list[dict]:
-    """One row per method: name, family, lossless, needs_draft, batchable, tree, params, summary."""
-    return [dict(name=m.name, family=m.family, lossless=m.lossless, needs_draft=m.needs_draft,
+    """One row per method: name, family, engine, guarantee, lossless, needs_draft, batchable, tree,
+    params, summary."""
+    return [dict(name=m.name, family=m.family, engine=m.engine, guarantee=m.guarantee, lossless=m.lossless,
+                 needs_draft=m.needs_draft,
                  batchable=m.batchable, tree=m.tree, params=method_params(m.name), summary=m.summary)
             for m in METHODS.values()]

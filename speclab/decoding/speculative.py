@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
 from speclab.decoding.acceptance import Sampler, greedy_ids, walk_tree, warp
+from speclab.decoding.rules import get_rule
+from speclab.decoding.rules import rule_params as resolve_rule_params
 from speclab.decoding.tree import DraftTree
 from speclab.models.geometry import is_chain
-from speclab.models.hf import CausalLM
 from speclab.models.loading import token_table
-from speclab.trace import ACCEPTED, NOT_REACHED, REJECTED, DraftNode, Round, Sampling, Totals, Trace
+from speclab.models.protocol import TargetLM
+from speclab.trace import ACCEPTED, NOT_REACHED, REJECTED, Decision, DraftNode, Round, Sampling, Totals, Trace
 
 TOPK_RECORD = 5
 
@@ -83,7 +86,7 @@ class Drafter:
     def __init__(self):
         self.forwards = 0               # draft model calls (0 for model-free drafters)
 
-    def begin(self, ctx: Context, target: CausalLM, sampler: Sampler, gen: torch.Generator,
+    def begin(self, ctx: Context, target: TargetLM, sampler: Sampler, gen: torch.Generator,
               record: str | None = "light"):
         self.target, self.sampler, self.gen, self.record = target, sampler, gen, record
 
@@ -99,12 +102,14 @@ class Drafter:
 
 @dataclass
 class RunState:
-    target: CausalLM
+    target: TargetLM
     drafter: Drafter
     sampler: Sampler
     gen: torch.Generator
     record: str | None
     vocab_size: int
+    walk: Callable = walk_tree          # the acceptance rule's verify (decoding/rules)
+    rule: str = "exact"                 # its name
     totals: Totals = field(default_factory=Totals)
 
 
@@ -143,7 +148,7 @@ def accept(s: RunState, tree: DraftTree, rows: torch.Tensor, top: list[int] | No
     p_at = lambda node: rows[node + 1]                   # node -1: the root, row 0
     argmax_at = (lambda node: top[node + 1]) if top is not None else None
     draw = lambda: torch.rand((), generator=s.gen, device=s.gen.device).item()
-    return walk_tree(tree.children(), tree.tokens, tree.q_map(), p_at, s.sampler, s.gen, draw, argmax_at), p_at
+    return s.walk(tree.children(), tree.tokens, tree.q_map(), p_at, s.sampler, s.gen, draw, argmax_at), p_at
 
 
 def record_round(s: RunState, out: Outcome, tries, dist, p_at) -> Round:
@@ -156,7 +161,8 @@ def record_round(s: RunState, out: Outcome, tries, dist, p_at) -> Round:
     if s.record is None or not len(tree):
         return rnd
     full = s.record == "full"
-    rule = "greedy" if s.sampler.greedy else ("point-mass" if not tree.q_map() else "spec-sampling")
+    rule = s.rule if s.rule != "exact" else \
+        "greedy" if s.sampler.greedy else ("point-mass" if not tree.q_map() else "spec-sampling")
     probs = {}  # node's parent -> target probs there (softmax of logits; warped when sampling)
     for i, par in enumerate(tree.parents):
         if par not in probs:
@@ -173,6 +179,10 @@ def record_round(s: RunState, out: Outcome, tries, dist, p_at) -> Round:
                          u=None if k_t is None else k_t[1].u, try_order=None if k_t is None else k_t[0])
         if k_t is not None and not s.sampler.greedy:
             node.p = k_t[1].p_x   # the p the rule tested: later siblings see the residual
+        if k_t is not None and k_t[1].exact is not None:   # a rule beside exact: both verdicts, its decision
+            t = k_t[1]
+            node.verdicts = {s.rule: node.decision, "exact": ACCEPTED if t.exact else REJECTED}
+            rnd.decisions.append(Decision(s.rule, dict(t.inputs or {}), t.threshold, node.decision, at=i))
         if full:
             node.p_topk = _topk(probs[par])
             if par in qmap:
@@ -208,16 +218,18 @@ def commit_round(s, ctx: Context, rnd: Round, committed: list[int], new: list[in
     return keep
 
 
-def decode(target: CausalLM, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int,
+def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int,
            sampler: Sampler, seed: int = 0, record: str | None = "light", eos_id: int | None = None,
-           progress=None):
-    """Run rounds until max_new_tokens or EOS. Returns (new ids, rounds, totals)."""
+           progress=None, rule: str = "exact", rule_params: dict | None = None, model=None):
+    """Run rounds until max_new_tokens or EOS under acceptance `rule` (its parameters; model: the
+    target's transformers model, for a rule that reads its weights). Returns (new ids, rounds, totals)."""
     dev = target.device
     gen = torch.Generator(device=dev).manual_seed(seed)
     target.reset()
     t_forwards0 = target.forwards
     ctx = Context(list(prompt_ids), len(prompt_ids), len(prompt_ids), dev)
-    s = RunState(target, drafter, sampler, gen, record, target.config.vocab_size)
+    walk = get_rule(rule).make(resolve_rule_params(rule, rule_params), model)
+    s = RunState(target, drafter, sampler, gen, record, target.config.vocab_size, walk, rule)
     drafter.begin(ctx, target, sampler, gen, record)
     d_forwards0 = drafter.forwards
     rounds, new = [], []
@@ -249,13 +261,17 @@ def trace_of(tok, method: str, params: dict, models: dict, sampler: Sampler, see
     return trace
 
 
-def run(target: CausalLM, drafter: Drafter, tok, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler,
-        seed: int, record: str | None, method: str, params: dict, models: dict, progress=None) -> Trace:
+def run(target: TargetLM, drafter: Drafter, tok, prompt_ids: list[int], max_new_tokens: int, sampler: Sampler,
+        seed: int, record: str | None, method: str, params: dict, models: dict, progress=None,
+        rule: str = "exact", rule_params: dict | None = None, model=None) -> Trace:
     """The speculative engine's seam: decode `prompt_ids` and return the trace (params: the method's
-    recorded parameters; models: model_info of each role)."""
+    recorded parameters; models: model_info of each role; rule: the acceptance rule, recorded with
+    its parameters where it is not `exact`)."""
     new, rounds, totals = decode(target, drafter, prompt_ids, max_new_tokens, sampler, seed, record,
-                                 tok.eos_token_id, progress)
+                                 tok.eos_token_id, progress, rule, rule_params, model)
     params = dict(params, backend=type(target).__name__)
+    if rule != "exact":
+        params.update(rule=rule, rule_params=resolve_rule_params(rule, rule_params))
     models = with_runners(models, target, getattr(getattr(drafter, "inner", drafter), "lm", None))
     return trace_of(tok, method, params, models, sampler, seed, record, prompt_ids, new, rounds, totals)
 

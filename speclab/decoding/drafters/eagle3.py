@@ -72,15 +72,14 @@ class Eagle3ChainDrafter(FeatureReader, ChainDrafter):
         full[..., self.ids] = logits
         return full
 
-    def feed(self, ctx: Context):
-        """Give the draft every committed (feature, next token) pair it has not seen: entries
-        fed..n-2 (the last token is pending). Returns its logits (N,) at n-2 and its pre-norm output
-        there (1, C)."""
-        n = len(ctx.ids)
-        assert self.cache.length == self.fed and self.fed + len(self.feats) == n - 1
-        nxt = torch.tensor(ctx.ids[self.fed + 1:n], device=self.feats.device)
-        normed, pre = self.step(nxt, self.feats)
-        self.fed, self.feats = n - 1, None
+    @property
+    def head_length(self) -> int:
+        return self.cache.length
+
+    def head_rows(self, feats, nxt):
+        """The draft over (fused feature, next token) rows: its logits (N,) at the last and its
+        pre-norm output there (1, C). FeatureReader.feed feeds it."""
+        normed, pre = self.step(nxt, feats)
         return self.draft.logits(normed[-1:], self.fast)[0], pre[-1:]
 
     def name_source(self, tree: DraftTree) -> DraftTree:

@@ -96,6 +96,17 @@ class FeatureReader:
             out.tree.info["coverage_miss"] = out.emitted
         super().observe(out)
 
+    def feed(self, ctx: Context, **kw):
+        """Give the head every committed (feature, next token) pair it has not seen: entries
+        fed..n-2 (the last token is pending). Returns its logits at n-2 and its output (1, C) there
+        (the feature its next step reads); `head_rows` runs the head itself."""
+        n = len(ctx.ids)
+        assert self.head_length == self.fed and self.fed + len(self.feats) == n - 1
+        nxt = torch.tensor(ctx.ids[self.fed + 1:n], device=self.feats.device)
+        logits, out = self.head_rows(self.feats, nxt, **kw)
+        self.fed, self.feats = n - 1, None
+        return logits, out
+
     def prepare(self, xs: list[torch.Tensor]) -> torch.Tensor:
         """The committed rows' states at self.layers -> the features kept (the last layer's)."""
         return xs[-1]
@@ -104,10 +115,10 @@ class FeatureReader:
 class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
     name = "eagle-chain"
 
-    def __init__(self, target_model, head, vocab: int | None = None, **kw):
+    def __init__(self, target_model, draft, vocab: int | None = None, **kw):
         super().__init__(**kw)
-        self.read_target(target_model, head, "eagle", self.name)
-        self.head = head
+        self.read_target(target_model, draft, "eagle", self.name)
+        self.head = head = draft
         self.attach_lm(head, "fast")                     # its own one-layer cache, fed by embeds
         if vocab is not None:                            # draft from the `vocab` most frequent ids only
             self.lm.trim_head(vocab)
@@ -129,15 +140,14 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         # in speclab's kernel where it runs, which costs less than the norm module's own call
         return eagle_fuse(self.head, self.lm.rms(feats.to(self.lm.dtype), self.lm.norm), tokens, self.fc)
 
-    def feed(self, ctx: Context, subset: bool = False):
-        """Give the head every committed (feature, next token) pair it has not seen: entries
-        fed..n-2 (the last token is pending). Returns logits (V,) (subset: (N,) over the head's
-        own ids) and the output (1, C) at n-2."""
-        n = len(ctx.ids)
-        assert self.lm.length == self.fed and self.fed + len(self.feats) == n - 1
-        nxt = torch.tensor(ctx.ids[self.fed + 1:n], device=ctx.device)
-        logits = self.lm.forward(None, embeds=self.fuse(self.feats, nxt), subset=subset)
-        self.fed, self.feats = n - 1, None
+    @property
+    def head_length(self) -> int:
+        return self.lm.length
+
+    def head_rows(self, feats, nxt, subset: bool = False):
+        """The head over (feature, next token) rows: logits (V,) at the last (subset: (N,) over the
+        head's own ids) and its output (1, C) there."""
+        logits = self.lm.forward(None, embeds=self.fuse(feats, nxt), subset=subset)
         return logits[-1], self.lm.captured[1][0, -1:]
 
     @torch.inference_mode()
@@ -173,10 +183,10 @@ class EagleDrafter(EagleChainDrafter):
     (softmax and top-k over N, not over the V-wide spread with -inf elsewhere)."""
     name = "eagle"
 
-    def __init__(self, target_model, head, budget: int = 5, width: int = 3, depth: int = 3,
+    def __init__(self, target_model, draft, budget: int = 5, width: int = 3, depth: int = 3,
                  vocab: int | None = None, threshold: float | None = 0.2, lookup: int = 0, ngram: int = 2):
         check_budget(budget, width, depth, threshold)
-        super().__init__(target_model, head, vocab=vocab, k=depth)
+        super().__init__(target_model, draft, vocab=vocab, k=depth)
         # tree_threshold: where the tree stops growing (self.threshold is the chain drafter's, unused here)
         self.budget, self.width, self.depth, self.tree_threshold = budget, width, depth, threshold
         # lookup: up to this many tokens copied after an earlier occurrence of the last n >= ngram
@@ -239,10 +249,10 @@ class MedusaDrafter(FeatureReader, Drafter):
     ranks of head d's distribution at depth d (top-k products), verified in one forward."""
     name = "medusa"
 
-    def __init__(self, target_model, heads, paths=None, budget: int | None = None):
+    def __init__(self, target_model, draft, paths=None, budget: int | None = None):
         super().__init__()
-        self.read_target(target_model, heads, "medusa", self.name)
-        self.heads = heads
+        self.read_target(target_model, draft, "medusa", self.name)
+        self.heads = heads = draft
         rank_acc = getattr(heads.config, "medusa_rank_acc", None)
         if paths is not None and budget is not None:
             raise ValueError("medusa takes paths or budget, not both: budget sizes the calibrated tree")
@@ -260,7 +270,7 @@ class MedusaDrafter(FeatureReader, Drafter):
         self.deepest = deepest
         W = heads.lm_head.weight                                    # (N, C): the target's kept rows
         # the trimmed head and the blocks in speclab's bf16 kernel where it runs (F.linear reads
-        # them ~3x slower); the first layers, which all read the same norm(x), as one matrix
+        # them slower: docs/performance.md); the first layers, which all read the same norm(x), as one matrix
         self.w1 = self.w2 = None
         if kernels.available(W.device, W.dtype):
             self.score = kernels.Packed(W)

@@ -154,9 +154,9 @@ class OwnDraftLM:
 class DraftModelDrafter(OwnDraftLM, ChainDrafter):
     name = "draft-model"
 
-    def __init__(self, draft_model, backend: str = "auto", vocab: int | None = None, **kw):
+    def __init__(self, draft, backend: str = "auto", vocab: int | None = None, **kw):
         super().__init__(**kw)
-        self.attach_lm(draft_model, backend)
+        self.attach_lm(draft, backend)
         if vocab is not None:           # draft from the trimmed head's `vocab` most frequent ids only
             if not hasattr(self.lm, "trim_head"):
                 raise ValueError(f"vocab={vocab} cuts the head of a trimmed-vocabulary draft on speclab's lean forward "

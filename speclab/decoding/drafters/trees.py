@@ -51,9 +51,9 @@ def tokens_on(tree: DraftTree, device) -> torch.Tensor:
 
 
 class TreeDrafterBase(OwnDraftLM, Drafter):
-    def __init__(self, draft_model, backend: str = "auto"):
+    def __init__(self, draft, backend: str = "auto"):
         super().__init__()
-        self.attach_lm(draft_model, backend)
+        self.attach_lm(draft, backend)
 
     def dists(self, pending: list[int], tree: DraftTree, device) -> torch.Tensor:
         """Draft probabilities (1 + N, V): after the committed prefix, then after each node.
@@ -200,8 +200,8 @@ def check_budget(budget, width, depth, threshold=None):
 class StaticTreeDrafter(TreeDrafterBase):
     name = "tree-static"
 
-    def __init__(self, draft_model, paths=None, backend: str = "auto"):
-        super().__init__(draft_model, backend)
+    def __init__(self, draft, paths=None, backend: str = "auto"):
+        super().__init__(draft, backend)
         self.paths = check_paths(paths)
 
     def propose(self, ctx: Context) -> DraftTree:
@@ -211,9 +211,9 @@ class StaticTreeDrafter(TreeDrafterBase):
 class DynamicTreeDrafter(TreeDrafterBase):
     name = "tree-dynamic"
 
-    def __init__(self, draft_model, budget: int = 10, width: int = 3, depth: int = 5,
+    def __init__(self, draft, budget: int = 10, width: int = 3, depth: int = 5,
                  threshold: float | None = None, backend: str = "auto"):
-        super().__init__(draft_model, backend)
+        super().__init__(draft, backend)
         check_budget(budget, width, depth, threshold)
         self.budget, self.width, self.depth, self.threshold = budget, width, depth, threshold
 

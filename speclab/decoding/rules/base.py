@@ -1,0 +1,106 @@
+"""Acceptance rules by name, one row each: how a verify's target distributions judge a draft tree.
+
+A rule's `make(params, model)` returns the function that walks one verify, shaped like `walk_tree`
+in decoding/acceptance.py (model: the target's transformers model, for rules that read its weights):
+
+    walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at) -> (path, emitted, dist, tries)
+
+children: node -> its children in try order; tokens: node -> token; q_at: node -> the draft
+distribution (V,) its children were sampled from (absent: point-mass children); p_at(node) -> the
+target's logits (V,) after that node (-1: after the committed prefix); draw() -> a uniform float
+from the run's generator; argmax_at(node) -> the target's greedy token there, precomputed. It
+returns the accepted node path, the token the target emits after it, the distribution that token
+came from (None where it is the target's argmax) and every sibling tried, in order (each a
+`Tried`). A rule other than `exact` fills each Tried's `exact` (what the exact rule would have
+decided there, with the same uniform draw), `inputs` and `threshold`: the trace keeps both
+verdicts per node and one policy decision per test, so views show the tokens it rescued.
+
+The row says what the rule guarantees (decoding/guarantees.py), whether it needs the draft's
+distribution q (a point-mass drafter cannot feed it), whether it has a greedy form, its parameters
+with their defaults, and the paper it comes from. `exact` (rules/exact.py) is the default of every
+run; `register_rule` adds one at run time, as `registry.register` adds a method.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from speclab.decoding.guarantees import check
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    name: str
+    guarantee: str                  # a key of decoding/registry.GUARANTEES
+    summary: str                    # what it does, naming its paper
+    make: Callable                  # make(params, model) -> walk: see the module's docstring
+    needs_q: bool = False           # reads q(x): refuses point-mass drafts (prompt lookup, a greedy tree)
+    greedy: bool = True             # has a greedy (temperature 0) form
+    params: dict = field(default_factory=dict)     # parameter -> default
+    only_for: tuple = ()            # the methods whose drafts it is built for (empty: any method)
+
+
+RULES: dict[str, Rule] = {}
+
+
+def register_rule(rule: Rule) -> Rule:
+    """Add an acceptance rule (a user's own, a test's); its name must be new."""
+    if rule.name in RULES:
+        raise ValueError(f"a rule named {rule.name!r} is already registered: unregister it first or pick another name")
+    check(f"rule {rule.name!r}", rule.guarantee)
+    RULES[rule.name] = rule
+    return rule
+
+
+def unregister_rule(name: str) -> None:
+    if name != "exact":
+        RULES.pop(name, None)
+
+
+@contextlib.contextmanager
+def registered_rule(rule: Rule):
+    """`with registered_rule(Rule(...)):` the rule exists inside the block only."""
+    register_rule(rule)
+    try:
+        yield rule
+    finally:
+        unregister_rule(rule.name)
+
+
+def get_rule(name: str) -> Rule:
+    if name not in RULES:
+        raise ValueError(f"unknown acceptance rule {name!r}; known rules: {', '.join(RULES)}")
+    return RULES[name]
+
+
+def rule_params(name: str, params: dict | None) -> dict:
+    """The rule's parameters: its defaults, overridden by `params`; an unknown one is refused."""
+    rule = get_rule(name)
+    unknown = set(params or {}) - set(rule.params)
+    if unknown:
+        raise ValueError(f"rule {name!r} does not take {sorted(unknown)}; it takes "
+                         f"{', '.join(rule.params) or 'no parameters'}")
+    return dict(rule.params, **(params or {}))
+
+
+def check_run(name: str, greedy: bool, point_mass: bool | None = None, method: str | None = None) -> None:
+    """One line where a rule cannot serve the run: no greedy form at temperature 0, a rule that
+    reads q over a drafter whose drafts carry none (point_mass: None = not known yet), or a rule
+    built for other methods' drafts."""
+    rule = get_rule(name)
+    if method is not None and rule.only_for and method not in rule.only_for:
+        raise ValueError(f"rule {name!r} verifies the drafts of {', '.join(rule.only_for)} only, not {method!r}: "
+                         "use rule='exact'")
+    if greedy and not rule.greedy:
+        raise ValueError(f"rule {name!r} has no greedy form (at temperature 0 it would equal 'exact'): "
+                         "sample with a temperature > 0, or use rule='exact'")
+    if point_mass and rule.needs_q:
+        raise ValueError(f"rule {name!r} reads the draft's distribution q, and this drafter's drafts are point "
+                         "masses (no q): use a drafter that samples its drafts, or rule='exact'")
+
+
+def rules() -> list[dict]:
+    """One row per rule: name, guarantee, needs_q, greedy, params, summary."""
+    return [dict(name=r.name, guarantee=r.guarantee, needs_q=r.needs_q, greedy=r.greedy, params=dict(r.params),
+                 only_for=list(r.only_for), summary=r.summary) for r in RULES.values()]

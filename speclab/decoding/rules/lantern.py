@@ -1,0 +1,106 @@
+"""`lantern`: LANTERN's relaxed acceptance (Jang et al., ICLR 2025), adapted to text; lossy with a
+total-variation budget.
+
+LANTERN pools the target's mass over a latent neighbourhood of the drafted token: for an image
+model the VQ codebook's nearest codes, here the tokens nearest to x by the target's own input
+embedding (L2), found once per token and kept for the run.
+
+    N(x)   = the k tokens nearest x (x itself excluded), nearest first
+    c_j    = p(N(x)_1) + ... + p(N(x)_j)
+    J      = the largest j with c_j <= delta           (0 if none)
+    p~(x)  = p(x) + c_J                                 TV(p, p~) = c_J <= delta
+    sampling: accept x with probability min(1, p~(x) / q(x)); on a rejection the residual comes
+              from the ORIGINAL p, as the exact rule forms it (norm((p - q)+), or p without x for a
+              point-mass draft); the paper's code also zeroes q on x's k + 1 nearest, which
+              speclab does not reproduce
+    greedy:   p[x] <- p~(x); accept iff x is then the argmax (the code's greedy mode; the emitted
+              correction is the target's own argmax)
+
+Defaults k = 1000 and delta = 0.1, the paper's. Each test records p(x), q(x), J, the pooled mass
+c_J (the TV it spent), p~(x) and the first pooled ids; `exact` is decided with the same draw, so a
+token accepted here and rejected there is one the neighbourhood rescued.
+"""
+from __future__ import annotations
+
+import torch
+
+from speclab.decoding.acceptance import Tried, accepts, greedy_ids, remove_token, residual, sample, warp
+from speclab.decoding.rules.base import Rule, register_rule
+
+SHOWN = 8                                       # pooled ids kept in a decision's record
+
+
+class Neighbours:
+    """The k nearest tokens of a token by the L2 distance of input embeddings, computed on first
+    use (one (V, C) pass per distinct token, never a V x V matrix) and kept for the run."""
+
+    def __init__(self, embed: torch.Tensor, k: int):
+        self.E = embed.detach().float()
+        self.k = min(k, self.E.shape[0] - 1)
+        self.table: dict[int, torch.Tensor] = {}
+
+    def __call__(self, x: int) -> torch.Tensor:
+        if x not in self.table:
+            d = (self.E - self.E[x]).square().sum(-1)
+            d[x] = float("inf")
+            self.table[x] = d.topk(self.k, largest=False).indices        # nearest first
+        return self.table[x]
+
+
+def pool(P: torch.Tensor, ids: torch.Tensor, delta: float) -> tuple[int, float]:
+    """(J, c_J): the longest nearest-first prefix of ids whose mass under P stays within delta."""
+    c = P[ids].cumsum(0)
+    J = int((c <= delta).sum())
+    return J, (float(c[J - 1]) if J else 0.0)
+
+
+def make(params: dict, model=None):
+    k, delta = int(params["k"]), float(params["delta"])
+    if k < 1 or not 0 < delta < 1:
+        raise ValueError(f"lantern takes k >= 1 and 0 < delta < 1, got k={k}, delta={delta}")
+    if model is None:
+        raise ValueError("rule 'lantern' reads the target's input embedding: run it on a model")
+    near = Neighbours(model.get_input_embeddings().weight, k)
+
+    def walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at=None):
+        node, path, tries = -1, [], []
+        while True:
+            logits = p_at(node)
+            P = logits.float().softmax(-1) if sampler.greedy else warp(logits, sampler)
+            q = q_at.get(node)
+            top = int(greedy_ids(logits))
+            nxt = None
+            for c in children.get(node, []):
+                x = tokens[c]
+                ids = near(x).to(P.device)
+                J, mass = pool(P, ids, delta)
+                p_x, q_x = float(P[x]), (float(q[x]) if q is not None else None)
+                pooled = min(1.0, p_x + mass)
+                if sampler.greedy:
+                    rest = P.clone()
+                    rest[x] = -1.0
+                    ok, exact = pooled >= float(rest.max()), x == top
+                else:
+                    u = draw()
+                    ok, exact = accepts(u, pooled, q_x), accepts(u, p_x, q_x)
+                tries.append(Tried(c, ok, None, p_x, q_x, exact=exact, threshold=delta,
+                                   inputs=dict(p=round(p_x, 6), pooled=J, tv=round(mass, 6), p_tilde=round(pooled, 6),
+                                               neighbours=ids[:min(J, SHOWN)].tolist())))
+                if ok:
+                    nxt = c
+                    break
+                if not sampler.greedy:
+                    P = residual(P, q) if q is not None else remove_token(P, x)
+            if nxt is None:
+                if sampler.greedy:
+                    return path, top, None, tries
+                return path, int(sample(P, gen)), P, tries
+            path.append(nxt)
+            node = nxt
+    return walk
+
+
+LANTERN = register_rule(Rule(
+    name="lantern", guarantee="lossy", make=make, params=dict(k=1000, delta=0.1),
+    summary="accept x against p(x) plus the target's mass on x's nearest tokens (input embedding), within a "
+            "total-variation budget delta (LANTERN, Jang et al. ICLR 2025, adapted to text)"))

@@ -7,8 +7,10 @@ constructor), so the form always shows the value that runs; its other parameters
 the "other parameters" placeholder. Choosing another method or target fits the form to it: that
 engine's models, that model's example prompt (only an untouched example prompt is swapped: a prompt
 the user wrote stays), valid canvas lengths, the draft the run takes (a feature head shows the
-zoo's head for the target, the one the run loads) and the temperature (hidden, at 0, for a method
-that decodes greedily only; the user's value comes back with a method that samples).
+zoo's head for the target, the one the run loads), the temperature (hidden, at 0, for a method
+that decodes greedily only; the user's value comes back with a method that samples) and the
+acceptance rule (speculative methods only: `exact`, the lossy rules any method takes, and a rule
+built for the method's own drafts; each option says its guarantee).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import panel as pn
 
 from speclab.apps import guide, runs
 from speclab.decoding.registry import get_method, method_defaults, paired_draft
+from speclab.decoding.rules import rules
 
 DEFAULT_PROMPT = "def parse(line):"
 CHAT_PROMPT = "Explain in two sentences why the sky is blue."
@@ -95,6 +98,9 @@ class Form:
         # stopping mid-sentence, short enough to keep a first run quick
         self.max_new_tokens = w.IntSlider(name="max new tokens", start=1, end=128, value=64)
         self.temperature = w.FloatSlider(name="temperature", start=0.0, end=1.5, step=0.05, value=0.0)
+        # label -> rule name; the label says what the rule keeps
+        self.rule = w.Select(name="acceptance rule", options={"exact (identical to ar)": "exact"}, value="exact",
+                             css_classes=["speclab-rule"])
         self.seed = w.IntInput(name="seed", value=0, start=0)
         self.extra = w.TextInput(name="other parameters (name=value, ...)", placeholder="schedule=heuristic")
         self.method.param.watch(lambda e: self._changed(method=True), "value")
@@ -104,7 +110,7 @@ class Form:
 
     def column(self, *below) -> pn.Column:
         return pn.Column("## speclab", self.method, self.target, self.draft, self.prompt, self.preset, self.chat,
-                         *self.knobs.values(), self.max_new_tokens, self.temperature, self.seed, self.extra,
+                         *self.knobs.values(), self.max_new_tokens, self.temperature, self.rule, self.seed, self.extra,
                          *below, width=330)
 
     # -- fitting the form to the method and model ----------------------------------------------------
@@ -131,6 +137,7 @@ class Form:
             widget.visible = name in takes
         self._fit_draft(m)
         self._fit_temperature(m, engine)
+        self._fit_rule(m, engine)
         self.chat.visible = self._chat_visible()
         self._fit_threshold(engine)
         self.max_new_tokens.visible = engine == "speculative"       # diffusion: gen length instead
@@ -179,6 +186,18 @@ class Form:
         elif not takes and self.temperature.visible:
             self._temperature = self.temperature.value
             self.temperature.param.update(visible=False, value=0.0)
+
+    def _fit_rule(self, method: str, engine: str) -> None:
+        """The rules this method can run under, its own first; hidden where there is no verify."""
+        if engine != "speculative":
+            self.rule.visible = False
+            return
+        own = get_method(method).rule
+        names = [own] + [r["name"] for r in rules() if r["name"] != own and (not r["only_for"] or method in r["only_for"])]
+        info = {r["name"]: r for r in rules()}
+        options = {f"{n} ({info[n]['guarantee'].replace('-', ' ')})": n for n in names}
+        keep = self.rule.value if self.rule.value in names else own
+        self.rule.param.update(options=options, value=keep, visible=True)
 
     def _use_preset(self, label: str) -> None:
         for name, prompt, chat in guide.presets(self.method.value):
@@ -273,6 +292,8 @@ class Form:
         kw = runs.method_kwargs(method, self.knob_values(), self.extra.value if not runs.is_dag(method) else "")
         if runs.engine(method) != "dag" and self.chat.value and self.chat.visible:
             kw["chat"] = True
+        if runs.engine(method) == "speculative" and method == self.method.value and self.rule.value != get_method(method).rule:
+            kw["rule"] = self.rule.value                # a comparison's other methods run their own rule
         return dict(target=self.target.value, prompt=prompt, method=method, draft=self.draft.value,
                     max_new_tokens=min(2, self.max_new_tokens.value) if warmup else self.max_new_tokens.value,
                     temperature=self.temperature.value, seed=self.seed.value or 0, **kw)
@@ -281,7 +302,7 @@ class Form:
         """Prefill from URL arguments (method first: choosing it resets the knobs to its defaults)."""
         if "method" in get:
             self.method.value = get["method"]
-        for name in ("target", "draft", "prompt", "extra"):
+        for name in ("target", "draft", "prompt", "extra", "rule"):
             if name in get:
                 getattr(self, name).value = get[name]
         for name, cast in (("k", int), ("max_new_tokens", int), ("seed", int), ("temperature", float),

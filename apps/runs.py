@@ -52,13 +52,13 @@ def method_names() -> list[str]:
     return names + [f"dag-{s}" for s in DAG_STRATEGIES if f"dag-{s}" not in names]
 
 
-def is_dag(method: str) -> bool:
-    return method.startswith("dag-")
-
-
 def engine(method: str) -> str:
-    """"speculative", "dag" or "diffusion": which models the method runs on and how it is shown."""
-    return "dag" if is_dag(method) else get_method(method).engine
+    """"speculative", "dag" or "diffusion": which models the method runs on (its registry row)."""
+    return get_method(method).engine
+
+
+def is_dag(method: str) -> bool:
+    return engine(method) == "dag"
 
 
 def model_kind(method: str) -> str:

@@ -1,9 +1,12 @@
 """The dashboard's trace viewer: a player over the steps of one trace, the step figure, its detail
 table, p and q of the step's key draft node, and the Summary tab's whole-run figures.
 
-Like the Jupyter player (widgets/player.py), it draws each figure once per trace and then moves it
-in place (`update_step`, `move_current` from speclab.figures): stepping sends what changed, not a
-new figure. Everything shown comes from the trace; no model is needed.
+Which figures a trace gets, and each pane's height, is its view spec (figures.views.view_of, the
+same the Jupyter player and the export read): the main step figure, any other step figures (a
+policy's decisions, a method's own), the run strip and the summary figures. Like the Jupyter
+player, it draws each figure once per trace and then moves it in place (`FigureSpec.follow`):
+stepping sends what changed, not a new figure. Everything shown comes from the trace; no model is
+needed.
 """
 from __future__ import annotations
 
@@ -11,17 +14,12 @@ import panel as pn
 
 from speclab.apps.keys import StepKeys
 from speclab.apps.status import player_css, status_html
-from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, detail_html, move_current,
-                             round_strip, step_figure, step_label, step_title, timing, update_step)
-from speclab.figures.costmodel import costmodel_summary
+from speclab.figures import detail_html, go_to_step, n_steps, step_label, step_title, view_of
 from speclab.figures.distributions import distributions
 from speclab.figures.mask import mask_figure
-from speclab.metrics import n_steps
+from speclab.figures.views import FigureSpec, View
 from speclab.trace import Trace
 
-SUMMARY = {"speculative": (round_strip, acceptance_summary, timing, costmodel_summary),   # Summary tab figures by engine
-           "diffusion": (confidence_bands, decoding_order)}
-SUMMARY_HEIGHTS = (260, 380, 300, 380)
 EMPTY = "No run yet: choose a method and press Run, or open a saved trace."
 
 
@@ -52,10 +50,17 @@ class Viewer:
         self.mask_fig = pn.pane.Plotly(None, css_classes=["speclab-mask"], sizing_mode="stretch_width",
                                        visible=False)
         self.mask_toggle.param.watch(lambda e: self._show_mask(), "value")
-        self.summary_figs = [pn.pane.Plotly(None, height=h, sizing_mode="stretch_width", visible=False, link_figure=False)
-                             for h in SUMMARY_HEIGHTS]
+        # the trace's view spec (figures.views) says which figures it gets: panes made as needed, kept
+        # for the next trace; `shown` pairs each pane in use with the spec that draws it
+        self.view: View | None = None
+        self.shown: list[tuple[pn.pane.Plotly, FigureSpec]] = []
+        self.step_figs: list[pn.pane.Plotly] = []       # step figures after the main one (decisions, ...)
+        self.summary_figs: list[pn.pane.Plotly] = []    # the run strip and the summary figures
+        self._pool: list[pn.pane.Plotly] = []
+        self.step_more = pn.Column(sizing_mode="stretch_width")
         self.summary_note = pn.pane.Markdown("Summary figures are for speculative and diffusion runs; the Step "
                                              "tab shows every strategy of a DAG run.", visible=False)
+        self.summary = pn.Column(self.summary_note, sizing_mode="stretch_width")
         self.player.param.watch(lambda e: self.show_step(e.new), "value")
         self.keys = StepKeys(self.move)             # arrow keys, Home / End
         self.keys_note = pn.pane.HTML("<small>keys: &larr; &rarr; step, Home / End: first / last</small>",
@@ -63,18 +68,34 @@ class Viewer:
 
     def step_column(self) -> pn.Column:
         return pn.Column(pn.Row(self.player, self.step_text, self.keys_note), self.keys, self.step_fig, self.detail,
-                         self.dist_temp, self.dist_fig, self.mask_toggle, self.mask_fig)
+                         self.step_more, self.dist_temp, self.dist_fig, self.mask_toggle, self.mask_fig)
 
     def move(self, by) -> None:
         """One step forward / back (by = 1 / -1), or to the "first" / "last" step: the keys call this."""
-        if self.trace is None:
-            return
-        last = n_steps(self.trace) - 1
-        step = {"first": 0, "last": last}.get(by) if isinstance(by, str) else self.player.value + int(by)
-        self.player.value = min(max(step, 0), last)
+        if self.trace is not None:
+            self.player.value = go_to_step(self.trace, self.player.value, by)
 
     def summary_column(self) -> pn.Column:
-        return pn.Column(self.summary_note, *self.summary_figs)
+        return self.summary
+
+    def _draw(self, trace: Trace, view: View) -> None:
+        """A pane per figure of the view after the main step figure, drawn at step 0, sized by its spec."""
+        specs = view.step[1:] + view.whole_run
+        while len(self._pool) < len(specs):
+            self._pool.append(pn.pane.Plotly(None, sizing_mode="stretch_width", visible=False, link_figure=False))
+        self.shown = list(zip(self._pool, specs))
+        for pane in self._pool[len(specs):]:
+            pane.visible, pane.object = False, None
+        for pane, spec in self.shown:
+            fig = spec.draw(trace, 0)
+            pane.visible, pane.object = fig is not None, fig
+            if fig is not None:
+                pane.height = spec.pane_height(fig)
+        k = len(view.step) - 1
+        self.step_figs, self.summary_figs = self._pool[:k], self._pool[k:len(specs)]
+        self.step_more.objects = list(self.step_figs)
+        self.summary.objects = [self.summary_note] + list(self.summary_figs)
+        self.summary_note.visible = not view.whole_run
 
     def show(self, trace: Trace) -> None:
         """Put a trace on the page at its first step. ValueError for a trace with nothing to step."""
@@ -89,14 +110,9 @@ class Viewer:
                                    else "show p and q at temperature (the run was greedy; recorded at T = 1)")
             self.status.object = status_html(trace)
             self.player.stylesheets = [player_css(step_label(trace))]
-            self.step_fig.object = step_figure(trace, 0)
-            makers = SUMMARY.get(trace.engine, ())
-            for i, pane in enumerate(self.summary_figs):
-                fig = makers[i](trace, 0) if i < len(makers) else None
-                pane.visible, pane.object = fig is not None, fig
-                # diffusion figures size themselves (the order map grows with the steps)
-                pane.height = SUMMARY_HEIGHTS[i] if trace.engine != "diffusion" or fig is None else fig.layout.height + 20
-            self.summary_note.visible = not makers
+            self.view = view = view_of(trace)
+            self.step_fig.object = view.main.draw(trace, 0)
+            self._draw(trace, view)
             at_zero = self.player.value == 0
             self.player.param.update(start=0, end=max(n - 1, 1), value=0)
             if at_zero:                     # the watcher draws step 0 only when the value moves
@@ -106,26 +122,23 @@ class Viewer:
         if self.trace is None:
             return
         trace = self.trace
-        step = min(int(step), n_steps(trace) - 1)
-        makers = SUMMARY.get(trace.engine, ())
+        step = go_to_step(trace, int(step))
         with pn.io.hold():
             self.step_text.object = f"<b>{step_title(trace, step)}</b>"
-            update_step(self.step_fig.object, trace, step)
-            self.step_fig.param.trigger("object")
+            for pane, spec in [(self.step_fig, self.view.main)] + self.shown:   # each moved in place
+                if pane.object is None:                        # a maker with nothing to draw for this run
+                    continue
+                spec.follow(pane.object, trace, step)
+                pane.param.trigger("object")
             self.detail.object = detail_html(trace, step)
             self.step = step
             self._show_distributions()
             self._show_mask()
-            for pane in self.summary_figs[:len(makers)]:       # the "current" markers follow the step
-                if pane.object is None:                        # a maker with nothing to draw for this run
-                    continue
-                move_current(pane.object, step)
-                pane.param.trigger("object")
 
     def _show_distributions(self) -> None:
-        """The p / q bars of the current round, when the trace recorded them."""
+        """The p / q bars of the current round, when the trace recorded them (record="full")."""
         trace, fig = self.trace, None
-        if trace is not None and trace.engine == "speculative" and trace.record == "full":
+        if trace is not None and trace.record == "full":
             fig = distributions(trace, self.step, temperature=self.dist_temp.value)
         with pn.io.hold():
             self.dist_fig.object, self.dist_fig.visible = fig, fig is not None
@@ -134,11 +147,10 @@ class Viewer:
     def _show_mask(self) -> None:
         """The attention mask of the current step, while its checkbox is ticked (speculative and
         diffusion runs: a DAG decodes in one forward over its own graph)."""
-        trace = self.trace
-        has = trace is not None and trace.engine in ("speculative", "diffusion")
+        has = self.trace is not None and self.view.mask
         with pn.io.hold():
             self.mask_toggle.visible = has
-            fig = mask_figure(trace, self.step) if has and self.mask_toggle.value else None
+            fig = mask_figure(self.trace, self.step) if has and self.mask_toggle.value else None
             self.mask_fig.object, self.mask_fig.visible = fig, fig is not None
 
     def clear(self, status: str = EMPTY) -> None:
@@ -149,5 +161,5 @@ class Viewer:
             self.step_text.object, self.step_fig.object, self.detail.object = "", None, ""
             self.dist_fig.object, self.dist_fig.visible, self.dist_temp.visible = None, False, False
             self.mask_fig.object, self.mask_fig.visible = None, False
-            for pane in self.summary_figs:
+            for pane in self._pool:
                 pane.visible, pane.object = False, None

@@ -4,11 +4,12 @@
     speclab.export.to_html(trace, "out.html")
 
 plotly.js is embedded inline (nothing is fetched from a CDN, so the file opens offline and years
-later). The step view is one figure with a frame per step and a slider (plus play / pause); frames
-carry only the traces that change, so a long run stays a reasonable size. Under it: the
-acceptance summary and timing (speculative), or the confidence bands and the decoding-order map
-(diffusion, whose slider steps through the denoising forwards). No model is loaded: everything
-comes from the trace.
+later). What it holds is the trace's view spec (figures.views.view_of), the same the Jupyter
+player and the dashboard read: each step figure (the main one first: token strip over draft tree,
+the diffusion canvas, the DAG; then any other, such as a policy's decisions or a method's own) is
+one figure with a frame per step and a slider (plus play / pause); frames carry only the traces
+that change, so a long run stays a reasonable size. Under them: the run strip and the summary
+figures, drawn for the whole run. No model is loaded: everything comes from the trace.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import plotly.io as pio
 
-from speclab.figures import (acceptance_summary, confidence_bands, decoding_order, n_steps, step_dict,
-                             step_label, step_names, timing)
+from speclab.figures import n_steps, step_label, step_names, view_of
+from speclab.figures.views import FigureSpec
 from speclab.trace import Trace, TraceError
 
 PAGE = """<!DOCTYPE html>
@@ -31,16 +32,18 @@ code{{background:#f3f3f3;padding:0 .3em}}</style></head>
 """
 
 
-def animated(trace: Trace) -> dict:
-    """The step figure with one frame per step, a slider and play / pause buttons (a plain dict)."""
+def animated(trace: Trace, spec: FigureSpec | None = None) -> dict:
+    """A step figure (default: the main one) with one frame per step, a slider and play / pause
+    buttons (a plain dict)."""
     n = n_steps(trace)
     if not n:
         raise ValueError("this trace has no steps to show")
-    base = step_dict(trace, 0)
-    steps = [step_dict(trace, k, static=False) for k in range(n)]
+    spec = spec or view_of(trace).main
+    base = spec.at(trace, 0)
+    steps = [spec.at(trace, k, static=False) for k in range(n)]
     # traces identical in every step stay out of the frames (the token strip's cells, legend entries)
     moving = [i for i, t in enumerate(steps[0]["data"]) if t is not None]
-    keys = [k for k in base["layout"] if k in ("title", "annotations", "xaxis2", "yaxis2", "meta")]
+    keys = [k for k in spec.moving_keys(base) if k in base["layout"]]
     frames = [dict(name=str(k), traces=moving, data=[s["data"][i] for i in moving],
                    layout={key: s["layout"][key] for key in keys if key in s["layout"]})
               for k, s in enumerate(steps)]
@@ -69,7 +72,7 @@ def stats_table(trace: Trace) -> str:
                                  for role, m in trace.models.items())),
             ("params", html.escape(json.dumps(trace.params))),
             ("totals", f"{t.new_tokens} new tokens, {t.target_forwards} target forwards, "
-                       + ("tokens per forward" if trace.engine == "diffusion" else "tau") + f" {t.tau:.2f}, "
+                       + view_of(trace).rate + f" {t.tau:.2f}, "
                        f"wall {t.wall_s:.2f} s")]
     return "<table>" + "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows) + "</table>"
 
@@ -79,16 +82,12 @@ def to_html(trace: Trace, path: str | Path) -> Path:
     path = Path(path)
     if not path.parent.is_dir():
         raise ValueError(f"cannot write {path}: the folder {path.parent} does not exist")
-    figs = [animated(trace)]
-    if trace.engine == "speculative":
-        figs += [acceptance_summary(trace), timing(trace)]
-        from speclab.figures.costmodel import costmodel_summary
-        cost = costmodel_summary(trace)
-        figs += [cost] if cost is not None else []
-    if trace.engine == "diffusion":
-        figs += [confidence_bands(trace), decoding_order(trace)]
-    divs = [pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, auto_play=False,
-                        config=dict(displaylogo=False)) for i, f in enumerate(figs)]
+    view = view_of(trace)
+    figs = [(f.name, animated(trace, f)) for f in view.step]
+    figs += [(f.name, fig) for f in view.whole_run if (fig := f.draw(trace, None)) is not None]
+    divs = [f'<div class="speclab-figure" data-figure="{html.escape(name)}">'
+            + pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, auto_play=False, config=dict(displaylogo=False))
+            + "</div>" for i, (name, f) in enumerate(figs)]
     title = html.escape(f"speclab: {trace.engine} / {trace.method}")
     path.write_text(PAGE.format(title=title, stats=stats_table(trace), figures="\n".join(divs)), encoding="utf-8")
     return path

@@ -36,7 +36,11 @@ def test_html_is_self_contained_with_frames_and_slider(trace, tmp_path):
     assert [f["name"] for f in frames] == [str(k) for k in range(len(trace.rounds))]
     assert 0 not in frames[0]["traces"]              # the big token-strip trace is not repeated per frame
     assert '"sliders"' in page and len(animated(trace)["layout"]["sliders"][0]["steps"]) == len(trace.rounds)
-    assert page.count("Plotly.newPlot(") == 4        # the step view, acceptance summary, timing, cost model
+    # the view spec's figures (figures.views), each once: the step view, then the run strip (tokens per
+    # round), the acceptance summary, timing and the cost model
+    names = re.findall(r'data-figure="([^"]+)"', page)
+    assert names[0] == "round" and names[-4:] == ["tokens per round", "acceptance", "timing", "cost model"]
+    assert page.count("Plotly.newPlot(") == len(names)
 
 
 def test_cli_exports_a_saved_trace_in_a_fresh_process_without_loading_a_model(trace, tmp_path):

@@ -2,6 +2,7 @@
 and moving the slider changes the view."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -17,6 +18,20 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run"]
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")
+
+
+@contextlib.contextmanager
+def chromium(tmp_path):
+    """A page of a headless Chromium with no network, and the page errors it reports."""
+    with sync_api.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+                                                   headless=True, args=FLAGS)
+        page, errors = ctx.new_page(), []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            yield page, errors
+        finally:
+            ctx.close()
 
 
 @pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (make test installs it)")
@@ -60,24 +75,38 @@ def test_race_types_both_answers_and_shows_the_speedup(tmp_path, target, draft):
             for m in ("ar", "draft-model")]
     page_file = tmp_path / "race.html"
     page_file.write_text(race_html([r.trace for r in runs], slow=20.0))
-    with sync_api.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
-                                                   headless=True, args=FLAGS)
-        page = ctx.new_page()
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        try:
-            page.goto(page_file.as_uri())
-            texts = lambda: page.eval_on_selector_all(".text", "els => els.map(e => e.textContent)")
-            final = texts()
-            assert final == [r.text for r in runs]                 # at rest: both whole answers
-            assert "x ar" in page.inner_text(".lane:nth-child(2) .up")
-            shoot(page, "race")
-            page.click("#go")                                      # 20x slower: typing is visible
-            page.wait_for_timeout(300)
-            early = texts()
-            assert all(len(e) < len(f) for e, f in zip(early, final))
-            assert all(f.startswith(e) for e, f in zip(early, final))
-            assert not errors
-        finally:
-            ctx.close()
+    with chromium(tmp_path) as (page, errors):
+        page.goto(page_file.as_uri())
+        texts = lambda: page.eval_on_selector_all(".text", "els => els.map(e => e.textContent)")
+        final = texts()
+        assert final == [r.text for r in runs]                 # at rest: both whole answers
+        assert "x ar" in page.inner_text(".lane:nth-child(2) .up")
+        shoot(page, "race")
+        page.click("#go")                                      # 20x slower: typing is visible
+        page.wait_for_timeout(300)
+        early = texts()
+        assert all(len(e) < len(f) for e, f in zip(early, final))
+        assert all(f.startswith(e) for e, f in zip(early, final))
+        assert not errors
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (make test installs it)")
+def test_exported_decisions_table_follows_its_slider(tmp_path):
+    """A step figure from the view spec beyond the main one (a policy's decisions, a plotly Table)
+    is animated too: its slider moves the table's rows to the other round."""
+    from test_views import with_decisions
+    page_file = to_html(with_decisions(), tmp_path / "decisions.html")
+    with chromium(tmp_path) as (page, errors):
+        page.goto(Path(page_file).as_uri())
+        plot = "[data-figure='decisions'] .js-plotly-plot"
+        page.wait_for_selector(f"{plot} .main-svg", timeout=30_000)
+        cells = f"() => JSON.stringify(document.querySelector(\"{plot}\").data[0].cells.values[0])"
+        assert json.loads(page.evaluate(cells)) == ["stop-rule", "stop-rule", "length"]
+        rail = page.locator("[data-figure='decisions'] .slider-rail-rect").first
+        rail.scroll_into_view_if_needed()
+        box = rail.bounding_box()
+        page.mouse.click(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)   # the last round
+        want = json.dumps(["stop-rule", "length"], separators=(",", ":"))        # round 3's decisions
+        page.wait_for_function(f"() => ({cells})() === {json.dumps(want)}", timeout=10_000)
+        assert "round 3 of 3" in page.inner_text("[data-figure='decisions']")
+        assert not errors

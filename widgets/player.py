@@ -3,11 +3,13 @@
     view = speclab.widgets.show(result)   # a Result, a Trace, or the path of a saved trace
     view.update(3)                        # what moving the slider to step 3 does (testable)
 
-One `go.FigureWidget` (token strip over draft tree, the diffusion canvas, or the DAG) is created
-once and updated in a `batch_update` per step, so the page never re-renders the whole figure. Under
-it: a detail panel for the step, the whole run as a strip (tokens per round for speculative
-runs, confidence bands for diffusion runs) whose "current" marker follows the step, and, folded,
-the attention mask the step's forward used (figures.mask).
+What it shows is the trace's view spec (figures.views.view_of), the same the dashboard and the
+export read: the main step figure (token strip over draft tree, the diffusion canvas, or the DAG)
+and any other step figures (a policy's decisions), a detail panel for the step, the whole run as a
+strip (tokens per round, confidence bands) and, folded, the summary figures (a method's own
+included) and the attention mask the step's forward used (figures.mask). Each figure is one
+`go.FigureWidget`, created once and moved in place per step (`FigureSpec.follow`: redrawn in a
+`batch_update`, or only its "current" marker moved), so the page never re-renders a whole figure.
 No model is needed: everything comes from the trace.
 """
 from __future__ import annotations
@@ -17,8 +19,7 @@ from pathlib import Path
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from speclab.figures import move_current, n_steps, run_strip, step_dict, step_label, step_title, update_step
-from speclab.figures.compose import update_figure
+from speclab.figures import go_to_step, n_steps, step_label, step_title, update_figure, view_of
 from speclab.figures.detail import detail_html
 from speclab.figures.mask import mask_dict
 from speclab.figures.offline import keep_figures, offline_html
@@ -42,41 +43,54 @@ def as_trace(obj) -> Trace:
 
 class Player(widgets.VBox):
     """Play + slider (its own readout off: `label` says "round 3 of 20", numbered like every title),
-    the step figure, the detail panel and the summary strip."""
+    then every figure the trace's view spec (figures.views) gives it: the step figures, the detail
+    panel, the run strip, and folded, the summary figures and the attention mask."""
 
     def __init__(self, trace: Trace, interval_ms: int = 900):
         self.trace = trace
         n = n_steps(trace)
         if not n:
             raise ValueError("this trace has no steps to show")
+        self.view = view = view_of(trace)
         label = step_label(trace)
         self.play = widgets.Play(value=0, min=0, max=n - 1, interval=interval_ms, description="play")
         self.slider = widgets.IntSlider(value=0, min=0, max=n - 1, description=label, readout=False,
                                         layout=widgets.Layout(width="60%"))
         self.label = widgets.Label(step_title(trace, 0))
         widgets.jslink((self.play, "value"), (self.slider, "value"))   # in the browser, no kernel round trip
-        # a set width: unset, JupyterLab drew the widget at plotly's 700 px default and clipped long titles
-        self.figure = go.FigureWidget(step_dict(trace, 0))
-        self.figure.layout.width = WIDTH
+        # every figure drawn once, by the spec's name; stepping moves each in place (spec.follow)
+        self.specs = {f.name: f for f in view.step + view.whole_run}
+        self.figures: dict[str, go.FigureWidget] = {}
+        for spec in view.step:
+            self.figures[spec.name] = self._widget(spec.at(trace, 0))
+        for spec in view.whole_run:
+            fig = spec.draw(trace, 0)
+            if fig is not None:                 # a maker with nothing to draw for this run
+                self.figures[spec.name] = self._widget(fig)
+        self.figure = self.figures[view.main.name]
+        self.strip = self.figures.get(view.run_strip.name) if view.run_strip is not None else None
         self.detail = widgets.HTML(detail_html(trace, 0))
-        strip = run_strip(trace, 0)
-        self.strip = go.FigureWidget(strip) if strip is not None else None
-        if self.strip is not None:
-            self.strip.layout.width = WIDTH
-        # the attention mask the step's forward used, folded away until asked for (not for a DAG)
-        self.mask = None
-        if trace.engine in ("speculative", "diffusion"):
-            self.mask = go.FigureWidget(mask_dict(trace, 0))
-            self.mask.layout.width = WIDTH
+        # the attention mask the step's forward used, folded away until asked for
+        self.mask = self._widget(mask_dict(trace, 0)) if view.mask else None
         self.step = 0
         self.slider.observe(lambda change: self.update(change["new"]), names="value")
         parts = [widgets.HBox([self.play, self.slider, self.label]), self.figure, self.detail]
+        parts += [self.figures[f.name] for f in view.step[1:]]
         parts += [self.strip] if self.strip is not None else []
+        summary = [self.figures[f.name] for f in view.summary if f.name in self.figures]
+        if summary:
+            parts.append(folded(widgets.VBox(summary), "the whole run: " + ", ".join(f.name for f in view.summary
+                                                                                      if f.name in self.figures)))
         if self.mask is not None:
-            fold = widgets.Accordion(children=[self.mask], selected_index=None)
-            fold.set_title(0, "attention mask of this step")
-            parts.append(fold)
+            parts.append(folded(self.mask, "attention mask of this step"))
         super().__init__(parts)
+
+    @staticmethod
+    def _widget(fig) -> go.FigureWidget:
+        # a set width: unset, JupyterLab drew the widget at plotly's 700 px default and clipped long titles
+        w = go.FigureWidget(fig)
+        w.layout.width = WIDTH
+        return w
 
     def _repr_mimebundle_(self, **kwargs):
         """The widget for Jupyter, and for nbconvert and notebook viewers (no widget runs there) a
@@ -90,9 +104,9 @@ class Player(widgets.VBox):
 
     def update(self, step: int) -> None:
         """Show `step`: the slider calls this; so can a test or a notebook cell."""
-        update_step(self.figure, self.trace, step)
-        if self.strip is not None:
-            move_current(self.strip, step)
+        step = go_to_step(self.trace, step)
+        for name, fig in self.figures.items():
+            self.specs[name].follow(fig, self.trace, step)
         if self.mask is not None:
             update_figure(self.mask, mask_dict(self.trace, step))
         self.detail.value = detail_html(self.trace, step)
@@ -100,6 +114,12 @@ class Player(widgets.VBox):
         self.step = step
         if self.slider.value != step:
             self.slider.value = step
+
+
+def folded(child, title: str) -> widgets.Accordion:
+    fold = widgets.Accordion(children=[child], selected_index=None)
+    fold.set_title(0, title)
+    return fold
 
 
 def show(trace_or_result, interval_ms: int = 900) -> Player:

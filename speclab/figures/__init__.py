@@ -20,22 +20,35 @@ step, so a player can update a figure in place and an export can animate it with
     mask_figure(trace, step)       the attention mask a step's forward used (a verify's tree mask,
                                    a diffusion step's block-causal or bidirectional mask)
     step_title(trace, step)        "round 3 of 20": how every view numbers a step (1-based)
+    go_to_step(trace, now, by)     where a control moving the step lands (next, back, first, last)
     detail_html(trace, step)       everything recorded about one step, as an HTML table
     update_step(fig, trace, step)  a step figure moved to another step in place (players)
+    decision_table / decision_summary   policy decisions of a step / over the run (any method)
+    lanes_figure(trace, step)      timing lanes (drafting beside verifying) as a Gantt chart
+    rescued_figure(trace, step)    draft tokens a lossy rule accepted where the exact rule did not
+    view_of(trace), add_figure     which figures a trace shows (figures.views: one spec per engine,
+                                   the figures a method adds); every front end reads it
 """
-from speclab.figures.compose import move_current, n_steps, run_strip, step_dict, step_figure, update_figure, update_step
+from speclab.figures.compose import move_current, n_steps, update_figure
 from speclab.figures.compare import compare_chart
 from speclab.figures.dag import dag_figure
 from speclab.figures.detail import detail_html
 from speclab.figures.diffusion import canvas_figure, confidence_bands, decoding_order
 from speclab.figures.mask import mask_figure
-from speclab.figures.steps import step_label, step_names, step_title
+from speclab.figures.decisions import decision_summary, decision_table
+from speclab.figures.lanes import lanes_figure
+from speclab.figures.steps import go_to_step, step_label, step_names, step_title
 from speclab.figures.summary import acceptance_summary, calibration_figure, per_position, round_strip, timing
 from speclab.figures.tokens import cells, token_strip
 from speclab.figures.tree import draft_tree
+from speclab.figures.verdicts import rescued_figure
+from speclab.figures.views import (FigureSpec, View, add_figure, added_figure, remove_figure, run_strip, step_dict,
+                                   step_figure, update_step, view_of)
 
 __all__ = ["token_strip", "draft_tree", "step_figure", "round_strip", "acceptance_summary", "timing",
            "calibration_figure",
            "dag_figure", "per_position", "cells", "n_steps", "step_dict", "canvas_figure", "decoding_order",
            "confidence_bands", "run_strip", "step_label", "step_names", "step_title", "detail_html",
-           "update_figure", "update_step", "move_current", "compare_chart", "mask_figure"]
+           "update_figure", "update_step", "move_current", "compare_chart", "mask_figure", "go_to_step",
+           "decision_table", "decision_summary", "lanes_figure", "rescued_figure", "FigureSpec", "View",
+           "view_of", "add_figure", "added_figure", "remove_figure"]

@@ -1,33 +1,23 @@
-"""The one-step view shared by the Jupyter player and the HTML export.
+"""The step figures of the engines, as plain dicts, and how a drawn figure moves to another step.
 
-Speculative: the token strip (current round outlined) above the round's draft tree, one figure
-with two rows so a FigureWidget or a frame updates both at once. DAG: the DAG figure, a step per
-strategy. Diffusion: the canvas over the confidence of its masked positions, a step per denoising
-forward. Heights are fixed over the run so stepping never makes the page jump.
+Speculative (`round_dict`): the token strip (current round outlined) above the round's draft tree,
+one figure with two rows so a FigureWidget or a frame updates both at once. DAG (`dag_dict`): the
+DAG figure, a step per strategy. Diffusion: the canvas (figures.diffusion.canvas_dict), a step per
+denoising forward. Heights are fixed over the run so stepping never makes the page jump. Which
+engine shows which is the view spec's business (figures.views).
 
-`run_strip` is the whole run at a glance under the step view (tokens per round, confidence bands);
-its "current" trace marks the step, so a player moves only that.
+`update_figure` brings a drawn figure to another step's dict in place; `move_current` moves only a
+whole-run figure's "current" marker.
 """
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
 from speclab.figures.dag import dag_figure
-from speclab.figures.diffusion import canvas_dict, confidence_bands
-from speclab.figures.summary import round_strip
 from speclab.figures.tokens import strip_parts
 from speclab.figures.tree import tree_parts
 from speclab.metrics import n_steps
 from speclab.trace import Trace
-
-
-def run_strip(trace: Trace, step: int = 0) -> go.Figure | None:
-    """The whole run at a glance with `step` marked (None for DAG runs: the DAG is the whole run)."""
-    if trace.engine == "speculative":
-        return round_strip(trace, step)
-    if trace.engine == "diffusion":
-        return confidence_bands(trace, step)
-    return None
 
 
 def tree_rows(trace: Trace) -> int:
@@ -39,18 +29,20 @@ def tree_rows(trace: Trace) -> int:
     return most
 
 
-def step_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
-    """step_figure as a plain {"data", "layout"} dict, unvalidated: what export frames are made of.
-    static=False puts None for traces that are the same at every step (a long run's token strip),
-    so players and frames skip them."""
+def dag_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
+    """The DAG figure with strategy `step` highlighted, as a plain dict (`static` changes nothing)."""
     n = n_steps(trace)
-    if trace.engine == "dag":
-        d = dag_figure(trace, step).to_plotly_json()
-        d["layout"].pop("template", None)      # the default template is large and never changes
-        d["layout"]["meta"] = dict(step=step % n, steps=n, engine=trace.engine)
-        return d
-    if trace.engine == "diffusion":
-        return canvas_dict(trace, step, static=static)
+    d = dag_figure(trace, step).to_plotly_json()
+    d["layout"].pop("template", None)      # the default template is large and never changes
+    d["layout"]["meta"] = dict(step=step % n, steps=n, engine=trace.engine)
+    return d
+
+
+def round_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
+    """A speculative round as a plain {"data", "layout"} dict, unvalidated: the token strip over
+    the draft tree. static=False puts None for traces that are the same at every step (a long
+    run's token strip), so players and frames skip them."""
+    n = n_steps(trace)
     strip, tree = strip_parts(trace, step, static=static), tree_parts(trace, step)
     h1, h2, gap = strip["height"], max(200, 45 * tree_rows(trace)), 70
     area = h1 + gap + h2
@@ -91,11 +83,6 @@ def update_figure(fig: go.Figure, d: dict, layout_keys=STEP_LAYOUT_KEYS) -> go.F
     return fig
 
 
-def update_step(fig: go.Figure, trace: Trace, step: int) -> go.Figure:
-    """`fig` (made by step_figure for this trace) moved to `step` in place."""
-    return update_figure(fig, step_dict(trace, step, static=False))
-
-
 def move_current(fig: go.Figure, step: int) -> go.Figure:
     """Move `fig`'s "current" markers to `step` (0-based) in place, without redrawing the figure:
     every whole-run view draws its marker at the step's 1-based number on one axis (a vertical line
@@ -110,8 +97,3 @@ def move_current(fig: go.Figure, step: int) -> go.Figure:
                     t.update({axis: [step + 1, step + 1]})
                     break
     return fig
-
-
-def step_figure(trace: Trace, step: int = 0) -> go.Figure:
-    """Everything about one step in one figure (see the module docstring)."""
-    return go.Figure(step_dict(trace, step))

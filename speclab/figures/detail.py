@@ -9,6 +9,8 @@ from speclab.figures.dag import output_text
 from speclab.figures.diffusion import label, step_note
 from speclab.figures.steps import step_title
 from speclab.figures.tree import round_nodes
+from speclab.figures.verdicts import disagrees, rescued_in, verdict_text
+from speclab.trace import MASK
 from speclab.trace import Trace
 
 COLS = ("node", "parent", "token", "q", "p", "u", "decision", "try", "rule", "source")
@@ -23,6 +25,8 @@ def round_html(trace: Trace, step: int) -> str:
         head += "<br>policy: " + html.escape(", ".join(f"{k}={v}" for k, v in r.info.items()))
     if r.residual_topk:
         head += f"<br>emitted token drawn from: {topk_text(trace, r.residual_topk)}"
+    if rescued_in(r):
+        head += f"<br>{rescued_in(r)} token(s) rescued: accepted by the ruling rule where another rule was not"
     nodes = round_nodes(r)
     if not nodes:
         return head
@@ -31,7 +35,7 @@ def round_html(trace: Trace, step: int) -> str:
     for n in nodes:
         vals = (n.id, n.parent, f"<code>{tok(trace, n.token)}</code>", num(n.q), num(n.p), num(n.u),
                 n.decision.replace("_", " "), "" if n.try_order is None else n.try_order + 1,
-                html.escape(n.rule), html.escape(n.source))
+                html.escape(n.rule + (f" ({verdict_text(n)})" if disagrees(n) else "")), html.escape(n.source))
         bold = " style='font-weight:bold'" if n.id in r.accepted else ""
         rows.append(f"<tr{bold}>" + "".join(cell.format(v) for v in vals) + "</tr>")
     return head + "<table style='font-size:90%;margin-top:.4em'>" + "".join(rows) + "</table>"
@@ -78,6 +82,10 @@ def denoise_html(trace: Trace, step: int) -> str:
     rest = {k: v for k, v in s.info.items() if k not in ("forced", "finish", "gap", "g", "entropy", "tree")}
     if rest:
         head += "<br>policy: " + html.escape(", ".join(f"{k}={v}" for k, v in rest.items()))
+    if s.edits:
+        shown = lambda t: "mask" if t == MASK else f"<code>{tok(trace, t)}</code>"
+        head += "<br>edits: " + "; ".join(f"position {e.pos} {shown(e.before)} &rarr; {shown(e.after)}"
+                                          + (f" ({html.escape(e.reason)})" if e.reason else "") for e in s.edits)
     if s.info.get("tree"):
         head += "<br>" + draft_tree_html(trace, s.info["tree"], s.info.get("accepted_node", 0))
     entropy, now = s.info.get("entropy"), set(s.committed)

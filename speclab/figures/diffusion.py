@@ -22,6 +22,7 @@ what the figures show (titles, hovers, step axes) counts steps from 1, like the 
 """
 from __future__ import annotations
 
+import html
 import statistics
 
 import plotly.graph_objects as go
@@ -29,7 +30,7 @@ from plotly.subplots import make_subplots
 
 from speclab.figures import colors
 from speclab.figures._util import bare_axis, check_step, num, show_token, tok
-from speclab.trace import DenoiseStep, Trace, TraceError
+from speclab.trace import MASK, DenoiseStep, Trace, TraceError
 
 # -- reading a diffusion trace ---------------------------------------------------------------------
 def denoise_steps(trace: Trace) -> list[DenoiseStep]:
@@ -182,10 +183,31 @@ def masked_color(prop: dict, p: int) -> str:
     return "#" + "".join(f"{round(g + (b - g) * c):02x}" for g, b in zip(grey, blue))
 
 
+def has_edits(trace: Trace) -> bool:
+    return any(s.edits for s in trace.denoise)
+
+
+def edit_text(trace: Trace, token: int) -> str:
+    return "mask" if token == MASK else f"<b>{tok(trace, token)}</b>"
+
+
+def edits_trace(trace: Trace, s: DenoiseStep, W: int) -> dict:
+    """The step's edits as marks in the corner of their cells: a committed token taken back
+    (re-masked) or rewritten, with the reason in the hover."""
+    es = s.edits
+    return dict(
+        type="scatter", x=[e.pos % W + 0.32 for e in es] or [None], y=[-(e.pos // W) * ROW + 0.82 for e in es] or [None],
+        mode="markers", name="edited this step (taken back or rewritten)",
+        marker=dict(symbol="x", size=9, color=colors.THRESHOLD, line=dict(width=1, color="white")),
+        hovertext=[f"position {e.pos}: {edit_text(trace, e.before)} &rarr; {edit_text(trace, e.after)}"
+                   + (f"<br>{html.escape(e.reason)}" if e.reason else "") for e in es],
+        hovertemplate="%{hovertext}<extra></extra>")
+
+
 def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     """The canvas view as a plain {"data", "layout"} dict. Traces: 0 block shade (cells), 1 the
     cells, 2 block shade (bars), 3 confidence bars, 4 threshold, 5.. legend entries (None when
-    static=False: they never change)."""
+    static=False: they never change), then, for a run whose policy edits, the step's edits."""
     steps = denoise_steps(trace)
     step = check_step(trace, step, len(steps))
     s, G, n = steps[step], gen_length(trace), len(steps)
@@ -260,6 +282,7 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
                     title=dict(text="confidence p(top-1)")),
         meta=dict(step=step, steps=n, engine=trace.engine))
     data = [shade(row_shade(lo, hi, W), ""), cells, shade(bar_block, "2"), bars, line] + legend
+    data += [edits_trace(trace, s, W)] if has_edits(trace) else []
     return dict(data=data, layout=layout)
 
 

@@ -2,7 +2,8 @@
 hovers, the players' labels, the detail panel, the export's slider).
 
 Steps are 0-based indices in code (`trace.rounds[step]`) and 1-based wherever a person reads
-them: "round 3 of 20" is `trace.rounds[2]`. n_steps (speclab.metrics) says how many there are.
+them: "round 3 of 20" is `trace.rounds[2]`. n_steps (speclab.metrics) says how many there are; go_to_step is where a control that moves the
+step lands.
 """
 from __future__ import annotations
 
@@ -32,3 +33,11 @@ def step_title(trace: Trace, step: int) -> str:
     if trace.engine == "dag":
         return f"{step_label(trace)} {step_names(trace)[step]} ({step + 1} of {n})"
     return f"{step_label(trace)} {step + 1} of {n}"
+
+
+def go_to_step(trace: Trace, now: int, by: int | str = 0) -> int:
+    """Where a control lands from step `now` (0-based): `by` steps on (1 next, -1 back) or "first" /
+    "last", kept within the run. What a player's slider, keys and buttons all call."""
+    last = max(n_steps(trace) - 1, 0)
+    step = {"first": 0, "last": last}[by] if isinstance(by, str) else int(now) + int(by)
+    return min(max(step, 0), last)

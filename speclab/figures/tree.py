@@ -3,7 +3,9 @@
 Left to right by depth, from the committed token (the root) to the leaves. Nodes are coloured by
 the decision (accepted / rejected / not reached), the accepted path is drawn thick and ends in the
 token the target emitted (correction or bonus); siblings carry their try order. Hover: p, q, u,
-the rule and, with record="full", the top-k of p and q. A chain is a tree of width one.
+the rule and, with record="full", the top-k of p and q. Where several rules judged the draft
+(`DraftNode.verdicts`), the hover lists each rule's verdict and a ring marks the nodes a lossy rule
+rescued (figures.verdicts). A chain is a tree of width one.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import plotly.graph_objects as go
 
 from speclab.figures import colors
 from speclab.figures._util import bare_axis, check_step, num, tok, topk_text
+from speclab.figures.verdicts import RESCUED, disagrees, has_verdicts, rescued, verdict_text
 from speclab.trace import ACCEPTED, NOT_REACHED, REJECTED, DraftNode, Round, Trace
 
 ROOT, EMIT = -1, "emitted"
@@ -87,6 +90,8 @@ def node_hover(trace: Trace, n: DraftNode) -> str:
          + (f", try #{n.try_order + 1}" if n.try_order is not None else "")
          + f"<br>p={num(n.p)}  q={num(n.q)}  u={num(n.u)}"
          + (f"<br>rule: {n.rule}" if n.rule else "") + (f"<br>source: {source_text(n.source)}" if n.source else ""))
+    if disagrees(n):
+        s += f"<br>verdicts: {verdict_text(n)}" + (" (<b>rescued</b>)" if rescued(n) else "")
     if n.p_topk:
         s += f"<br>p top-k: {topk_text(trace, n.p_topk)}"
     if n.q_topk:
@@ -160,6 +165,13 @@ def tree_parts(trace: Trace, step: int = 0) -> dict:
         type="scatter", x=[pos[n.id][0] for n in tried] or [None], y=[pos[n.id][1] - 0.3 for n in tried] or [None],
         mode="text", text=[f"try {n.try_order + 1}" for n in tried], textfont=dict(size=10, color="#666"),
         hoverinfo="skip", name="try order", showlegend=False))
+    if has_verdicts(trace):         # last, and only for runs judged by several rules: indices above stay
+        ring = [n for n in nodes if rescued(n)]
+        data.append(dict(
+            type="scatter", x=[pos[n.id][0] for n in ring] or [None], y=[pos[n.id][1] for n in ring] or [None],
+            mode="markers", name="rescued (a lossy rule accepted what the exact rule did not)",
+            marker=dict(size=28, symbol="circle-open", color=RESCUED, line=dict(width=3)),
+            hovertext=[node_hover(trace, n) for n in ring], hovertemplate="%{hovertext}<extra></extra>"))
     ys = [y for _, y in pos.values()]
     depth = max(x for x, _ in pos.values())
     return dict(data=data, title=tree_title(trace, step), height=max(200, 45 * (max(ys) - min(ys) + 1)),
@@ -168,7 +180,8 @@ def tree_parts(trace: Trace, step: int = 0) -> dict:
 
 def draft_tree(trace: Trace, step: int = 0) -> go.Figure:
     """The draft tree of round `step` (negative counts from the end). Traces: 0 edges, 1 accepted
-    path, 2 context, 3 accepted, 4 rejected, 5 not reached nodes, 6 emitted token, 7 try order."""
+    path, 2 context, 3 accepted, 4 rejected, 5 not reached nodes, 6 emitted token, 7 try order,
+    8 rescued rings (only where the run kept several rules' verdicts)."""
     p = tree_parts(trace, step)
     return go.Figure(p["data"], dict(title=p["title"], height=p["height"] + 60, plot_bgcolor="white",
                                      margin=dict(l=10, r=10, t=50, b=10), xaxis=p["xaxis"], yaxis=p["yaxis"],

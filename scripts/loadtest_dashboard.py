@@ -30,19 +30,11 @@ import time
 import urllib.parse
 import urllib.request
 
+from shadow_text import DEEP_TEXT   # scripts/ is on the path: run as a script, or imported by its siblings
+
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--no-first-run"]
-# Panel draws panes in shadow roots: the text under elements with a class, styles skipped, not
-# trimmed (an output may end in spaces, and the check compares it exactly)
-DEEP_TEXT = """cls => { const out = [];
-  const text = r => { const w = document.createTreeWalker(r, NodeFilter.SHOW_TEXT); let s = '', n;
-    while ((n = w.nextNode())) if (n.parentElement && n.parentElement.tagName !== 'STYLE') s += n.textContent;
-    return s; };
-  const walk = r => r.querySelectorAll('*').forEach(e => {
-    if (e.classList && e.classList.contains(cls)) out.push(text(e.shadowRoot || e));
-    if (e.shadowRoot) walk(e.shadowRoot); });
-  walk(document); return out.join(' | '); }"""
 
 
 def prompts(n: int) -> list[str]:

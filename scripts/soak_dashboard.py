@@ -28,7 +28,8 @@ import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadtest_dashboard import ARGS, CHROMIUM, DEEP_TEXT, free_port, start_server, stop_server  # noqa: E402
+from loadtest_dashboard import ARGS, CHROMIUM, free_port, start_server, stop_server  # noqa: E402
+from shadow_text import DEEP_TEXT  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

@@ -5,8 +5,11 @@ from dataclasses import dataclass
 
 from speclab.decoding.acceptance import Sampler
 from speclab.decoding.batch import run_batch, unsupported
-from speclab.decoding.registry import (Method, build_drafter, get_method, method_params, paired_draft,
+from speclab.decoding.registry import (Method, build_drafter, get_method, guarantee, method_params, paired_draft,
                                        recorded_params)
+from speclab.decoding.guarantees import weakest
+from speclab.decoding.rules import check_run, get_rule
+from speclab.decoding.rules import rule_params as resolve_rule_params
 from speclab.decoding.speculative import Drafter
 from speclab.decoding.speculative import run as run_speculative
 from speclab.models.backends import make_lm
@@ -33,7 +36,8 @@ class Result:
 def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int = 128,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, record: str | None = "light", device=None, progress=None,
-             backend: str = "auto", dtype="auto", chat: bool = False, **method_params_) -> Result | list[Result]:
+             backend: str = "auto", dtype="auto", chat: bool = False, rule: str | None = None,
+             rule_params: dict | None = None, **method_params_) -> Result | list[Result]:
     """Decode `prompt` with `method`; every decision goes into `result.trace`.
 
     prompt: text, a list of token ids, or a LIST OF PROMPTS (texts or id lists): those are decoded
@@ -50,6 +54,9 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     backend: "auto" runs Llama, Qwen2 / Qwen2.5, Qwen3 and Mistral models (models.lean.archs) on
     speclab's lean forward (same weights, same logits to fp32 rounding, preallocated cache) and
     anything else through transformers; "hf" forces transformers for every model.
+    rule: the acceptance rule of the verify (decoding/rules: "exact", "typical", "lantern", ...; None:
+    the method's own, `exact` for most), with its parameters in rule_params. A lossy rule is recorded
+    with both verdicts per node; the trace's `guarantee` says what the run keeps.
     """
     if isinstance(prompt, (list, tuple)) and not prompt:
         raise ValueError("empty prompt: give a prompt (text or token ids), or a non-empty list of prompts "
@@ -59,25 +66,34 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         custom, method = method, getattr(method, "name", type(method).__name__)
     else:
         custom = None
-    m = get_method(method) if custom is None else Method(method, "custom", "speculative", True, "", type(custom))
+    m = get_method(method) if custom is None else Method(name=method, family="custom", engine="speculative",
+                                                                    guarantee="identical-to-ar", summary="",
+                                                                    drafter=type(custom))
     if m.engine != "speculative":
         raise ValueError(f"method {method!r} runs on the {m.engine} engine: use speclab.run()")
     if record not in RECORD_LEVELS:
         raise ValueError(f"record must be one of None, 'light', 'full', got {record!r}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    unknown = set(method_params_) - set(method_params(method) if custom is None else [])
+    takes = method_params(m) if custom is None else []   # a Drafter instance came built: none
+    unknown = set(method_params_) - set(takes)
     if unknown:
-        raise ValueError(f"method {method!r} does not take {sorted(unknown)}; it takes {method_params(method)}")
+        raise ValueError(f"method {method!r} does not take {sorted(unknown)}; it takes {takes}")
     if batch:
         check_batch(prompt, method, custom, seed)
+    sampler = Sampler(temperature, top_k, top_p)
+    rule = rule or m.rule
+    rule_params = resolve_rule_params(rule, rule_params)            # unknown rule or parameter: one line
+    check_run(rule, sampler.greedy, method=None if custom is not None else m.name)
+    if batch and rule != "exact":
+        raise ValueError(f"rule={rule!r} verifies one prompt at a time; a batch verifies with 'exact'")
+    kept = guarantee(m.name, rule) if custom is None else weakest(m.guarantee, get_rule(rule).guarantee)
     if m.needs_draft and draft is None:
-        draft = paired_draft(target, method)
+        draft = paired_draft(target, m)
         if draft is None:
             raise ValueError(f"method {method!r} needs {m.draft.what} for this target: pass draft=... (or --draft); "
                              f"the zoo ships them for {', '.join(sorted(m.draft.paired))}")
     check_pairing(m.engine, method, target, draft if m.needs_draft else None)
-    sampler = Sampler(temperature, top_k, top_p)
     tgt = as_model(target, device, dtype)
     # a draft given by name loads in the target's dtype (one regime per run)
     dft = as_model(draft, device, next(tgt[0].parameters()).dtype) if m.needs_draft else None
@@ -95,7 +111,7 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         ar = lambda: generate(tgt, ids[0], "ar", max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                               top_p=top_p, seed=seed, record=None, backend=backend).ids
         method_params_ = m.setup(method_params_, ar)
-    build = lambda: custom or build_drafter(method, model, dft[0] if dft else None, method_params_, backend)  # a new one
+    build = lambda: custom or build_drafter(m, model, dft[0] if dft else None, method_params_, backend)  # a new one
     models = {"target": model_info(model, getattr(model, "name_or_path", "target"))}
     if dft is not None:
         models["draft"] = model_info(dft[0], getattr(dft[0], "name_or_path", "draft"))
@@ -105,11 +121,14 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed + i for i in range(len(ids))]
         traces = run_batch(model, [build() for _ in ids], tok, ids, max_new_tokens, sampler, seeds, record,
                            method, params, models, progress, backend)
+        for t in traces:
+            t.guarantee = kept
         return [Result(text=tok.decode(t.output_ids), ids=list(t.output_ids), trace=t) for t in traces]
     # how far the request reaches (the factory sizes what it builds by it)
     lm = make_lm(model, "target", backend, max_len=len(ids[0]) + max_new_tokens + VERIFY_ROOM)
     trace = run_speculative(lm, build(), tok, ids[0], max_new_tokens, sampler, seed,
-                            record, method, params, models, progress)
+                            record, method, params, models, progress, rule, rule_params, model)
+    trace.guarantee = kept
     return Result(text=tok.decode(trace.output_ids), ids=list(trace.output_ids), trace=trace)
 
 
@@ -154,12 +173,14 @@ def run(target, prompt, method: str = "ar", **kw) -> Result:
     m = get_method(method) if isinstance(method, str) else None
     if m is None or m.engine == "speculative":
         return generate(target, prompt, method, **kw)      # checks the pairing itself (public too)
+    if kw.pop("rule", None) not in (None, "exact") or kw.pop("rule_params", None):
+        raise ValueError(f"{method} has no verify to take an acceptance rule: rule= is for speculative methods")
     check_pairing(m.engine, method, target, kw.get("draft"))
     if is_batch(prompt):
         raise ValueError(f"a list of prompts decodes as a batch on the speculative engine only; {method} "
                          f"({m.engine}) takes one prompt at a time")
     if m.engine == "dag":
-        return _run_dag(target, prompt, m.name.removeprefix("dag-"), **kw)
+        return _run_dag(target, prompt, m.strategy, **kw)
     if m.engine == "diffusion":
         from speclab.decoding.dllm_run import run_dllm
         trace = run_dllm(target, prompt, m.name, **kw)
@@ -227,4 +248,5 @@ def _run_dag(target, prompt, strategy, record="light", seed=0, device=None, temp
         if v is not None:
             params[name] = v
     trace = run_dag(model, str(prompt), strategy, record=record, seed=seed, cfg=decode_config(model, **params))
+    trace.guarantee = get_method(f"dag-{strategy}").guarantee
     return Result(text=decode_text(model, trace.output_ids), ids=list(trace.output_ids), trace=trace)

@@ -45,6 +45,10 @@ def add_run(sub):
     p.add_argument("--steps", type=int, help="dllm-lowconf / prophet / sched: total denoising steps")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="any other method parameter, e.g. --param schedule=heuristic")
+    p.add_argument("--rule", help="acceptance rule of the verify: exact (default), typical, lantern, ... "
+                                  "(`speclab methods` lists them)")
+    p.add_argument("--rule-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a parameter of the rule, e.g. --rule lantern --rule-param delta=0.2")
     p.add_argument("--record", choices=["none", "light", "full"], default="light")
     p.add_argument("--device")
     p.add_argument("--trace", help="save the trace (JSON) here")
@@ -69,12 +73,19 @@ def method_kwargs(a) -> dict:
             kw[name] = getattr(a, name)
     if a.exit_layer is not None:
         kw["exit_layer"] = a.exit_layer if a.exit_layer == "auto" else _num(a.exit_layer)
-    for item in a.param:
-        if "=" not in item:
-            raise ValueError(f"--param needs NAME=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        kw[k.replace("-", "_")] = _num(v)
+    kw.update(assignments(a.param, "--param"))
     return kw
+
+
+def assignments(items: list[str], flag: str) -> dict:
+    """NAME=VALUE flags -> {name: number or text}."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"{flag} needs NAME=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.replace("-", "_")] = _num(v)
+    return out
 
 
 def run_kwargs(a) -> dict:
@@ -88,6 +99,10 @@ def run_kwargs(a) -> dict:
         kw["chat"] = True
     if a.max_new_tokens is not None:
         kw["max_new_tokens"] = a.max_new_tokens
+    if getattr(a, "rule", None) is not None:
+        kw["rule"] = a.rule
+    if getattr(a, "rule_param", None):
+        kw["rule_params"] = assignments(a.rule_param, "--rule-param")
     return kw
 
 
@@ -119,7 +134,8 @@ def _show_speculative(a, prompt, r) -> dict:
     import speclab
     import speclab.models.zoo
     chat = a.chat is not None
-    out = dict(text=r.text, ids=r.ids, method=a.method, dtype=r.trace.models["target"].dtype, **r.stats)
+    out = dict(text=r.text, ids=r.ids, method=a.method, dtype=r.trace.models["target"].dtype, **r.stats,
+               guarantee=r.trace.guarantee, **({"rule": r.trace.params["rule"]} if "rule" in r.trace.params else {}))
     if a.check:
         same = {k: v for k, v in method_kwargs(a).items() if k == "backend"}    # ar on the same forward
         ref = speclab.run(a.target, prompt, "ar", max_new_tokens=r.trace.params["max_new_tokens"], record=None,
@@ -141,6 +157,7 @@ def _show_speculative(a, prompt, r) -> dict:
     alpha = "-" if s["alpha"] is None else f"{s['alpha']:.2f}"
     print(f"\n[{a.method}] {s['new_tokens']} tokens, {s['target_forwards']} target forwards, "
           f"{s['draft_forwards']} draft forwards, tau {s['tau']:.2f}, alpha {alpha}, {s['wall_s']:.2f} s"
+          + (f", rule {out['rule']} ({out['guarantee']})" if "rule" in out else "")
           + (f", identical to greedy ar: {out['identical']}" if a.check else ""))
     if a.check and not out["identical"]:
         print(f"[check] {out['why']}")
@@ -270,38 +287,40 @@ def cmd_methods(a):
     if a.json:
         print(json.dumps(rows))
         return 0
+    from speclab.decoding.rules import rules
     w = max(len(m["name"]) for m in rows) + 2        # the longest name still leaves a gap
-    print(f"{'method':<{w}}{'family':<18}{'lossless':<10}{'draft?':<8}summary")
+    g = max(len(m["guarantee"]) for m in rows) + 2
+    print(f"{'method':<{w}}{'family':<18}{'guarantee':<{g}}{'draft?':<8}summary")
     for m in rows:
-        print(f"{m['name']:<{w}}{m['family']:<18}{'yes' if m['lossless'] else 'no':<10}"
+        print(f"{m['name']:<{w}}{m['family']:<18}{m['guarantee']:<{g}}"
               f"{'yes' if m['needs_draft'] else '':<8}{m['summary']}")
+    print(f"\n{'rule':<{w}}{'guarantee':<{g}}{'needs q':<9}{'greedy':<8}{'parameters':<22}summary")
+    for r in rules():
+        params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-"
+        only = f" (for {', '.join(r['only_for'])} only)" if r["only_for"] else ""
+        print(f"{r['name']:<{w}}{r['guarantee']:<{g}}{'yes' if r['needs_q'] else 'no':<9}"
+              f"{'yes' if r['greedy'] else 'no':<8}{params:<22}{r['summary']}{only}")
     return 0
+
+
+# `speclab train RECIPE ...`: the recipe -> (its module in speclab.train, whether its main reads the
+# recipe's name among its arguments). Anything else (the zoo's LMs, -h) goes to speclab.train.zoo.
+TRAIN_RECIPES = {
+    "digits-dllm": ("dllm", True), "code-dllm": ("dllm", True),
+    "numwords": ("dag", True), "dates": ("dag", True),
+    "eagle": ("heads", True), "medusa": ("heads", True),
+    "eagle3": ("eagle3", False),
+    "smollm2-draft": ("smollm2_draft", False),
+    "digits-dgemma": ("dgemma", False),
+    "smollm2-dllm": ("smollm2_dllm", False),
+}
 
 
 def cmd_train(a):
-    if a.rest and a.rest[0] in ("digits-dllm", "code-dllm"):
-        from speclab.train.dllm import main as train_main
-    elif a.rest and a.rest[0] in ("numwords", "dates"):
-        from speclab.train.dag import main as train_main
-    elif a.rest and a.rest[0] == "eagle3":
-        from speclab.train.eagle3 import main as eagle3_main
-        return eagle3_main(a.rest[1:]) or 0
-    elif a.rest and a.rest[0] in ("eagle", "medusa"):
-        from speclab.train.heads import main as heads_main
-        return heads_main(a.rest) or 0
-    elif a.rest and a.rest[0] == "smollm2-draft":
-        from speclab.train.smollm2_draft import main as smollm2_main
-        return smollm2_main(a.rest[1:]) or 0
-    elif a.rest and a.rest[0] == "digits-dgemma":
-        from speclab.train.dgemma import main as dgemma_main
-        return dgemma_main(a.rest[1:]) or 0
-    elif a.rest and a.rest[0] == "smollm2-dllm":
-        from speclab.train.smollm2_dllm import main as dllm_main
-        return dllm_main(a.rest[1:]) or 0
-    else:
-        from speclab.train.zoo import main as train_main
-    train_main(a.rest)
-    return 0
+    import importlib
+    module, named = TRAIN_RECIPES.get(a.rest[0] if a.rest else None, ("zoo", True))
+    train_main = importlib.import_module(f"speclab.train.{module}").main
+    return train_main(a.rest if named else a.rest[1:]) or 0
 
 
 def build_parser():

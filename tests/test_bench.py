@@ -8,6 +8,7 @@ import torch
 from speclab.bench.runner import parse_methods
 from speclab.bench.whatif import simulate_tau
 from speclab.cli import main
+from speclab.prompts import PROMPT_DIR
 
 BASE = ["bench", "--target", "code-target", "--limit", "2", "--max-new-tokens", "12"]
 
@@ -44,6 +45,45 @@ def test_bench_rows_peers_and_whatif(capsys, tmp_path):
     # and prompt by prompt: each ar run against the sample taken right after it
     p = b["ar_share_paired"]
     assert p["prompts"] == 2 and 0 < p["min"] <= p["median"] <= p["max"]
+
+
+def prompt_file(tmp_path, n: int):
+    """The first n prompts of code-complete as a JSONL file of the user's own, by absolute path."""
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join((PROMPT_DIR / "code-complete.jsonl").read_text().splitlines()[:n]) + "\n")
+    return str(path.absolute())
+
+
+def test_a_prompt_file_is_named_by_its_stem_in_traces_and_json(capsys, tmp_path):
+    """A JSONL file given by absolute path: its traces go to DIR/<stem>/<method>/<i>.json (not to DIR
+    joined with that path), and the rows, the table and the JSON call the set by its stem."""
+    out, traces = tmp_path / "b.json", tmp_path / "traces"
+    code = main(["bench", "--target", "code-target", "--methods", "ar,prompt-lookup", "--max-new-tokens", "4",
+                 "--prompts", prompt_file(tmp_path, 2), "--traces", str(traces), "--json", str(out)])
+    assert code == 0
+    saved = sorted(p.relative_to(traces).as_posix() for p in traces.rglob("*.json"))
+    assert saved == ["mine/ar/000.json", "mine/ar/001.json", "mine/prompt-lookup/000.json",
+                     "mine/prompt-lookup/001.json"]
+    res = json.loads(out.read_text())
+    assert res["prompt_set"] == "mine" and {r["prompt_set"] for r in res["rows"]} == {"mine"}
+    assert list(res["bandwidth"]["per_set"]) == ["mine"] and "traces" not in res
+    assert "| ar | mine |" in capsys.readouterr().out
+
+
+def test_the_results_are_saved_before_what_can_fail_after_them(capsys, tmp_path, monkeypatch):
+    """Traces, reports and plots come after the JSON: their failure says where the results are."""
+    import speclab.bench.cli
+
+    def fail(*_):
+        raise NotADirectoryError("cannot write the traces")
+
+    monkeypatch.setattr(speclab.bench.cli, "save_traces", fail)
+    out = tmp_path / "b.json"
+    with pytest.raises(NotADirectoryError):
+        main(["bench", "--target", "code-target", "--methods", "ar", "--max-new-tokens", "2",
+              "--prompts", prompt_file(tmp_path, 1), "--traces", str(tmp_path / "t"), "--json", str(out)])
+    assert f"the results are saved in {out}" in capsys.readouterr().err
+    assert [r["method"] for r in json.loads(out.read_text())["rows"]] == ["ar"]
 
 
 def test_paired_share_pairs_each_run_with_its_sample():
@@ -122,8 +162,19 @@ def test_bench_a_diffusion_target(capsys, tmp_path):
     (["--methods", "draft-model[k=3"], "bad method spec"),
     (["--methods", "ar", "--repeats", "0"], "--repeats"),
     (["--methods", "ar", "--prompts", "no-such-set"], "no-such-set"),
+    (["--methods", "ar", "--prompts", "code-complete,no-such-set"], "no-such-set"),   # before the first set runs
+    (["--methods", "ar", "--prompts", f"code-edit,{PROMPT_DIR / 'code-edit.jsonl'}"],
+     "two prompt sets are named 'code-edit'"),
+    (["--methods", "ar", "--json", "/no/such/folder/b.json"], "--json /no/such/folder/b.json: no folder"),
 ])
-def test_bench_errors(capsys, args, msg):
+def test_bench_errors(capsys, monkeypatch, args, msg):
+    """One line each, before any model loads: a typo never costs a run's minutes."""
+    import speclab.api
+
+    def no_model(*_):
+        raise AssertionError("a model loaded before the error")
+
+    monkeypatch.setattr(speclab.api, "as_model", no_model)
     code = main(BASE + args)
     err = capsys.readouterr().err
     assert code == 2 and msg in err and "Traceback" not in err

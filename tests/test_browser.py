@@ -21,6 +21,11 @@ from pathlib import Path
 import pytest
 from conftest import shoot
 
+from speclab.trace import SCHEMA
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from shadow_text import DEEP_TEXT_TRIMMED as DEEP_TEXT  # noqa: E402  (Panel draws its panes in shadow roots)
+
 pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
@@ -111,18 +116,6 @@ def screenshot_on_failure(page, name: str):
         with contextlib.suppress(Exception):
             page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
         raise
-
-
-# Panel draws every pane in a shadow root: collect the text under elements with a class, skipping
-# the stylesheets that each shadow root carries
-DEEP_TEXT = """cls => { const out = [];
-  const text = r => { const w = document.createTreeWalker(r, NodeFilter.SHOW_TEXT); let s = '', n;
-    while ((n = w.nextNode())) if (n.parentElement && n.parentElement.tagName !== 'STYLE') s += n.textContent;
-    return s; };
-  const walk = r => r.querySelectorAll('*').forEach(e => {
-    if (e.classList && e.classList.contains(cls)) out.push(text(e.shadowRoot || e));
-    if (e.shadowRoot) walk(e.shadowRoot); });
-  walk(document); return out.join(' | ').trim(); }"""
 
 
 def deep_text(page, cls: str) -> str:
@@ -239,7 +232,7 @@ def test_save_then_open_trace(page):
         saved = page.tmp / "saved.json"
         dl.value.save_as(saved)
         d = json.loads(saved.read_text())
-        assert d["schema"] == "speclab.trace/1" and d["method"] == "draft-model"
+        assert d["schema"] == SCHEMA and d["method"] == "draft-model"
         # open a different trace so the page visibly changes: same data, another method name
         d["method"] = "uploaded-copy"
         page.locator(".speclab-upload input[type=file]").set_input_files(

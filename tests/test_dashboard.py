@@ -14,7 +14,7 @@ pn = pytest.importorskip("panel")
 from speclab.apps import runs                      # noqa: E402
 from speclab.apps.dashboard import Dashboard       # noqa: E402
 from speclab.apps.serve import add_serve           # noqa: E402
-from speclab.trace import DraftNode, Round, Totals, Trace  # noqa: E402
+from speclab.trace import SCHEMA, DraftNode, Round, Totals, Trace  # noqa: E402
 
 
 def small(d: Dashboard, method="draft-model", prompt="def parse(line):", n=6) -> Dashboard:
@@ -50,7 +50,7 @@ def test_run_fills_player_and_figures():
         assert d.viewer.step_fig.object.layout.annotations[0].text.startswith("round 2/")
         assert "round 2 of" in d.viewer.detail.object
     saved = json.loads(d._download().read())    # what the Save button hands the browser
-    assert saved["schema"] == "speclab.trace/1" and saved["output_ids"] == trace.output_ids
+    assert saved["schema"] == SCHEMA and saved["output_ids"] == trace.output_ids
 
 
 def test_compare_rows_and_lossless_check():
@@ -263,9 +263,15 @@ def test_the_page_opens_on_a_recorded_example(tmp_path, monkeypatch):
 
 
 def test_shipped_examples_replay():
+    """The page opens on the recorded example of its first method on the real pair: that example
+    ships (an empty folder fails here rather than looping over nothing), and every example replays."""
     from speclab.apps import guide
+    from speclab.apps.form import REAL_PAIR
     from speclab.trace import Trace, replay
-    for path in sorted(guide.EXAMPLES.glob("*.json")):
+    shipped = sorted(guide.EXAMPLES.glob("*.json"))
+    opening = guide.example_path(Dashboard().form.method.value, *REAL_PAIR)
+    assert opening in shipped, f"no example for the page to open on: {opening.name} (scripts/record_examples.py)"
+    for path in shipped:
         t = Trace.load(path)
         assert replay(t) == t.output_ids and t.record == "full", path.name
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from speclab.bench.timing import MAX_BUSY, MAX_DISAGREE
@@ -40,7 +41,8 @@ def add_bench(sub):
                         "batch); tokens_per_s is then the batch throughput, latency_s the wait per sequence")
     p.add_argument("--whatif", action="store_true", help="what-if tau(k) and efficiency for draft-model")
     p.add_argument("--json", dest="json_out")
-    p.add_argument("--traces", metavar="DIR", help="save each run's trace (first pass) as DIR/<set>/<method>/<i>.json; "
+    p.add_argument("--traces", metavar="DIR", help="save each run's trace (first pass) as DIR/<set>/<method>/<i>.json "
+                   "(a JSONL file's set: its stem); "
                    "vLLM peers as summary traces of their per-request metrics")
     p.add_argument("--html")
     p.add_argument("--device")
@@ -50,7 +52,7 @@ def add_bench(sub):
 
 def cmd_bench(a):
     from speclab.api import as_model, check_vocab
-    from speclab.bench.report import html, markdown
+    from speclab.bench.report import html
     from speclab.bench.runner import bench, parse_methods
     specs = parse_methods(a.methods)
     from speclab.bench.peers import PEERS as HF_PEERS
@@ -82,24 +84,24 @@ def cmd_bench(a):
         for s in specs:
             if s.method not in PEERS and unsupported(s.method):
                 raise ValueError(f"--batch-size {a.batch_size}: {unsupported(s.method)}")
+    sets = [s.strip() for s in a.prompts.split(",") if s.strip()]
+    check_before_run(a, sets)                        # before any model loads: no run's minutes are lost to a typo
     target = as_model(a.target, a.device, a.dtype)
     draft = as_model(a.draft, a.device, a.dtype) if a.draft else None
     if draft is not None:
         check_vocab(target, draft)
     record = None if a.record == "none" else a.record
-    sets = [s.strip() for s in a.prompts.split(",") if s.strip()]
-    results = []
+    results, traces = [], {}                         # traces: set name -> label -> [Trace per prompt]
     for prompt_set in sets:
-        results.append(bench(target, draft, specs, prompt_set, a.max_new_tokens, a.repeats, a.limit, a.k,
-                             a.exit_layer, record, keep_traces=a.whatif or bool(a.traces), vllm_python=a.vllm_python,
-                             batch_size=a.batch_size, thresholds=thresholds))
-        if a.traces:
-            save_traces(results[-1]["traces"], Path(a.traces) / prompt_set)
-            if not a.whatif:
-                results[-1].pop("traces")           # saved: not part of the JSON report
+        x = bench(target, draft, specs, prompt_set, a.max_new_tokens, a.repeats, a.limit, a.k, a.exit_layer, record,
+                  keep_traces=a.whatif or bool(a.traces), vllm_python=a.vllm_python, batch_size=a.batch_size,
+                  thresholds=thresholds)
+        if "traces" in x:
+            traces[x["prompt_set"]] = x.pop("traces")  # saved after the results: not part of the JSON report
+        results.append(x)
     measured = {x["prompt_set"]: x.pop("bandwidth_samples") for x in results if "bandwidth_samples" in x}
     res = results[0] if len(results) == 1 else dict(results[0], rows=[r for x in results for r in x["rows"]],
-                                                    prompt_set=",".join(sets))
+                                                    prompt_set=",".join(x["prompt_set"] for x in results))
     res["dtype"] = str(next(target[0].parameters()).dtype).removeprefix("torch.")
     res["verdict_thresholds"] = {"max_disagree": thresholds.max_disagree, "max_busy": thresholds.max_busy}
     if a.batch_size == 1:           # both measure against batch-1 forwards
@@ -109,15 +111,55 @@ def cmd_bench(a):
             from speclab.bench.whatif import verify_costs
             res["verify_cost"] = verify_costs(target[0])
     if a.whatif:
-        # one fixed-k, recorded draft-model run: mixing length policies would blur "tau at k"
+        # one fixed-k, recorded draft-model run (the first set's): mixing length policies would blur "tau at k"
         fixed = [s for s in specs if s.method == "draft-model" and set(s.params) <= {"k"}]
-        traces = res.pop("traces")[fixed[0].label] if fixed and record else []
-        res["whatif"] = whatif_table(traces) if traces else []
-        res["whatif_from"] = fixed[0].label if traces else None
-    print(markdown(res))
+        recorded = traces[results[0]["prompt_set"]][fixed[0].label] if fixed and record else []
+        res["whatif"] = whatif_table(recorded) if recorded else []
+        res["whatif_from"] = fixed[0].label if recorded else None
+    # the results first: whatever fails after them (a report, a trace, a plot) leaves them on disk
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(res, f, indent=1)
+    try:
+        print_report(res)
+        for name, ts in traces.items() if a.traces else ():
+            save_traces(ts, Path(a.traces) / name)
+        if a.html:
+            html(res, a.html)
+    except BaseException:
+        if a.json_out:
+            print(f"speclab: bench: the results are saved in {a.json_out}; what came after them failed:",
+                  file=sys.stderr)
+        raise
+    return 0
+
+
+def check_before_run(a, sets: list[str]):
+    """One ValueError line, before the run, for what would otherwise fail after a set's minutes of
+    measurement: a prompt set that does not load, two sets of one name (their traces and bandwidth
+    rows would overwrite each other), an output in a missing folder."""
+    from speclab.bench.runner import set_name
+    from speclab.prompts import load_prompts
+    for s in sets:
+        load_prompts(s)
+    names = [set_name(s) for s in sets]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"--prompts: two prompt sets are named {twice[0]!r} (a file's name is its stem): rename one")
+    for flag, path in (("--json", a.json_out), ("--html", a.html)):
+        if path and not Path(path).absolute().parent.is_dir():
+            raise ValueError(f"{flag} {path}: no folder {Path(path).absolute().parent}")
+    if a.traces and Path(a.traces).exists() and not Path(a.traces).is_dir():
+        raise ValueError(f"--traces {a.traces} is a file: give a folder")
+
+
+def print_report(res: dict):
+    """The results on stdout: the table, the spread of each speed-up, and the measured limits."""
+    from speclab.bench.report import markdown
     from speclab.bench.timing import print_spread
+    print(markdown(res))
     print_spread(res)
-    for r in res["rows"] if a.batch_size > 1 else []:
+    for r in res["rows"] if res["batch_size"] > 1 else []:
         print(f"batch {r['batch_size']:>3}  {r['method']:<24} {r['tokens_per_s']} tok/s over the batch, "
               f"{r['latency_s']} s per sequence")
     for name, b in res.get("bandwidth", {}).get("per_set", {}).items():
@@ -144,12 +186,6 @@ def cmd_bench(a):
               ", ".join(f"T={T} {c:.2f}" for T, c in res["verify_cost"].items()))
     for w in res.get("whatif", []):
         print(f"what-if k={w['k']} threshold={w['threshold']}: tau {w['tau']}")
-    if a.json_out:
-        with open(a.json_out, "w") as f:
-            json.dump(res, f, indent=1)
-    if a.html:
-        html(res, a.html)
-    return 0
 
 
 def add_bandwidth(res: dict, target_model, measured: dict):

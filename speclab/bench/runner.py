@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from speclab.bench.peers import PEERS, run_peer
 from speclab import metrics
@@ -110,6 +111,12 @@ def _run(res, batch: int) -> dict:
                 verify_s=t.verify_s / batch, rounds=[r for r in res.trace.rounds if r.drafted], trace=res.trace)
 
 
+def set_name(prompt_set: str) -> str:
+    """What the rows, the reports, the JSON and the traces folder call a prompt set: a shipped set
+    its name, a JSONL file its stem (its path would turn DIR / name into that path)."""
+    return Path(prompt_set).stem
+
+
 def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_tokens: int = 128,
           repeats: int = 1, limit: int | None = None, k: int = 4, exit_layer: int = 4,
           record: str | None = "light", progress: bool = True, keep_traces: bool = False,
@@ -120,6 +127,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     from tqdm.auto import tqdm
     model, tok = target
     prompts = load_prompts(prompt_set, limit)
+    name = set_name(prompt_set)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     from speclab.prompts import encode
     prompt_ids = [encode(tok, p, max_new_tokens, max_pos) for p in prompts]
@@ -160,7 +168,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         from speclab.bench.bandwidth import BandwidthProbe
         p = next(model.parameters())
         probe = BandwidthProbe(p.device, p.dtype, model=model)
-    bar = tqdm(total=repeats * len(prompts) * len(ours), desc=f"bench {prompt_set}", disable=not progress)
+    bar = tqdm(total=repeats * len(prompts) * len(ours), desc=f"bench {name}", disable=not progress)
     meter = timing.CpuMeter().start()       # other processes' share of the CPUs while the passes ran
     for rep in range(repeats):
         # suffix's history: this pass's earlier prompts under this method, never the last pass's
@@ -185,7 +193,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs[base])
     # identity is judged against ar on the same backend (backend=exact rows against ar[backend=exact])
     ref = {s.label: reference_label(s, specs, base) for s in specs}
-    rows = [summarise(s, runs[s.label], [r["ids"] for r in runs[ref[s.label]][0]], ar_wall, prompt_set, k)
+    rows = [summarise(s, runs[s.label], [r["ids"] for r in runs[ref[s.label]][0]], ar_wall, name, k)
             for s in specs]
     for s, row in zip(specs, rows):
         row["batch_size"] = batch_size if batched(s) else 1
@@ -197,7 +205,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
             explain_divergences(row, model, prompt_ids, [r["ids"] for r in runs[ref[s.label]][0]],
                                 [r["ids"] for r in runs[s.label][0]], s.params.get("backend", "auto"),
                                 other="hf" if s.method in PEERS or s.method.startswith("vllm-") else None)
-    out = {"rows": rows, "baseline": base, "prompt_set": prompt_set, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+    out = {"rows": rows, "baseline": base, "prompt_set": name, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
            "repeats": repeats, "batch_size": batch_size}
     if probe is not None:                   # the samples only: the probe's buffers go with it
         out["bandwidth_samples"] = probe.summary()

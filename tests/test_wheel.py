@@ -189,6 +189,17 @@ def test_console_script_lists_methods(installed):
     assert lines[0].split()[0] == "method" and any(line.split()[:1] == ["ar"] for line in lines), done.stdout
 
 
+def test_the_installed_copy_decodes_with_its_shipped_zoo(installed):
+    """`speclab run` from the installed copy: the zoo's target and draft load from the wheel's own
+    data and the run is identical to greedy ar (--check)."""
+    done = installed.run([installed.venv / "bin" / "speclab", "run", "--target", "code-target", "--draft",
+                          "code-draft", "--method", "draft-model", "--prompt", "def parse(", "--max-new-tokens", "8",
+                          "--check", "--json"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["identical"] and out["new_tokens"] == 8 and out["guarantee"] == "identical-to-ar"
+
+
 def test_installed_kernel_source_is_where_kernels_looks(installed, imported):
     """speclab.models.kernels builds bf16_linear.cpp from beside itself: that file is installed."""
     source = Path(imported["kernel_source"])

@@ -137,7 +137,8 @@ class Tried:
 
 
 def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_at, sampler: Sampler,
-              gen: torch.Generator | None, draw, argmax_at=None) -> tuple[list[int], int, torch.Tensor | None, list[Tried]]:
+              gen: torch.Generator | None, draw, argmax_at=None,
+              without_replacement: bool = False) -> tuple[list[int], int, torch.Tensor | None, list[Tried]]:
     """Walk a draft tree from the root (-1) with the greedy or the recursive-rejection rule.
 
     children: node -> its children in try order; tokens: node -> token; q_at: node -> draft dist
@@ -146,6 +147,8 @@ def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_a
     argmax_at(node) -> int, optional: the target's greedy token there, precomputed for the whole
     tree (one host transfer per round instead of one per node).
     Returns (accepted node path, emitted token, distribution it came from or None, tries in order).
+    without_replacement: siblings sampled from q without replacement (RSD's Gumbel-Top-k): sibling j
+    is tested against q renormalised without the earlier ones (rules/rsd.py).
     """
     node, path, tries = -1, [], []
     while True:
@@ -164,17 +167,21 @@ def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_a
             continue
         p = warp(p_at(node), sampler)
         q = q_at.get(node)  # (V,) or None for point-mass children
+        left = q.clone() if q is not None and without_replacement else None    # q without the tried siblings
         nxt = None
         for c in kids:
             x = tokens[c]
-            p_x, q_x = p[x].item(), (q[x].item() if q is not None else None)
+            qj = left / left.sum() if left is not None else q
+            p_x, q_x = p[x].item(), (qj[x].item() if qj is not None else None)
             u = draw()
             ok = accepts(u, p_x, q_x)
             tries.append(Tried(c, ok, u, p_x, q_x))
             if ok:
                 nxt = c
                 break
-            p = residual(p, q) if q is not None else remove_token(p, x)
+            p = residual(p, qj) if qj is not None else remove_token(p, x)
+            if left is not None:
+                left[x] = 0.0
         if nxt is None:
             return path, int(sample(p, gen)), p, tries
         path.append(nxt)

@@ -36,12 +36,13 @@ class Neighbours:
 
     def __init__(self, embed: torch.Tensor, k: int):
         self.E = embed.detach().float()
+        self.sq = self.E.square().sum(-1)                                # (V,) |e|^2
         self.k = min(k, self.E.shape[0] - 1)
         self.table: dict[int, torch.Tensor] = {}
 
     def __call__(self, x: int) -> torch.Tensor:
         if x not in self.table:
-            d = (self.E - self.E[x]).square().sum(-1)
+            d = self.sq - 2 * (self.E @ self.E[x])                       # |e - e_x|^2 - |e_x|^2: one product
             d[x] = float("inf")
             self.table[x] = d.topk(self.k, largest=False).indices        # nearest first
         return self.table[x]

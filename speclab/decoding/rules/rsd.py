@@ -17,40 +17,16 @@ every stage (`renormalise=False`, a broken variant kept for the negative test) i
 """
 from __future__ import annotations
 
-from speclab.decoding.acceptance import Tried, accepts, remove_token, residual, sample, walk_tree, warp
+from functools import partial
+
+from speclab.decoding.acceptance import walk_tree
 from speclab.decoding.rules.base import Rule, register_rule
 
 
 def make(params: dict, model=None, renormalise: bool = True):
-    def walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at=None):
-        if sampler.greedy:
-            return walk_tree(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at)
-        node, path, tries = -1, [], []
-        while True:
-            P = warp(p_at(node), sampler)
-            q = q_at.get(node)
-            Q = q.clone() if q is not None else None
-            nxt = None
-            for c in children.get(node, []):
-                x = tokens[c]
-                Qj = (Q / Q.sum() if renormalise else q) if Q is not None else None
-                p_x, q_x = float(P[x]), (float(Qj[x]) if Qj is not None else None)
-                u = draw()
-                ok = accepts(u, p_x, q_x)
-                tries.append(Tried(c, ok, u, p_x, q_x))
-                if ok:
-                    nxt = c
-                    break
-                if Qj is None:
-                    P = remove_token(P, x)
-                else:
-                    P = residual(P, Qj)
-                    Q[x] = 0.0
-            if nxt is None:
-                return path, int(sample(P, gen)), P, tries
-            path.append(nxt)
-            node = nxt
-    return walk
+    """walk_tree with siblings drawn without replacement; renormalise=False keeps the full q for
+    every sibling (the exact rule's recursion, wrong for these drafts: the negative control)."""
+    return partial(walk_tree, without_replacement=renormalise)
 
 
 RSD = register_rule(Rule(

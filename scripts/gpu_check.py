@@ -470,8 +470,6 @@ def main(argv=None):
     ap.add_argument("--zoo", default=None,
                     help="zoo targets whose methods are held to ar (default: code-target, and smollm2-135m with its "
                          "heads on CUDA; --smoke: code-target); 'none' skips")
-    ap.add_argument("--compile-cache", default=None,
-                    help="a file of torch.compile's artifacts: loaded when present, written after the shapes")
     ap.add_argument("--isolate", choices=("auto", "on", "off"), default="auto",
                     help="each shape (and zoo target) in a process of its own, resumed after a fatal CUDA error "
                          "with a CUDA_LAUNCH_BLOCKING run of the failing row (auto: on CUDA)")
@@ -509,7 +507,6 @@ def main(argv=None):
         report.update(cuda=torch.version.cuda, driver=driver_version())
     isolate = args.isolate == "on" or args.isolate == "auto" and device.type == "cuda"
     report["isolated"] = isolate
-    load_compile_cache(args.compile_cache)
     t0 = time.perf_counter()
     deadline = t0 + (args.deadline_s or 7 * 86400)
     for name in args.shapes.split(","):
@@ -521,8 +518,6 @@ def main(argv=None):
         report["shapes"].append(finish_shape(shape))
         save(report, args.out)              # a run cut short by its time limit keeps what it measured
         print(table(dict(report, shapes=report["shapes"][-1:], zoo={})), file=sys.stderr, flush=True)
-    if not isolate:
-        save_compile_cache(args.compile_cache)
     zoo = args.zoo or ("code-target" if args.smoke or device.type != "cuda" else "code-target,smollm2-135m")
     report["zoo"] = {}
     for target in [] if zoo == "none" else zoo.split(","):
@@ -571,30 +566,6 @@ def driver_version() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
 
-
-def load_compile_cache(path: str | None):
-    """torch.compile's artifacts from an earlier run (torch.compiler.save_cache_artifacts), so a rerun
-    on a fresh machine skips the compiles (transformers' static step, the static-compile row)."""
-    if path and Path(path).exists():
-        try:
-            torch.compiler.load_cache_artifacts(Path(path).read_bytes())
-            print(f"gpu_check: compile cache loaded from {path}", file=sys.stderr, flush=True)
-        except Exception as e:              # another torch: compile afresh
-            print(f"gpu_check: compile cache not used ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
-
-
-def save_compile_cache(path: str | None):
-    if not path or not torch.cuda.is_available():
-        return
-    try:
-        got = torch.compiler.save_cache_artifacts()
-        if got is not None:
-            tmp = Path(path).with_suffix(".tmp")
-            tmp.write_bytes(got[0])
-            tmp.replace(path)
-            print(f"gpu_check: compile cache saved to {path} ({len(got[0]) / 2 ** 20:.1f} MiB)", file=sys.stderr, flush=True)
-    except Exception as e:
-        print(f"gpu_check: compile cache not saved ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ total-variation budget.
 
 LANTERN pools the target's mass over a latent neighbourhood of the drafted token: for an image
 model the VQ codebook's nearest codes, here the tokens nearest to x by the target's own input
-embedding (L2), found once per token and kept for the run.
+embedding (L2), found once per token and kept on the model for later runs.
 
     N(x)   = the k tokens nearest x (x itself excluded), nearest first
     c_j    = p(N(x)_1) + ... + p(N(x)_j)
@@ -32,7 +32,7 @@ SHOWN = 8                                       # pooled ids kept in a decision'
 
 class Neighbours:
     """The k nearest tokens of a token by the L2 distance of input embeddings, computed on first
-    use (one (V, C) pass per distinct token, never a V x V matrix) and kept for the run."""
+    use (one matrix-vector product per distinct token, never a V x V matrix) and kept."""
 
     def __init__(self, embed: torch.Tensor, k: int):
         self.E = embed.detach().float()
@@ -48,6 +48,17 @@ class Neighbours:
         return self.table[x]
 
 
+def neighbours(model, k: int) -> Neighbours:
+    """The model's neighbour table for k, kept on the model (derived from its weights, as its packed
+    weights are), so every run of the rule on it reuses what earlier runs found."""
+    E = model.get_input_embeddings().weight
+    tables = model.__dict__.setdefault("_speclab_neighbours", {})
+    key = (k, E.data_ptr(), E.dtype)
+    if key not in tables:
+        tables[key] = Neighbours(E, k)
+    return tables[key]
+
+
 def pool(P: torch.Tensor, ids: torch.Tensor, delta: float) -> tuple[int, float]:
     """(J, c_J): the longest nearest-first prefix of ids whose mass under P stays within delta."""
     c = P[ids].cumsum(0)
@@ -61,7 +72,7 @@ def make(params: dict, model=None):
         raise ValueError(f"lantern takes k >= 1 and 0 < delta < 1, got k={k}, delta={delta}")
     if model is None:
         raise ValueError("rule 'lantern' reads the target's input embedding: run it on a model")
-    near = Neighbours(model.get_input_embeddings().weight, k)
+    near = neighbours(model, k)
 
     def walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at=None):
         node, path, tries = -1, [], []

@@ -96,7 +96,7 @@ class Form:
             setattr(self, name, widget)               # form.k, form.threshold, ... read like the other fields
         # long enough that the default chat answer ends (two sentences: about 55 tokens) rather than
         # stopping mid-sentence, short enough to keep a first run quick
-        self.max_new_tokens = w.IntSlider(name="max new tokens", start=1, end=128, value=64)
+        self.max_new_tokens = w.IntSlider(name="max new tokens", start=1, end=128, value=96)
         self.temperature = w.FloatSlider(name="temperature", start=0.0, end=1.5, step=0.05, value=0.0)
         # label -> rule name; the label says what the rule keeps
         self.rule = w.Select(name="acceptance rule", options={"exact (identical to ar)": "exact"}, value="exact",

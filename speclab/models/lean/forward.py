@@ -24,7 +24,7 @@ from speclab.models import kernels
 from speclab.models.adapter import scatter_subset
 from speclab.models.geometry import is_chain, tree_depths_and_visibility, tree_positions
 from speclab.models.lean.archs import ACTIVATIONS, VERIFY_ROOM, arch_of
-from speclab.models.lean.weights import fuse, mm, norm_weight, pack_model, rope_tables, split_inner
+from speclab.models.lean.weights import fuse, mm, norm_weight, pack_model, rope_tables
 
 
 class LeanLM:
@@ -56,7 +56,7 @@ class LeanLM:
             self.layout = "packed"
         else:
             self.layout = "out_in" if self.dtype != torch.float32 else ("dual" if self.device.type == "cpu" else "in_out")
-        self.layers, self.head = pack_model(model, self.layout, exact)
+        self.layers, self.head = pack_model(model, self.layout)
         # all the layers in one native call where every matrix packs without padding
         self.fused = self.layout == "packed" and self.arch.fuses and self.D in (32, 64, 128) and not any(
             w[n].padded for w in self.layers for n in ("wqkv_k", "wo_k", "w13_k", "w2_k"))
@@ -77,8 +77,9 @@ class LeanLM:
         self.kv = torch.empty(L, 2, self.Hkv, self.max_len, self.D, device=self.device, dtype=self.dtype)
         self.n = 0
         self.forwards = 0
-        # exact: every query row's attention is computed exactly as a one-token forward computes it
-        # (see _attend_rows), so a verify gives each position the logits `ar` gives it, bit for bit
+        # exact: every query row is computed exactly as a one-token forward computes it (its own
+        # products and attention: _exact_rows), so a verify gives each position the logits `ar`
+        # gives it, bit for bit, whatever the BLAS does with several rows
         self.exact = exact
         self.capture_layers: tuple[int, ...] = ()
         self._spans: dict[tuple[int, int], tuple] = {}      # (first, stop) layer -> the fused call's weights
@@ -226,9 +227,14 @@ class LeanLM:
         rows = self._exact_rows(T, past, n_prefix, vis) if self.exact and T > 1 else None
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # (T, 1, D)
         Hq, Hkv, D = self.Hq, self.Hkv, self.D
+        if rows is None:
+            lin = mm
+        else:           # each row group's own product: a batched product's rows can round differently
+            def lin(h, w, name):
+                return torch.cat([mm(h[r0:r0 + n], w, name) for r0, n, _ in rows])
         for i, w in enumerate(use):
             h = self.rms(x, w["ln1"])
-            qkv = mm(h, w, "wqkv")                                      # (T, (Hq + 2 Hkv) D)
+            qkv = lin(h, w, "wqkv")                                     # (T, (Hq + 2 Hkv) D)
             qk = _rope(self.qk_heads(qkv, w), cos, sin).transpose(0, 1)
             q, k = qk[:Hq], qk[Hq:]                                           # (Hq, T, D), (Hkv, T, D)
             v = qkv[:, (Hq + Hkv) * D:]
@@ -239,10 +245,10 @@ class LeanLM:
                 a = self._attend(q, K, V, mask)                               # (Hq, T, D)
             else:
                 a = self._attend_rows(q, i, rows)
-            x = x + mm(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
+            x = x + lin(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
             h = self.rms(x, w["ln2"])
-            g, u = mm(h, w, "w13").chunk(2, -1)
-            x = x + mm(self.act(g) * u, w, "w2")
+            g, u = lin(h, w, "w13").chunk(2, -1)
+            x = x + lin(self.act(g) * u, w, "w2")
             if i + 1 in self.capture_layers:
                 self.captured[i + 1] = x[None]
         return x
@@ -335,11 +341,13 @@ class LeanLM:
                              f"(the draft has {have}), got {n!r}")
         self.head_ids = ids[:n]
         self.head = fuse(self.layout, head=(self.model.lm_head.weight[:n],))
-        if self.exact and self.layout != "packed":      # as _packed builds an exact model's head
-            split_inner(self.head)
 
     def final_norm_head(self, h: torch.Tensor, subset: bool = False) -> torch.Tensor:
-        logits = mm(self.rms(h, self.norm), self.head, "head")                  # (T, V) or (T, N)
+        h = self.rms(h, self.norm)
+        if self.exact and self.layout != "packed" and h.shape[0] > 1:   # row by row, as _layers
+            logits = torch.cat([mm(h[r:r + 1], self.head, "head") for r in range(h.shape[0])])
+        else:
+            logits = mm(h, self.head, "head")                           # (T, V) or (T, N)
         if self.head_ids is None or subset:
             return logits
         return scatter_subset(logits, self.head_ids, self.vocab_size)

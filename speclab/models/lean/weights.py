@@ -7,8 +7,6 @@ tables. Layouts:
   "in_out"  the (in, out) transpose, applied as x @ w
   "dual"    both: fp32 on a CPU, where F.linear on (out, in) is the faster for 2-3 rows and the
             transpose for every other row count (mm picks per call)
-
-An `exact` model also splits wide inner dimensions so every row count rounds alike (EXACT_INNER).
 """
 from __future__ import annotations
 
@@ -19,12 +17,12 @@ from speclab.models import kernels
 from speclab.models.lean.archs import arch_of
 
 
-def pack_model(model, layout: str, exact: bool = False):
+def pack_model(model, layout: str):
     """The fused / transposed weights, built once per model and reused by every decode (building
     them is a copy of every matrix). Rebuilt if any parameter was modified in place since."""
-    key = (layout, exact, sum(p._version for p in model.parameters()),
+    key = (layout, sum(p._version for p in model.parameters()),
            tuple(p.data_ptr() for p in model.parameters()))
-    cached = model.__dict__.setdefault("_speclab_packed", {}).get((layout, exact))
+    cached = model.__dict__.setdefault("_speclab_packed", {}).get(layout)
     if cached is not None and cached[0] == key:
         return cached[1]
     offset = arch_of(model).norm_offset
@@ -36,10 +34,7 @@ def pack_model(model, layout: str, exact: bool = False):
                          ln2=norm_weight(l.post_attention_layernorm.weight, offset)) | deltas(l)
                   for l in model.model.layers]
         head = fuse(layout, head=(model.lm_head.weight,))
-        if exact and layout != "packed":        # the packed kernel is row-count invariant already
-            for w in layers + [head]:
-                split_inner(w)
-    model._speclab_packed[(layout, exact)] = (key, (layers, head))
+    model._speclab_packed[layout] = (key, (layers, head))
     return layers, head
 
 
@@ -70,25 +65,11 @@ def deltas(layer) -> dict:
 def packed_matrices(model) -> list[torch.Tensor]:
     """The packed matrices speclab's bf16 kernel reads for a decode step of `model` (each layer's
     four and the LM head), as _packed built and cached them; [] if no forward has built them."""
-    built = model.__dict__.get("_speclab_packed", {}).get(("packed", False))
+    built = model.__dict__.get("_speclab_packed", {}).get("packed")
     if built is None:
         return []
     layers, head = built[1]
     return [w.data for d in layers + [head] for w in d.values() if isinstance(w, kernels.Packed)]
-
-
-# oneDNN's bf16 F.linear (torch 2.13, CPU) gives every row the same result
-# whatever the number of rows while the inner dimension is <= 768; at 1536 (SmolLM2's MLP down
-# projection) rows of a 2+ row call round differently from a 1-row call. The exact mode splits such
-# weights along the inner dimension and sums the parts in fp32, for every row count alike.
-EXACT_INNER = 768
-
-
-def split_inner(w: dict):
-    for name in [n for n in w if not n.endswith("_t")]:
-        W = w[name]
-        if W.dim() == 2 and W.shape[1] > EXACT_INNER:
-            w[name + "_parts"] = [W[:, i:i + EXACT_INNER].contiguous() for i in range(0, W.shape[1], EXACT_INNER)]
 
 
 def rope_tables(model, max_len: int, D: int):
@@ -127,13 +108,6 @@ def mm(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     packed = w.get(name + "_k")
     if packed is not None:                    # plain Llama only (lean.archs.Arch.native): no bias
         return packed(x)
-    parts = w.get(name + "_parts")
-    if parts is not None:                     # exact mode: row-count-invariant pieces, fp32 sum
-        n = parts[0].shape[1]
-        y = F.linear(x[:, :n], parts[0]).float()
-        for i, p in enumerate(parts[1:], 1):
-            y += F.linear(x[:, i * n:(i + 1) * n], p).float()
-        return (y if b is None else y + b.float()).to(x.dtype)
     t = w.get(name + "_t")
     if t is None or (2 <= x.shape[0] <= 3 and name in w):
         return F.linear(x, w[name], b)

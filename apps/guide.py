@@ -34,7 +34,9 @@ different, equally valid outputs.""",
 GLOSSARY = """| term | meaning |
 |---|---|
 | **tau** | new tokens per target forward (`ar` = 1; higher is faster, if drafting is cheap) |
-| **alpha** | share of drafted tokens the target accepted |
+| **alpha** | per-token acceptance rate, as in the papers and the cost model: accepted / judged draft tokens (a token after the first rejection of a round is never judged) |
+| **drafts kept** | accepted / drafted: every drafted token counted, judged or not (below alpha when drafts run long) |
+| **c, round cost** | what one draft + verify round costs, in plain `ar` steps (measured); a round must yield more than c tokens to win |
 | **bonus** | the target's own next token after a fully accepted draft: a round always gains >= 1 token |
 | **correction** | the token the target writes in place of the first rejected draft token |
 | **p / q** | the target's / the draft's probability of a token; a draft token is accepted with min(1, p/q) |

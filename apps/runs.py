@@ -185,7 +185,8 @@ def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "
             spread = f"{up.ratios.lo:.2f}-{up.ratios.hi:.2f}x"
             verdict = "reliable" if up.reliable else "unreliable: " + "; ".join(up.reasons)
         row = {"method": name, "new tokens": tot.new_tokens, "tau": round(tot.tau, 2),
-               "alpha": None if tot.alpha is None else round(tot.alpha, 2),
+               "alpha": None if (a := metrics.token_alpha(t.rounds)) is None else round(a, 2),
+               "drafts kept": "-" if not tot.drafted else f"{tot.accepted}/{tot.drafted}",
                "target fwd": tot.target_forwards, "draft fwd": tot.draft_forwards,
                "wall s": round(wall.median if wall else tot.wall_s, 3),
                "wall s spread": f"{wall.lo:.3f}-{wall.hi:.3f}" if wall and wall.n > 1 else "-",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 
 from speclab.apps import runs
-from speclab.metrics import n_steps
+from speclab.metrics import n_steps, token_alpha
 from speclab.trace import Trace
 
 PLAYER_TIPS = {"slower": "play slower", "first": "first {}", "previous": "previous {}", "reverse": "play backwards",
@@ -31,7 +31,8 @@ def visible_text(text: str) -> str:
 def status_html(trace: Trace) -> str:
     """One line about the run, built from the trace alone (so it shows what really ran)."""
     t = trace.totals
-    alpha = "-" if t.alpha is None else f"{t.alpha:.2f}"
+    a = token_alpha(trace.rounds)
+    alpha = "-" if a is None else f"{a:.2f}"
     models = ", ".join(f"{role} {m.name} ({m.runs_on()})" for role, m in trace.models.items())
     if trace.engine == "diffusion":     # no draft: one model checks its own parallel proposals
         stats = f"{t.new_tokens} new tokens in {t.target_forwards} forwards ({t.tau:.2f} tokens per forward)"
@@ -45,7 +46,8 @@ def status_html(trace: Trace) -> str:
                       + (f", {sum(run.valid.values())} of {len(run.valid)} with a valid answer" if run.valid else "")
                       + ")")
     else:
-        stats = (f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha}, target forwards {t.target_forwards}, "
+        stats = (f"{t.new_tokens} new tokens, tau {t.tau:.2f}, alpha {alpha} (per judged draft token), "
+                 f"{t.accepted} of {t.drafted} drafted tokens kept, target forwards {t.target_forwards}, "
                  f"draft forwards {t.draft_forwards}")
     T = trace.sampling.temperature
     stats += ", greedy" if not T else f", sampled at T = {T:g}"

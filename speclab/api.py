@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speclab import metrics
 from speclab.decoding.acceptance import Sampler
 from speclab.decoding.batch import run_batch, unsupported
 from speclab.decoding.registry import (Method, build_drafter, get_method, guarantee, method_params, paired_draft,
@@ -29,7 +30,10 @@ class Result:
     def stats(self) -> dict:
         t = self.trace.totals
         return dict(new_tokens=t.new_tokens, target_forwards=t.target_forwards,
-                    draft_forwards=t.draft_forwards, tau=t.tau, alpha=t.alpha, wall_s=t.wall_s,
+                    draft_forwards=t.draft_forwards, tau=t.tau, wall_s=t.wall_s,
+                    # alpha: the papers' per-token rate (accepted / judged), the cost model's; kept:
+                    # accepted / drafted, every drafted token counted (metrics' docstring)
+                    alpha=metrics.token_alpha(self.trace.rounds), kept=t.alpha,
                     drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s, verify_s=t.verify_s)
 
 

@@ -14,7 +14,7 @@ from plotly.subplots import make_subplots
 
 from speclab.figures import colors
 from speclab.figures._util import check_step
-from speclab.metrics import calibration
+from speclab.metrics import calibration, token_alpha
 from speclab.metrics import per_position as _per_position
 from speclab.trace import Trace
 
@@ -96,7 +96,8 @@ def acceptance_summary(trace: Trace, step: int | None = None) -> go.Figure:
     lengths = [len(r.accepted) for r in trace.rounds]
     depths, cond, uncond = per_position(trace)
     t = trace.totals
-    alpha = f"{t.alpha:.2f}" if t.alpha is not None else "—"
+    a = token_alpha(trace.rounds)
+    alpha = f"{a:.2f}" if a is not None else "—"
     fig = make_subplots(rows=1, cols=3, column_widths=[0.45, 0.25, 0.3], subplot_titles=(
         "accepted length per round", "histogram", "acceptance by draft position"))
     fig.add_trace(go.Bar(x=rounds_axis(trace), y=lengths, marker_color=colors.ORIGIN["accepted"],
@@ -113,8 +114,8 @@ def acceptance_summary(trace: Trace, step: int | None = None) -> go.Figure:
     fig.update_xaxes(title_text="round", row=1, col=1)
     fig.update_xaxes(title_text="accepted length", row=1, col=2)
     fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=3)
-    fig.update_layout(title=f"{trace.method}: tau {t.tau:.2f}, alpha {alpha} "
-                            f"({t.accepted}/{t.drafted} drafted tokens accepted)",
+    fig.update_layout(title=f"{trace.method}: tau {t.tau:.2f}, alpha {alpha} (per judged draft token); "
+                            f"{t.accepted} of {t.drafted} drafted tokens kept",
                       height=320, margin=dict(l=40, r=10, t=70, b=40), plot_bgcolor="white",
                       legend=dict(orientation="h", y=-0.25))
     return fig

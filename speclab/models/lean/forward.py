@@ -7,15 +7,20 @@ rejected draft is `self.n = n`, with nothing copied (gpt-fast's trick, no rollba
 
 Same interface as `models.hf.CausalLM` (forward / keep / keep_positions / exit_lm / capture), plus
 `forward_rows` (rows at any positions with any visibility: a batch of sequences in one slot space,
-a block-diffusion canvas). Logits equal the transformers forward to rounding (tests/test_causal.py,
-tests/test_real_model.py). Runs the architectures lean.archs supports (plain Llama and the deltas
-it implements); models.backends sends anything else to the transformers path.
+a block-diffusion canvas) and skip sets (`SkipSet`: a forward that leaves out chosen attention and
+MLP sublayers, the residual stream passing them by: SWIFT's draft, `skip_lm`; Unified Layer
+Skipping, `self.skip` on every forward). Logits equal the transformers forward to rounding
+(tests/test_causal.py, tests/test_real_model.py). Runs the architectures lean.archs supports
+(plain Llama and the deltas it implements); models.backends sends anything else to the
+transformers path.
 
 In bf16 on a CPU with AVX512-BF16 each layer is one call into speclab's native kernel
 (speclab.models.kernels): every row is then computed exactly as a one-token forward computes it,
 which makes the `exact` flag unnecessary there. Elsewhere the layers are torch ops.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +30,58 @@ from speclab.models.adapter import scatter_subset
 from speclab.models.geometry import is_chain, tree_depths_and_visibility, tree_positions
 from speclab.models.lean.archs import ACTIVATIONS, VERIFY_ROOM, arch_of
 from speclab.models.lean.weights import fuse, mm, norm_weight, pack_model, rope_tables
+
+
+@dataclass(frozen=True)
+class SkipSet:
+    """The sublayers a forward leaves out, by 0-based layer: a skipped attention or MLP adds nothing
+    to the residual stream, and a skipped attention writes no KV. Nothing misses those entries: a
+    layer's slots are read by that layer's attention only; a draft's attention (SWIFT's set changes
+    from round to round) reads the committed slots, which the verify wrote in every layer, and its
+    own round's; a layer skipped for the whole run (Unified Layer Skipping) is never read. On the
+    native kernel (bf16, AVX512-BF16) whole-layer skips run as spans of the kernel's layers; a set
+    that skips one sublayer of a layer and runs the other runs the layers as torch ops."""
+    attn: frozenset = frozenset()
+    mlp: frozenset = frozenset()
+
+    @classmethod
+    def layers(cls, idx) -> "SkipSet":
+        """Whole layers skipped (attention and MLP)."""
+        return cls(frozenset(idx), frozenset(idx))
+
+    @classmethod
+    def from_text(cls, text: str) -> "SkipSet":
+        return cls(frozenset(i for i, c in enumerate(text) if c in "ax"),
+                   frozenset(i for i, c in enumerate(text) if c in "mx"))
+
+    def __bool__(self) -> bool:
+        return bool(self.attn or self.mlp)
+
+    @property
+    def whole(self) -> frozenset:
+        """The layers skipped whole."""
+        return self.attn & self.mlp
+
+    @property
+    def partial(self) -> bool:
+        """Some layer skips one sublayer and runs the other."""
+        return self.attn != self.mlp
+
+    def __len__(self) -> int:
+        """Sublayers skipped."""
+        return len(self.attn) + len(self.mlp)
+
+    def text(self, n_layers: int) -> str:
+        """One character a layer: "." runs, "a" attention skipped, "m" MLP skipped, "x" both
+        (".x.x" skips layers 1 and 3 whole)."""
+        return "".join("x" if i in self.whole else "a" if i in self.attn else "m" if i in self.mlp else "."
+                       for i in range(n_layers))
+
+    def check(self, n_layers: int) -> "SkipSet":
+        bad = sorted(i for i in self.attn | self.mlp if not (isinstance(i, int) and 0 <= i < n_layers))
+        if bad:
+            raise ValueError(f"a skip set names layers {bad}, outside this model's 0..{n_layers - 1}")
+        return self
 
 
 class LeanLM:
@@ -82,10 +139,14 @@ class LeanLM:
         # gives it, bit for bit, whatever the BLAS does with several rows
         self.exact = exact
         self.capture_layers: tuple[int, ...] = ()
+        self.skip: SkipSet | None = None         # sublayers every forward leaves out (Unified Layer Skipping)
         self._spans: dict[tuple[int, int], tuple] = {}      # (first, stop) layer -> the fused call's weights
         self.captured: dict[int, torch.Tensor] = {}
-        # the kernel's thread count, chosen from the load (SPECLAB_THREADS; kernels.TeamSize)
-        self.team = kernels.TeamSize() if self.fused else None
+        # the thread count, chosen from the load (SPECLAB_THREADS; kernels.TeamSize): on the kernel, and
+        # for torch's ops on a CPU too, where two threads beside a busy core run 2x to 30x slower than
+        # one (OpenMP's threads spin at every op's barrier: docs/performance.md, Busy machine). Not for
+        # the exact backend, whose rows must not depend on the thread count
+        self.team = kernels.TeamSize() if self.fused or (self.device.type == "cpu" and not exact) else None
 
     @property
     def length(self) -> int:
@@ -127,12 +188,13 @@ class LeanLM:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor | None, parents: list[int] | None = None, n_prefix: int = 0,
                 logits_to_keep: int = 0, n_layers: int | None = None,
-                embeds: torch.Tensor | None = None, subset: bool = False) -> torch.Tensor:
+                embeds: torch.Tensor | None = None, subset: bool = False, skip: SkipSet | None = None) -> torch.Tensor:
         """Logits (T, V) for ids (T,) after the first `self.n` cached tokens, or of the last
         logits_to_keep rows only (see CausalLM.forward).
         n_layers < all: an early exit through the shared final norm and head. embeds (T, C): the
         input vectors instead of ids' embeddings (an EAGLE head's fused feature + token input).
-        subset: a trimmed-vocabulary head's logits (T, N) over its own `head_ids`, not spread to V."""
+        subset: a trimmed-vocabulary head's logits (T, N) over its own `head_ids`, not spread to V.
+        skip: the sublayers to leave out (None: `self.skip`, usually none)."""
         T, past = (ids if embeds is None else embeds).shape[0], self.n
         if past + T > self.max_len:
             raise ValueError(f"sequence of {past + T} tokens exceeds the context window of {self.max_len}")
@@ -144,25 +206,30 @@ class LeanLM:
             mask = vis.to(self.device)                                        # (T, past+T) bool
         else:
             pos = slice(past, past + T)                       # a chain: causal (the mask built where needed)
-        kind = (T, n_layers, subset, logits_to_keep if isinstance(logits_to_keep, int) else -len(logits_to_keep))
+        skip = self.skip if skip is None else skip
+        kind = (T, n_layers, subset, logits_to_keep if isinstance(logits_to_keep, int) else -len(logits_to_keep),
+                skip or None)
         with kernels.on_team(self.team, kind, T):
-            return self._run(ids, embeds, pos, past, n_prefix, mask, vis, logits_to_keep, n_layers, subset)
+            return self._run(ids, embeds, pos, past, n_prefix, mask, vis, logits_to_keep, n_layers, subset, skip)
 
     @torch.inference_mode()
     def forward_rows(self, ids: torch.Tensor, pos: torch.Tensor, vis: torch.Tensor,
-                     score: torch.Tensor | None = None) -> torch.Tensor:
+                     score: torch.Tensor | None = None, skip: SkipSet | None = None) -> torch.Tensor:
         """Logits (T, V) for rows ids (T,) at positions pos (T,), row r attending to the slots
         vis[r] (T, n + T) bool of the cache's first n slots and these rows (which take slots
         n..n+T-1). Several sequences share one slot space this way (speclab.models.lean.batch).
-        score: the rows (LongTensor) whose logits are wanted, (len(score), V) in that order."""
+        score: the rows (LongTensor) whose logits are wanted, (len(score), V) in that order.
+        skip: as in forward."""
         T, past = ids.shape[0], self.n
         if past + T > self.max_len:
             raise ValueError(f"{past + T} cache slots exceed the cache of {self.max_len}")
         if self.arch.sliding_window is not None and T:
             self._check_window(int(pos.max()) + 1)
         vis = vis.to(self.device)
-        with kernels.on_team(self.team, ("rows", T, None if score is None else len(score)), T):
-            return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, 0 if score is None else score, None)
+        skip = self.skip if skip is None else skip
+        with kernels.on_team(self.team, ("rows", T, None if score is None else len(score), skip or None), T):
+            return self._run(ids, None, pos.to(self.device), past, 0, vis, vis, 0 if score is None else score, None,
+                             skip=skip)
 
     def _check_window(self, reach: int):
         """A sliding window (Mistral) changes nothing while every position is inside it; past it
@@ -173,16 +240,18 @@ class LeanLM:
                              f"lean forward does not apply: use backend='hf' for requests longer than the window")
 
     def _run(self, ids, embeds, pos, past: int, n_prefix: int, mask, vis, logits_to_keep, n_layers,
-             subset: bool = False) -> torch.Tensor:
+             subset: bool = False, skip: SkipSet | None = None) -> torch.Tensor:
         """logits_to_keep: an int (the last rows; 0 = all) or a LongTensor of the rows to score."""
         T = (ids if embeds is None else embeds).shape[0]
         x = self.embed_ids(ids) if embeds is None else embeds.to(self.dtype)  # (T, C)
         use = self.layers[: n_layers or len(self.layers)]
         self.captured = {}
-        if self.fused:
-            x = self._fused_layers(x, use, pos, past, vis)
+        if skip:
+            skip.check(len(self.layers))
+        if self.fused and not (skip and skip.partial):     # the kernel runs whole layers only
+            x = self._fused_layers(x, use, pos, past, vis, skip.whole if skip else frozenset())
         else:
-            x = self._layers(x, use, pos, past, n_prefix, mask, vis)
+            x = self._layers(x, use, pos, past, n_prefix, mask, vis, skip)
         if isinstance(logits_to_keep, torch.Tensor):    # the head only where logits are read: a
             x = x[logits_to_keep.to(x.device)]          # prompt's rows are not (1,200 of them cost
         elif logits_to_keep:                            # a quarter of the prefill)
@@ -191,22 +260,29 @@ class LeanLM:
         self.forwards += 1
         return self.final_norm_head(x, subset).float()
 
-    def _fused_layers(self, x, use, pos, past: int, vis) -> torch.Tensor:
+    def _fused_layers(self, x, use, pos, past: int, vis, skip: frozenset = frozenset()) -> torch.Tensor:
         """The layers as native calls (speclab.models.kernels): bf16 on a CPU with AVX512-BF16.
         Every row is computed as a one-token forward would compute it (see bf16_linear.cpp), so
-        this path is exact without the exact backend's row-by-row cost."""
+        this path is exact without the exact backend's row-by-row cost. skip: whole layers left out."""
         pos = torch.arange(past, past + x.shape[0]) if isinstance(pos, slice) else pos.cpu()
         vis = torch.empty(0, dtype=torch.bool) if vis is None else vis.contiguous()
 
         def put(layer: int, h: torch.Tensor):
             self.captured[layer] = h[None]
-        return self._native_layers(x, len(use), pos, past, vis, self.capture_layers, put)
+        return self._native_layers(x, len(use), pos, past, vis, self.capture_layers, put, skip)
 
-    def _native_layers(self, x, n: int, pos, past: int, vis, caps, put) -> torch.Tensor:
+    def _native_layers(self, x, n: int, pos, past: int, vis, caps, put, skip: frozenset = frozenset()) -> torch.Tensor:
         """The first n layers as native calls, one a run of layers up to each layer in caps, whose
-        state after it goes to put(layer, state)."""
+        state after it goes to put(layer, state). A layer in `skip` is a span of its own, not run:
+        the kernel writes the cache of the layers it runs only (its l0 is the span's first)."""
         start = 0
-        for stop in sorted({c for c in caps if 0 < c < n} | {n}):
+        cuts = {b for s in skip for b in (s, s + 1) if 0 < b <= n}
+        for stop in sorted({c for c in caps if 0 < c < n} | {n} | cuts):
+            if start in skip:                               # [start, start + 1): passed by
+                if stop in caps:
+                    put(stop, x)
+                start = stop
+                continue
             if (start, stop) not in self._spans:            # the weights' lists, built once per span
                 ws = self.layers[start:stop]
                 self._spans[start, stop] = ([w["ln1"] for w in ws], [w["wqkv_k"].data for w in ws],
@@ -219,8 +295,8 @@ class LeanLM:
             start = stop
         return x
 
-    def _layers(self, x, use, pos, past: int, n_prefix: int, mask, vis) -> torch.Tensor:
-        """The layers as torch ops (any device and dtype)."""
+    def _layers(self, x, use, pos, past: int, n_prefix: int, mask, vis, skip: SkipSet | None = None) -> torch.Tensor:
+        """The layers as torch ops (any device and dtype), less the sublayers in `skip`."""
         T = x.shape[0]
         if mask is None and T > 1:                             # a chain of T rows after `past`
             mask = torch.ones(T, past + T, dtype=torch.bool, device=self.device).tril(past)
@@ -232,23 +308,26 @@ class LeanLM:
         else:           # each row group's own product: a batched product's rows can round differently
             def lin(h, w, name):
                 return torch.cat([mm(h[r0:r0 + n], w, name) for r0, n, _ in rows])
+        skip_attn, skip_mlp = (skip.attn, skip.mlp) if skip else ((), ())
         for i, w in enumerate(use):
-            h = self.rms(x, w["ln1"])
-            qkv = lin(h, w, "wqkv")                                     # (T, (Hq + 2 Hkv) D)
-            qk = _rope(self.qk_heads(qkv, w), cos, sin).transpose(0, 1)
-            q, k = qk[:Hq], qk[Hq:]                                           # (Hq, T, D), (Hkv, T, D)
-            v = qkv[:, (Hq + Hkv) * D:]
-            self.kv[i, 0, :, past:past + T] = k
-            self.kv[i, 1, :, past:past + T] = v.view(T, Hkv, D).transpose(0, 1)
-            K, V = self.kv[i, 0, :, : past + T], self.kv[i, 1, :, : past + T]  # (Hkv, S, D)
-            if rows is None:
-                a = self._attend(q, K, V, mask)                               # (Hq, T, D)
-            else:
-                a = self._attend_rows(q, i, rows)
-            x = x + lin(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
-            h = self.rms(x, w["ln2"])
-            g, u = lin(h, w, "w13").chunk(2, -1)
-            x = x + lin(self.act(g) * u, w, "w2")
+            if i not in skip_attn:
+                h = self.rms(x, w["ln1"])
+                qkv = lin(h, w, "wqkv")                                     # (T, (Hq + 2 Hkv) D)
+                qk = _rope(self.qk_heads(qkv, w), cos, sin).transpose(0, 1)
+                q, k = qk[:Hq], qk[Hq:]                                       # (Hq, T, D), (Hkv, T, D)
+                v = qkv[:, (Hq + Hkv) * D:]
+                self.kv[i, 0, :, past:past + T] = k
+                self.kv[i, 1, :, past:past + T] = v.view(T, Hkv, D).transpose(0, 1)
+                K, V = self.kv[i, 0, :, : past + T], self.kv[i, 1, :, : past + T]  # (Hkv, S, D)
+                if rows is None:
+                    a = self._attend(q, K, V, mask)                           # (Hq, T, D)
+                else:
+                    a = self._attend_rows(q, i, rows)
+                x = x + lin(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
+            if i not in skip_mlp:
+                h = self.rms(x, w["ln2"])
+                g, u = lin(h, w, "w13").chunk(2, -1)
+                x = x + lin(self.act(g) * u, w, "w2")
             if i + 1 in self.capture_layers:
                 self.captured[i + 1] = x[None]
         return x
@@ -331,6 +410,10 @@ class LeanLM:
     def exit_lm(self, n_layers: int):
         return _ExitLM(self, n_layers)
 
+    def skip_lm(self, skip: SkipSet):
+        """Every layer less the sublayers in `skip`, sharing this cache (SWIFT's draft)."""
+        return _SkipLM(self, skip.check(len(self.layers)))
+
     def trim_head(self, n: int):
         """Score only the first n of a trimmed head's ids (ranked most frequent first): a smaller
         draft vocabulary, the head's matmul cheaper in proportion, its rarer tokens never drafted."""
@@ -369,6 +452,28 @@ class _ExitLM:
         saved = self.base.forwards
         out = self.base.forward(ids, parents, n_prefix, logits_to_keep, n_layers=self.n_layers)
         self.base.forwards = saved      # a draft forward, not a target forward
+        return out
+
+
+class _SkipLM(_ExitLM):
+    """A LeanLM less a skip set, sharing its cache (the SWIFT draft): forward, and forward_rows for
+    scoring a candidate set on committed text in slots past the cache's end."""
+
+    def __init__(self, base: LeanLM, skip: SkipSet):
+        super().__init__(base, None)
+        self.skip = skip
+
+    def forward(self, ids, parents=None, n_prefix=0, logits_to_keep=0):
+        return self._draft(self.base.forward, ids, parents, n_prefix, logits_to_keep, skip=self.skip)
+
+    def forward_rows(self, ids, pos, vis, score=None):
+        return self._draft(self.base.forward_rows, ids, pos, vis, score, skip=self.skip)
+
+    def _draft(self, fn, *args, **kw):
+        self.forwards += 1
+        saved = self.base.forwards
+        out = fn(*args, **kw)
+        self.base.forwards = saved
         return out
 
 

@@ -26,6 +26,8 @@ step, so a player can update a figure in place and an export can animate it with
     decision_table / decision_summary   policy decisions of a step / over the run (any method)
     lanes_figure(trace, step)      timing lanes (drafting beside verifying) as a Gantt chart
     rescued_figure(trace, step)    draft tokens a lossy rule accepted where the exact rule did not
+    skip_mask_figure(trace, step)  layers x rounds: which layers each round's draft or forward ran,
+                                   over its accepted length (swift, unified-layer-skip, layer-skip)
     view_of(trace), add_figure     which figures a trace shows (figures.views: one spec per engine,
                                    the figures a method adds); every front end reads it
 """
@@ -39,6 +41,7 @@ from speclab.figures.decisions import decision_summary, decision_table
 from speclab.figures.lanes import lanes_figure
 from speclab.figures.steps import go_to_step, step_label, step_names, step_title
 from speclab.figures.summary import acceptance_summary, calibration_figure, per_position, round_strip, timing
+from speclab.figures.skips import skip_mask_figure  # importing it adds the figure to its methods' views
 from speclab.figures.tokens import cells, token_strip
 from speclab.figures.tree import draft_tree
 from speclab.figures.verdicts import rescued_figure
@@ -51,4 +54,4 @@ __all__ = ["token_strip", "draft_tree", "step_figure", "round_strip", "acceptanc
            "confidence_bands", "run_strip", "step_label", "step_names", "step_title", "detail_html",
            "update_figure", "update_step", "move_current", "compare_chart", "mask_figure", "go_to_step",
            "decision_table", "decision_summary", "lanes_figure", "rescued_figure", "FigureSpec", "View",
-           "view_of", "add_figure", "added_figure", "remove_figure"]
+           "view_of", "add_figure", "added_figure", "remove_figure", "skip_mask_figure"]

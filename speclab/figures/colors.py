@@ -37,8 +37,13 @@ CANVAS_LABEL = {"earlier": "committed earlier", "now": "committed this step", "m
 # keep their sample (accepted by the entropy bound; not final until the block commits its argmax)
 NOISE = {"noise": "#e4d4f4", "sampled": "#bfe6c8"}
 NOISE_LABEL = {"noise": "random token (re-noised)", "sampled": "accepted sample (provisional)"}
+# a committed token a revising policy (LLaDA 2.1's token editing) changed this step; the canvas's
+# edit marks carry the legend entry and the cell's hover says which
+EDIT = {"rewritten": "#c39bd3", "remasked": "#f7c6c7"}
 PROPOSAL = {"now": "#f4a259", "block": "#7fb3ff", "outside": "#cfdff5"}   # confidence bars
 PROPOSAL_LABEL = {"block": "confidence (active block)", "outside": "confidence (later blocks)"}
 BLOCK_FILL, BLOCK_LINE = "rgba(31,119,180,0.10)", "rgba(31,119,180,0.55)"
 THRESHOLD = "#d62728"
 REFERENCE = "#bdbdbd"           # the baseline run in comparisons (ar, one token per step)
+# a layer in a skip mask (figures.skips): the characters of SkipSet.text
+SKIP = {".": "#eeeeee", "a": "#f4a259", "m": "#7fb3ff", "x": "#555555"}

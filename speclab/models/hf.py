@@ -32,6 +32,11 @@ def _cache_name(cls) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
+SKIP_REFUSED = ("skipping layers (swift, unified-layer-skip) runs on speclab's lean forward only, not on "
+                "transformers' (backend='hf'): use backend='auto', 'fast' or 'exact' with a model the lean "
+                "forward runs")
+
+
 class CausalLM:
     """A causal LM with its own KV cache. `forwards` counts the model calls actually made."""
 
@@ -72,6 +77,21 @@ class CausalLM:
 
     def final_norm_head(self, h: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(self.model.model.norm(h))
+
+    @property
+    def skip(self):
+        return None
+
+    @skip.setter
+    def skip(self, skip):
+        if skip:
+            raise ValueError(SKIP_REFUSED)
+
+    def skip_lm(self, skip):
+        """Refused: transformers' decoder runs every layer it holds, and a view without some of
+        them would leave their cache layers behind the others' (skipping sublayers runs on
+        speclab's lean forward)."""
+        raise ValueError(SKIP_REFUSED)
 
     @property
     def length(self) -> int:

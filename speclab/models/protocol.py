@@ -16,6 +16,9 @@ signature, so a drafter written against `TargetLM` runs on all three.
     final_norm_head(h)                    the final norm and LM head over hidden states (C,) -> (V,)
     drop_layers_tail(n_layers, drop)      drop the last `drop` entries of the first n layers only
                                           (an early-exit draft's speculative entries)
+    skip_lm(skip), skip                   a forward less a SkipSet of sublayers, sharing this cache
+                                          (SWIFT's draft) / the SkipSet every forward leaves out
+                                          (Unified Layer Skipping); CausalLM refuses both
     forwards, device, name                forwards run so far (the trace's counts), its device, its role
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ class TargetLM(Protocol):
     device: torch.device
     forwards: int
     captured: dict[int, torch.Tensor]
+    skip: object                        # a SkipSet or None
 
     @property
     def length(self) -> int: ...
@@ -52,3 +56,5 @@ class TargetLM(Protocol):
     def final_norm_head(self, h: torch.Tensor) -> torch.Tensor: ...
 
     def drop_layers_tail(self, n_layers: int, drop: int) -> None: ...
+
+    def skip_lm(self, skip) -> "TargetLM": ...

@@ -21,6 +21,7 @@ from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 from speclab.models.backends import make_lm
 from speclab.models.hf import early_exit_view
+from speclab.trace import Decision
 
 
 def check_k(k: int, name: str = "k"):
@@ -214,7 +215,13 @@ class LayerSkipDrafter(ChainDrafter):
         tokens, q_tok, dists = self.run_chain(self.lm_step(lm), torch.tensor(pending, device=ctx.device))
         self.forwards += lm.forwards
         self.target.drop_layers_tail(L, len(pending) + len(tokens) - 1)     # undo speculative KV
-        return DraftTree.chain(tokens, q_tok, f"exit{L}", dists, k=len(tokens), exit_layer=L)
+        tree = DraftTree.chain(tokens, q_tok, f"exit{L}", dists, k=len(tokens), exit_layer=L,
+                               skip="." * L + "x" * (self.n_layers - L))      # the layers the draft ran
+        if self.auto and self.record is not None:     # DEL's estimates the exit was chosen by
+            tree.decisions.append(Decision("del-exit", {
+                "tokens_per_cost": round(self.expected_speed(L), 4), "exits": list(self.candidates),
+                "alpha": [round(self.matches[c], 4) for c in self.candidates]}, output=L))
+        return tree
 
     @torch.inference_mode()
     def observe(self, out: Outcome):

@@ -31,10 +31,12 @@ SGLang do the same):
 
 Calls a bucket does not cover run on LeanLM's eager path over the same cache: a prefill or any
 forward wider than the widest bucket, input vectors (embeds: an EAGLE head's own forward, which is
-a one-layer LeanLM anyway) and a trimmed head's own ids (subset). On a CPU the runner runs eagerly
-with the same buffers, buckets and padding; in bf16 on a CPU with AVX512-BF16 its layers are the
-native kernel's calls over those buffers, split at each captured layer as LeanLM splits them
-(every row computed as a one-token forward, so padding changes no real row).
+a one-layer LeanLM anyway), a trimmed head's own ids (subset) and a forward that skips sublayers
+(a SkipSet: SWIFT's draft, Unified Layer Skipping; no graph is captured per skip set). On a CPU
+the runner runs eagerly with the same buffers, buckets and padding; in bf16 on a CPU with
+AVX512-BF16 its layers are the native kernel's calls over those buffers, split at each captured
+layer as LeanLM splits them (every row computed as a one-token forward, so padding changes no
+real row).
 """
 from __future__ import annotations
 
@@ -180,18 +182,18 @@ class StaticLM(LeanLM):
 
     # --- the protocol ------------------------------------------------------------------------
 
-    def _static(self, T: int, embeds=None, subset=False) -> bool:
+    def _static(self, T: int, embeds=None, subset=False, skip=None) -> bool:
         """This call fits a bucket (else LeanLM's eager path runs it, over the same cache)."""
-        return T <= BUCKETS[-1] and embeds is None and not subset
+        return T <= BUCKETS[-1] and embeds is None and not subset and not (skip or self.skip)
 
     @torch.inference_mode()
     def forward(self, ids, parents=None, n_prefix: int = 0, logits_to_keep: int = 0, n_layers=None,
-                embeds=None, subset: bool = False) -> torch.Tensor:
+                embeds=None, subset: bool = False, skip=None) -> torch.Tensor:
         T = (ids if embeds is None else embeds).shape[0]
-        if not self._static(T, embeds, subset):
+        if not self._static(T, embeds, subset, skip):
             self._fit(self.n + T)
             self.fallbacks += 1
-            return super().forward(ids, parents, n_prefix, logits_to_keep, n_layers, embeds, subset)
+            return super().forward(ids, parents, n_prefix, logits_to_keep, n_layers, embeds, subset, skip)
         past = self.n
         if parents is not None and not is_chain(parents):
             depth, vis = tree_depths_and_visibility(parents, n_prefix, 0)
@@ -202,12 +204,12 @@ class StaticLM(LeanLM):
         return self._replay(ids, pos, torch.arange(T - k, T), own=vis, n_layers=n_layers)
 
     @torch.inference_mode()
-    def forward_rows(self, ids, pos, vis, score=None) -> torch.Tensor:
+    def forward_rows(self, ids, pos, vis, score=None, skip=None) -> torch.Tensor:
         T = ids.shape[0]
-        if not self._static(T):
+        if not self._static(T, skip=skip):
             self._fit(self.n + T)
             self.fallbacks += 1
-            return super().forward_rows(ids, pos, vis, score)
+            return super().forward_rows(ids, pos, vis, score, skip)
         return self._replay(ids, pos.cpu(), torch.arange(T) if score is None else score.cpu(), full=vis)
 
     def _fit(self, need: int):

@@ -158,6 +158,8 @@ def record_round(s: RunState, out: Outcome, tries, dist, p_at) -> Round:
                 emitted_kind=kind, drafted=len(tree), info=dict(tree.info))
     if s.record is None and len(tree) and not is_chain(tree.parents):
         rnd.info["depth"] = max(tree.depths())   # per-position acceptance of a tree needs its depth
+    if s.record is not None:        # the drafter's own (ADED's explore / exploit, SWIFT's search), drafted or not
+        rnd.decisions.extend(tree.decisions)
     if s.record is None or not len(tree):
         return rnd
     full = s.record == "full"

@@ -20,6 +20,7 @@ class DraftTree:
     q_tok: list[float | None] = field(default_factory=list)  # draft prob of each node's token
     source: list[str] = field(default_factory=list)
     info: dict = field(default_factory=dict)       # policy decisions for the trace (k, layer, ...)
+    decisions: list = field(default_factory=list)  # trace.Decision records of the drafter's own choices
 
     def __len__(self):
         return len(self.tokens)

@@ -67,7 +67,23 @@ CHAT_POLICIES = [
     ("FreeDave, chain of 4 (lossless)", "dllm-freedave", {"branch_slots": 1, "branch_tokens": 1}),
     ("FreeDave, tree of 4 (lossless)", "dllm-freedave", {}),
     ("FreeDave, tree of 8 (lossless)", "dllm-freedave", {"draft_steps": 8}),
+    ("LLaDA 2.1 editing, defaults (0.7 / 0.5 / 16)", "dllm-llada21-edit", {}),
+    ("LLaDA 2.1 editing, edit threshold 0.9", "dllm-llada21-edit", {"edit_threshold": 0.9}),
+    ("R2-dLLM, defaults", "dllm-r2", {}),
 ]
+
+
+def only(policies: list, methods: str | None) -> list:
+    """The policies whose method is in the comma-separated `methods` (None: all), one-per-step kept:
+    every other row is read against it."""
+    if not methods:
+        return policies
+    keep = {m.strip() for m in methods.split(",")}
+    unknown = keep - {m for _, m, _ in policies}
+    if unknown:
+        raise SystemExit(f"--policies: {sorted(unknown)} not in this table; it has "
+                         f"{', '.join(sorted({m for _, m, _ in policies}))}")
+    return [row for row in policies if row[1] in keep or (row[1], row[2]) == ONE_PER_STEP]
 
 
 def digits_table(n: int, target: str = "digits-dllm") -> str:
@@ -96,12 +112,12 @@ def code_table(n: int, gen_length: int = 64, block_length: int = 32, target: str
 
 
 def chat_table(n: int, gen_length: int = 64, block_length: int = 32, target: str = "smollm2-dllm",
-               base: str = "smollm2-135m") -> str:
+               base: str = "smollm2-135m", policies: str | None = None) -> str:
     """smollm2-dllm on the bench's chat questions (none of them is in its training text)."""
     from speclab.prompts import load_prompts
     questions = [p["chat"] for p in load_prompts("chat", n)]
     table = canvas_table(target, questions, "held-out chat questions (chat template)", True,
-                         gen_length, block_length, CHAT_POLICIES)
+                         gen_length, block_length, only(CHAT_POLICIES, policies))
     return table + "\n\n" + ar_confidence(base, questions, gen_length)
 
 
@@ -188,6 +204,8 @@ def main(argv=None):
     ap.add_argument("--only-chat", action="store_true", help="skip the digits and code tables")
     ap.add_argument("--chat-target", default="smollm2-dllm", help="the block-diffusion model of the chat table")
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--policies", help="the chat table's rows for these methods only, comma-separated "
+                                       "(one-per-step always runs: the rows are read against it)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -198,7 +216,7 @@ def main(argv=None):
             print(code_table(a.code_prompts))
     if a.chat_prompts:
         print()
-        print(chat_table(a.chat_prompts, target=a.chat_target))
+        print(chat_table(a.chat_prompts, target=a.chat_target, policies=a.policies))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,13 @@ State: the canvas x = prompt + G generation slots, initially all <|mask|>, cut i
 `block_length` decoded left to right (semi-autoregressive; block_length = G is one block). Each
 step is ONE forward over the whole canvas; per generation position it gives the proposed token
 x0 (argmax, or Gumbel-max at temperature T), its probability, and the top-1/top-2 margins; the
-policy picks which masked positions of the active block to commit. Stop: every slot committed,
-or (eos_stop) an <|endoftext|> is committed with every slot before it committed: the answer is
-written, whatever the slots after it would hold.
+policy picks which masked positions of the active block to commit. A policy that revises may also
+rewrite committed positions of the active block with the step's proposal, or take them back
+(re-mask them), and ask for more forwards over a block it has filled (LLaDA 2.1's post-edit steps):
+each such change is a trace Edit, applied before the step's commits when replayed. Earlier blocks
+stay as written (a block-causal model has cached them). A block ends when it holds no mask and the
+policy asks for no more. Stop: every slot committed, or (eos_stop) an <|endoftext|> is committed
+with every slot before it committed: the answer is written, whatever the slots after it would hold.
 
 Positions in the trace are generation coordinates (0 .. G-1); the output is the canvas up to and
 including the first <|endoftext|>.
@@ -18,7 +22,12 @@ import time
 import torch
 
 from speclab.decoding.dllm_policies import Choice, View
-from speclab.trace import DenoiseStep, Totals
+from speclab.trace import MASK as EDIT_MASK
+from speclab.trace import DenoiseStep, Edit, Totals
+
+# a policy may look at a block again after filling it, but never forever: LLaDA 2.1's own bound is
+# B + its post-edit steps + 1 forwards a block
+MAX_LOOKS_PER_SLOT, MAX_EXTRA_LOOKS = 4, 64
 
 
 def check_shape(gen_length: int, block_length: int | None) -> int:
@@ -64,7 +73,7 @@ def block_proposals(den, x: torch.Tensor, lo: int, hi: int, G: int, temperature:
     """propose() for a block-causal model: only the active block [lo, hi) is computed (its rows
     from den.block_logits); every other slot is "unseen" (the mask, zero statistics), as a
     block-causal model has not looked at later blocks and earlier ones are committed."""
-    rows = never_propose_mask(den.block_logits(x), den.mask_id)          # (hi - lo, V)
+    rows = never_propose_mask(den.block_logits(x, lo), den.mask_id)      # (hi - lo, V)
     block = propose(rows, temperature, gen)
     out = [torch.full((G,), den.mask_id, dtype=block[0].dtype, device=rows.device)]
     out += [torch.zeros(G, dtype=t.dtype, device=rows.device) for t in block[1:]]
@@ -90,8 +99,11 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
     for b in range(n_blocks):
         lo, hi = b * block_length, (b + 1) * block_length
         policy.start_block(int((x[P + lo:P + hi] == MASK).sum()))
-        i = 0
-        while not done and bool((x[P + lo:P + hi] == MASK).any()):
+        i, more = 0, False
+        while not done and (more or bool((x[P + lo:P + hi] == MASK).any())):
+            if i >= MAX_LOOKS_PER_SLOT * block_length + MAX_EXTRA_LOOKS:
+                raise RuntimeError(f"{type(policy).__name__} did not finish block [{lo}, {hi}) in {i} steps: "
+                                   "a policy that edits must stop asking for more")
             if den.block_causal:        # one forward over the active block; the other slots unseen
                 x0, conf, margin, lmargin, entropy = block_proposals(den, x, lo, hi, G, temperature, gen)
             else:
@@ -103,15 +115,19 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
             rand = torch.rand(G, generator=gen, device=dev)
             # a block-causal model sees no later block: its "every mask" is the active block's
             seen = eligible if den.block_causal else masked
+            editable = ~masked
+            editable[:lo] = editable[hi:] = False
             ch: Choice = policy.select(View(step, total_steps, (lo, hi), i, eligible, seen, x0, conf,
-                                            lmargin, rand, prev_x0, entropy))
+                                            lmargin, rand, prev_x0, entropy, x[P:], editable))
             commit = ch.commit & (seen if ch.finish else eligible)
-            if not commit.any():                                        # every step commits something
+            if eligible.any() and not commit.any():                     # a step with masks commits something
                 commit[torch.where(eligible, conf, torch.full_like(conf, -1.0)).argmax()] = True
+            edits = apply_edits(x[P:], ch, editable, x0, MASK)
             x[P:][commit] = x0[commit]
             if record:
-                steps.append(record_step(record, (lo, hi), masked, x0, conf, margin, entropy, commit, ch, x[P:]))
-            prev_x0, step, i = x0, step + 1, i + 1
+                steps.append(record_step(record, (lo, hi), masked, x0, conf, margin, entropy, commit, ch, x[P:],
+                                         edits=edits))
+            prev_x0, step, i, more = x0, step + 1, i + 1, ch.more
             if progress:
                 progress(int((x[P:] != MASK).sum()), G)
             done = (ch.finish and not den.block_causal) or (eos_stop and eos_id is not None and answer_ended(x[P:], MASK, eos_id))
@@ -121,6 +137,22 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
     totals = Totals(wall_s=time.perf_counter() - t0, target_forwards=den.forwards - f0, new_tokens=len(out),
                     verify_s=time.perf_counter() - t0)
     return out, steps, totals
+
+
+def apply_edits(gen_x: torch.Tensor, ch: Choice, editable: torch.Tensor, x0: torch.Tensor, mask_id: int) -> list[Edit]:
+    """Carry out a choice's edits on the generation canvas gen_x (in place): its re-masks, then its
+    rewrites to x0, each only at an editable position (committed, in the active block) and a
+    rewrite only where x0 differs from the token held. Returns them as trace Edits, by position."""
+    if ch.remask is None and ch.rewrite is None:                        # an unmask-only policy
+        return []
+    take = ch.remask & editable if ch.remask is not None else torch.zeros_like(editable)
+    put = ch.rewrite & editable & ~take & (x0 != gen_x) if ch.rewrite is not None else torch.zeros_like(editable)
+    at = lambda m: m.nonzero().flatten().tolist()
+    edits = [Edit(p, int(gen_x[p]), EDIT_MASK, ch.reasons.get(p, "taken back")) for p in at(take)]
+    edits += [Edit(p, int(gen_x[p]), int(x0[p]), ch.reasons.get(p, "rewritten")) for p in at(put)]
+    gen_x[take] = mask_id
+    gen_x[put] = x0[put]
+    return sorted(edits, key=lambda e: e.pos)
 
 
 def answer_ended(gen_x: torch.Tensor, mask_id: int, eos_id: int) -> bool:
@@ -140,10 +172,11 @@ def _output(tokens: list[int], mask_id: int, eos_id: int | None) -> list[int]:
 
 
 def record_step(level, block, masked, x0, conf, margin, entropy, commit, ch: Choice, gen_x,
-                own_tokens: bool = False) -> DenoiseStep:
+                own_tokens: bool = False, edits: list[Edit] = ()) -> DenoiseStep:
     """One DenoiseStep; per-position lists follow the order of `masked` (positions masked before).
     own_tokens: the committed tokens are not all the step's top-1 proposals (FreeDave's draft tree
-    verifies others), so they are recorded from the canvas after the step."""
+    verifies others), so they are recorded from the canvas after the step. edits: what the step
+    rewrote or took back (apply_edits)."""
     pos = masked.nonzero().flatten()
     info = dict(ch.info)
     if ch.finish:
@@ -154,4 +187,5 @@ def record_step(level, block, masked, x0, conf, margin, entropy, commit, ch: Cho
                        conf=[round(float(c), 5) for c in conf[pos]], margin=[round(float(m), 5) for m in margin[pos]],
                        committed=commit.nonzero().flatten().tolist(),
                        committed_tokens=gen_x[commit].tolist() if own_tokens else [], threshold=ch.threshold,
-                       threshold_scale=ch.scale, tokens=gen_x.tolist(), info=info)
+                       threshold_scale=ch.scale, tokens=gen_x.tolist(), info=info, edits=list(edits),
+                       remasked=[e.pos for e in edits if e.after == EDIT_MASK], decisions=list(ch.decisions))

@@ -11,6 +11,7 @@ from speclab.decoding.dllm_policies import POLICIES, FreeDave
 from speclab.decoding.freedave import freedave
 from speclab.decoding.registry import get_method
 from speclab.models.loading import as_model, chat_prompt, encode_prompt, model_info, token_table
+from speclab.trace import MASK as EDIT_MASK
 from speclab.trace import RECORD_LEVELS, Sampling, Trace
 
 
@@ -54,6 +55,7 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     new, steps, totals = run(den, ids, policy, gen_length, block_length, temperature, seed, record,
                                  tok.eos_token_id, eos_stop, progress)
     seen = ids + new + [den.mask_id] + [t for s in steps for t in s.top1 + s.committed_tokens]
+    seen += [e.after for s in steps for e in s.edits if e.after != EDIT_MASK]     # a rewrite's token
     trace = Trace(engine="diffusion", method=method, guarantee=get_method(method).guarantee,
                   params=dict(params, gen_length=gen_length, block_length=block_length or gen_length,
                               eos_stop=eos_stop, eos_id=tok.eos_token_id, mask_id=den.mask_id,

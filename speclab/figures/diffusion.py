@@ -8,11 +8,14 @@ probability = "confidence", the top-1/top-2 margin) and the positions the policy
     canvas_figure(trace, step)     the canvas after `step`: a cell per position coloured by state
                                    (committed earlier / this step / still masked; a masked slot
                                    shows its proposal and confidence in place, its grey deepening
-                                   to blue as the confidence grows), over the confidence of every
-                                   position masked before the step; the active block shaded, the
-                                   policy's threshold as a line
+                                   to blue as the confidence grows; a committed token rewritten or
+                                   taken back this step has a colour of its own and a mark), over
+                                   the confidence of every position masked before the step; the
+                                   active block shaded, the policy's threshold as a line
     decoding_order(trace, step)    position x step heatmap of confidence with a marker where each
-                                   position was committed; `step` draws a line across that row
+                                   position was committed (and, for a policy that edits, a cross
+                                   where it was rewritten or taken back); `step` draws a line
+                                   across that row
     confidence_bands(trace, step)  min / median / max confidence over masked positions per step,
                                    and tokens committed per step; `step` marked
 
@@ -121,6 +124,13 @@ def step_note(trace: Trace, s: DenoiseStep) -> str:
             parts.append(f"{name} {s.info[key]:.3g}")
     if s.info.get("stable"):
         parts.append("argmax stable")
+    if s.edits:
+        back = sum(e.after == MASK for e in s.edits)
+        parts.append(f"{len(s.edits)} edited" + (f" ({back} taken back)" if back else ""))
+    if "post_edit_step" in s.info:
+        parts.append(f"post-edit step {s.info['post_edit_step']}")
+    if s.info.get("block_done"):
+        parts.append(f"block done: {s.info['block_done']}")
     return ", ".join(parts)
 
 
@@ -129,7 +139,9 @@ def is_noise(trace: Trace) -> bool:
     return trace.params.get("canvas") == "noise"
 
 
-def canvas_state(trace: Trace, s: DenoiseStep, p: int, now: set, before: set) -> str:
+def canvas_state(trace: Trace, s: DenoiseStep, p: int, now: set, before: set, edited: dict | None = None) -> str:
+    if edited and p in edited:                      # a committed token revised this step
+        return "remasked" if edited[p].after == MASK else "rewritten"
     if p in now:
         return "now"
     if p not in before:
@@ -140,8 +152,16 @@ def canvas_state(trace: Trace, s: DenoiseStep, p: int, now: set, before: set) ->
 
 
 # -- (a) the canvas at one step --------------------------------------------------------------------
-def cell_hover(trace: Trace, s: DenoiseStep, p: int, state: str, at: int | None, prop: dict) -> str:
+def cell_hover(trace: Trace, s: DenoiseStep, p: int, state: str, at: int | None, prop: dict,
+               edited: dict | None = None) -> str:
     head = f"position {p}"
+    if state in ("rewritten", "remasked"):
+        e = edited[p]
+        why = f"<br>{html.escape(e.reason)}" if e.reason else ""
+        if state == "remasked":
+            return f"{head}: taken back this step (masked again); it held <b>{tok(trace, e.before)}</b>{why}"
+        return (f"{head}: <b>{tok(trace, e.after)}</b> (id {e.after}), rewritten this step; "
+                f"it held <b>{tok(trace, e.before)}</b>{why}")
     if state in ("noise", "sampled"):
         t, c, m = prop[p]
         what = ("a random token, re-noised this step" if state == "noise"
@@ -197,7 +217,7 @@ def edits_trace(trace: Trace, s: DenoiseStep, W: int) -> dict:
     es = s.edits
     return dict(
         type="scatter", x=[e.pos % W + 0.32 for e in es] or [None], y=[-(e.pos // W) * ROW + 0.82 for e in es] or [None],
-        mode="markers", name="edited this step (taken back or rewritten)",
+        mode="markers", name="edited this step: rewritten (purple cell) or taken back (pink)",
         marker=dict(symbol="x", size=9, color=colors.THRESHOLD, line=dict(width=1, color="white")),
         hovertext=[f"position {e.pos}: {edit_text(trace, e.before)} &rarr; {edit_text(trace, e.after)}"
                    + (f"<br>{html.escape(e.reason)}" if e.reason else "") for e in es],
@@ -213,9 +233,9 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     s, G, n = steps[step], gen_length(trace), len(steps)
     (lo, hi), at = s.block, commit_steps(trace)
     prop = {p: (t, c, m) for p, t, c, m in zip(s.masked, s.top1, s.conf, s.margin)}
-    now, before = set(s.committed), set(s.masked)
-    state = [canvas_state(trace, s, p, now, before) for p in range(G)]
-    palette = {**colors.CANVAS, **colors.NOISE}
+    now, before, edited = set(s.committed), set(s.masked), {e.pos: e for e in s.edits}
+    state = [canvas_state(trace, s, p, now, before, edited) for p in range(G)]
+    palette = {**colors.CANVAS, **colors.NOISE, **colors.EDIT}
     W, vertical = canvas_rows(trace)
     rows = -(-G // W)
     shade = lambda xy, axes: dict(
@@ -228,12 +248,13 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
         type="bar", x=[p % W for p in range(G)], y=[1] * G, base=[-(p // W) * ROW for p in range(G)],
         width=0.92, name="canvas", showlegend=False,
         text=[masked_text(trace, s, p, prop) if st == "masked" else f"<i>{label(trace, s.tokens[p])}</i>"
-              if st == "noise" else label(trace, s.tokens[p]) for p, st in enumerate(state)],
+              if st == "noise" else f"<i>{label(trace, edited[p].before)}</i>" if st == "remasked"
+              else label(trace, s.tokens[p]) for p, st in enumerate(state)],
         textposition="inside", insidetextanchor="middle", textangle=-90 if vertical else 0,
         textfont=dict(family="monospace", size=12),
         marker=dict(color=[masked_color(prop, p) if st == "masked" and shows_proposal(trace, s, p) else palette[st]
                            for p, st in enumerate(state)], line=dict(width=0)),
-        hovertext=[cell_hover(trace, s, p, st, at[p], prop) for p, st in enumerate(state)],
+        hovertext=[cell_hover(trace, s, p, st, at[p], prop, edited) for p, st in enumerate(state)],
         hovertemplate="%{hovertext}<extra></extra>", customdata=state)
     entropy = s.info.get("entropy")
     bars = dict(
@@ -267,7 +288,8 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
                     f"{len(s.info.get('accepted', []))} samples kept, {len(s.remasked)} slots re-noised"))
     else:
         title = (f"{trace.method}: step {step + 1}/{n}, block [{lo}, {hi}): committed {len(now)}, "
-                 f"{len(before) - len(now)} still masked")
+                 f"{len(before) - len(now) + len(s.remasked)} still masked"
+                 + (f", edited {len(s.edits)}" if s.edits else ""))
     title += f"<br><span style='font-size:12px'>{note}</span>" if note else ""
     xr = [-0.6, G - 0.4]
     layout = dict(
@@ -296,7 +318,7 @@ def decoding_order(trace: Trace, step: int | None = None) -> go.Figure:
     """Confidence per (position, step) while the position is masked, blank once committed; a
     marker where each position was committed, so the map reads as the order of writing.
     x = position (as in the canvas view), y = step, downwards. Traces: 0 heatmap, 1 commits,
-    2 block bounds, 3 current step."""
+    2 block bounds, 3 current step, then, for a policy that edits, 4 its edits."""
     steps = denoise_steps(trace)
     step = check_step(trace, step, len(steps)) if step is not None else None
     G, S = gen_length(trace), len(steps)
@@ -331,6 +353,15 @@ def decoding_order(trace: Trace, step: int | None = None) -> go.Figure:
     fig.add_trace(go.Scatter(x=[-0.5, G - 0.5] if step is not None else [None],
                              y=[step + 1, step + 1] if step is not None else [None], mode="lines", name="current",
                              line=dict(color=colors.CURRENT, width=2), hoverinfo="skip", showlegend=False))
+    if has_edits(trace):
+        es = [(e, i + 1) for i, s in enumerate(steps) for e in s.edits]
+        fig.add_trace(go.Scatter(
+            x=[e.pos for e, _ in es], y=[i for _, i in es], mode="markers", name="rewritten or taken back",
+            marker=dict(symbol="x", size=9 if G <= 64 else 6, color=colors.THRESHOLD,
+                        line=dict(width=1, color="white")),
+            hovertext=[f"position {e.pos} at step {i}: {edit_text(trace, e.before)} &rarr; {edit_text(trace, e.after)}"
+                       + (f"<br>{html.escape(e.reason)}" if e.reason else "") for e, i in es],
+            hovertemplate="%{hovertext}<extra></extra>"))
     fig.update_layout(
         title=f"decoding order: {len(marks)} positions committed in {S} steps", plot_bgcolor="white",
         height=min(700, max(260, 120 + 16 * S)), margin=dict(l=50, r=10, t=50, b=40),

@@ -117,11 +117,13 @@ class BlockDenoiser(Denoiser):
         return self.logits_batch(x[None])[0]
 
     @torch.inference_mode()
-    def block_logits(self, x: torch.Tensor) -> torch.Tensor:
+    def block_logits(self, x: torch.Tensor, block: int | None = None) -> torch.Tensor:
         """x: (P+G,) -> (B, V) float32, the rows of the active block only: what the step loop reads,
         without filling (P+G, V) rows it never looks at (at a large vocabulary that fill and a
-        proposal for every row would cost each step more than the rows it reads)."""
-        return self._forward(x[None])[0]
+        proposal for every row would cost each step more than the rows it reads).
+        block: the active block's first generation slot (default: the block of the first mask); a
+        policy that edits looks again at a block it has filled."""
+        return self._forward(x[None], block)[0]
 
     @torch.inference_mode()
     def block_rows(self, xs: torch.Tensor) -> torch.Tensor:
@@ -144,16 +146,19 @@ class BlockDenoiser(Denoiser):
         self.rows = out[0]
         return out
 
-    def _forward(self, xs: torch.Tensor) -> torch.Tensor:
+    def _forward(self, xs: torch.Tensor, block: int | None = None) -> torch.Tensor:
         """ONE network call for K canvases -> (K, B, V) float32 logits of the active block's slots
-        (slot 0 from the last committed token, kept from the call that cached it)."""
+        (slot 0 from the last committed token, kept from the call that cached it). block: the
+        active block's first generation slot, by default the block of the first mask."""
         self.forwards += 1
         K, T = xs.shape
         P, B, dev = self.P, self.B, xs.device
-        masked = (xs[0, P:] == self.mask_id).nonzero()
-        if not len(masked):
-            raise ValueError("nothing to denoise: the canvas holds no mask")
-        lo = P + int(masked[0]) // B * B
+        if block is None:
+            masked = (xs[0, P:] == self.mask_id).nonzero()
+            if not len(masked):
+                raise ValueError("nothing to denoise: the canvas holds no mask")
+            block = int(masked[0]) // B * B
+        lo = P + block
         if lo < self.n:
             raise ValueError(f"the active block starts at {lo} but {self.n} tokens are cached: "
                              "committed tokens can not be re-masked")

@@ -12,7 +12,8 @@ from speclab.bench.whatif import forward_costs, ideal_speedup, whatif_table
 def add_bench(sub):
     p = sub.add_parser("bench", help="measure methods and transformers peers side by side",
                        description="Every method on every prompt in one process, warm-up first. "
-                                   "Methods: comma-separated, with parameters as name[k=6;threshold=0.5]; "
+                                   "Methods: comma-separated, with parameters as name[k=6;threshold=0.5], an "
+                                   "acceptance rule as name[rule=typical;rule.eps=0.1]; "
                                    "peers: hf-greedy, hf-static, hf-assisted, hf-prompt-lookup, hf-early-exit; "
                                    "vllm-greedy, vllm-ngram, vllm-suffix, vllm-draft, vllm-eagle[model=DIR], vllm-eagle3[model=DIR] "
                                    "(in vLLM's own venv: make vllm).")
@@ -26,6 +27,15 @@ def add_bench(sub):
     p.add_argument("--limit", type=int, help="use only the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sample at temperature T (default 0: greedy). Every row then runs each prompt with the same "
+                        "seeds, and the quality columns turn from token identity with ar to the TV of each round's "
+                        "first token, the target's NLL of the text and distinct-1/2 (docs/performance.md)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="the first seed of a sampled bench (default 0: a sampled bench is reproducible without one)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="sample every prompt with N seeds, S .. S+N-1, the quality columns averaged over them "
+                        "(default 1; greedy takes 1)")
     p.add_argument("--max-disagree", type=float, default=MAX_DISAGREE, metavar="SHARE",
                    help="a speed-up is unreliable where a repeat's ratio lies further than this share from "
                         "their median (default %(default)s: 10%%)")
@@ -42,7 +52,7 @@ def add_bench(sub):
     p.add_argument("--whatif", action="store_true", help="what-if tau(k) and efficiency for draft-model")
     p.add_argument("--json", dest="json_out")
     p.add_argument("--traces", metavar="DIR", help="save each run's trace (first pass) as DIR/<set>/<method>/<i>.json "
-                   "(a JSONL file's set: its stem); "
+                   "(a JSONL file's set: its stem; with --seeds N, i runs over seeds, then prompts); "
                    "vLLM peers as summary traces of their per-request metrics")
     p.add_argument("--html")
     p.add_argument("--device")
@@ -61,13 +71,23 @@ def cmd_bench(a):
     PEERS = HF_PEERS + VLLM_PEERS
     if any(s.method in VLLM_PEERS for s in specs):
         find_vllm_python(a.vllm_python)              # one line saying `make vllm` before any model loads
+    from speclab.bench.runner import rule_of, sampling_seeds
+    sampling_seeds(a.temperature, a.seed, a.seeds)   # a bad temperature or seed count: one line, before any load
+    if a.temperature > 0 and any(s.method in PEERS for s in specs):
+        raise ValueError("the transformers and vLLM peers decode greedily: --temperature > 0 takes speclab's "
+                         "methods only")
     for s in specs:
         if s.method == "vllm-eagle":                 # a head vLLM cannot load fails before any model loads
             vllm_eagle_dir(s.params.get("model"))
         if s.method == "vllm-eagle3":
             vllm_eagle3_dir(s.params.get("model"))
         if s.method not in PEERS:
-            get_method(s.method)                     # unknown names fail before any model loads
+            m = get_method(s.method)                 # unknown names fail before any model loads
+            if m.engine == "speculative":            # and a rule that cannot serve the run: its one line
+                from speclab.decoding.rules import check_run, rule_params
+                rule, params = rule_of(s)
+                rule_params(rule, params)
+                check_run(rule, a.temperature == 0, method=s.method)
         if s.method not in PEERS and "k" not in s.params and s.method in ("draft-model", "layer-skip"):
             s.params["k"] = a.k
     if a.repeats < 1 or a.max_new_tokens < 1:
@@ -95,7 +115,7 @@ def cmd_bench(a):
     for prompt_set in sets:
         x = bench(target, draft, specs, prompt_set, a.max_new_tokens, a.repeats, a.limit, a.k, a.exit_layer, record,
                   keep_traces=a.whatif or bool(a.traces), vllm_python=a.vllm_python, batch_size=a.batch_size,
-                  thresholds=thresholds)
+                  thresholds=thresholds, temperature=a.temperature, seed=a.seed, seeds=a.seeds)
         if "traces" in x:
             traces[x["prompt_set"]] = x.pop("traces")  # saved after the results: not part of the JSON report
         results.append(x)

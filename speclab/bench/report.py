@@ -5,15 +5,33 @@ from pathlib import Path
 
 COLS = ["method", "prompt_set", "wall_s", "tokens_per_s", "speedup_vs_ar", "tau", "alpha", "identical_rate",
         "near_ties", "mismatches", "draft_s", "verify_s", "efficiency"]
+# the quality columns (bench/quality.py), after the speed columns: greedy against ar token by token;
+# sampling: TV of a round's first token against p, the target's NLL per token, distinct-n (ar's beside)
+GREEDY_QUALITY = ["guarantee", "identical_tokens", "first_divergence"]
+SAMPLING_QUALITY = ["guarantee", "tv_per_step", "nll", "distinct_1", "distinct_2", "distinct_1_ar", "distinct_2_ar"]
+
+
+def columns(result: dict) -> list[str]:
+    """The table's columns: the speed columns, then the quality columns of the run's decoding (the
+    greedy identity columns near_ties and mismatches only where it is greedy)."""
+    if result.get("temperature"):
+        return [c for c in COLS if c not in ("identical_rate", "near_ties", "mismatches")] + SAMPLING_QUALITY
+    return COLS + GREEDY_QUALITY
 
 
 def markdown(result: dict) -> str:
-    rows = result["rows"]
-    head = "| " + " | ".join(COLS) + " |\n|" + "---|" * len(COLS) + "\n"
+    rows, cols = result["rows"], columns(result)
+    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     body = ""
     for r in rows:
         body += "| " + " | ".join("" if r.get(c) is None else (f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]))
-                                  for c in COLS) + " |\n"
+                                  for c in cols) + " |\n"
+    if result.get("temperature"):
+        seeds = result.get("seeds") or []
+        body += (f"\nsampled at temperature {result['temperature']:g}, seeds {', '.join(map(str, seeds))} "
+                 "for every row; "
+                 "tv_per_step: mean TV of a round's first token against the target's p (0: a lossless row; empty: "
+                 "not computable for this row); nll: the target's negative log-likelihood per generated token\n")
     return head + body
 
 

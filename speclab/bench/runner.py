@@ -3,8 +3,13 @@
 Warm-up first, then `repeats` passes; within a pass, prompts are the outer loop so that machine
 noise hits all methods alike. A row per method: wall time (median over repeats of the summed
 per-prompt wall time), tokens/s, speed-up over `ar`, tau, alpha, per-position acceptance, draft vs
-verify time (from the pass whose wall time is the median), and for greedy runs the share of
-outputs identical to `ar`.
+verify time (from the pass whose wall time is the median), its guarantee, and for greedy runs the
+share of outputs identical to `ar`.
+
+Sampled (temperature > 0), every row runs each prompt with the same seeds (seed .. seed + seeds - 1,
+DEFAULT_SEED where none is given). Every row gets quality columns (bench/quality.py): under greedy
+its tokens against ar's, under sampling the TV of each round's first token against the target's p,
+the target's NLL of the text, and distinct-n beside ar's.
 
 A masked-diffusion target (code-dllm) takes dllm-* methods; its baseline is `dllm-lowconf` (one
 token per step), `--max-new-tokens` is the gen length, tau reads as tokens per forward, and
@@ -12,6 +17,7 @@ identical_rate compares with the one-per-step output.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +25,18 @@ from pathlib import Path
 from speclab.bench.peers import PEERS, run_peer
 from speclab import metrics
 from speclab.bench import timing
+from speclab.bench.quality import (greedy_columns, induced_tv, rule_of, sampling_columns, watching_roots)
 from speclab.prompts import load_prompts
 from speclab.params import parse_assignment
 from speclab.decoding.drafters.lookup import SuffixHistory
+from speclab.decoding.acceptance import Sampler
 from speclab.decoding.registry import get_method, method_params
+from speclab.decoding.rules import get_rule
 from speclab.decoding.dgemma import is_dgemma
 from speclab.models.dllm import is_dllm
+
+
+DEFAULT_SEED = 0                   # the seed of a sampled bench run that names none (--seed)
 
 
 @dataclass
@@ -67,10 +79,12 @@ def _split_top(s: str) -> list[str]:
 
 
 def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit_layer, record, history=None,
-            reference=None, cache_len=None):
+            reference=None, cache_len=None, temperature: float = 0.0, seed=DEFAULT_SEED):
     """One method on one prompt (or, given a list of prompts, on them as one batch: a list of runs).
     `history`: the pass's SuffixHistory, for methods that take one; `reference`: ar's output on this
-    prompt in this pass, for the oracle (which would otherwise decode it again)."""
+    prompt in this pass, for the oracle (which would otherwise decode it again); temperature and seed
+    (a list of seeds for a batch, one per lane): the run's sampling (peers decode greedily).
+    `rule.NAME=value` parameters of the spec are its acceptance rule's (rule_params)."""
     import speclab
     if spec.method in PEERS:
         r = run_peer(spec.method, target[0], target[1], prompt_ids, max_new_tokens,
@@ -78,7 +92,10 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
                      exit_layer=spec.params.get("exit_layer", exit_layer), max_cache_len=cache_len)
         return dict(ids=r["ids"], wall_s=r["wall_s"], target_forwards=r["target_forwards"], draft_forwards=None,
                     drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=None)
-    params = dict(spec.params)
+    params = {k_: v for k_, v in spec.params.items() if not k_.startswith("rule.")}
+    _, rule_params = rule_of(spec)
+    if rule_params:
+        params["rule_params"] = rule_params
     if history is not None and "history" in method_params(spec.method):
         params["history"] = history
     if reference is not None and "reference" in method_params(spec.method) and "reference" not in params:
@@ -91,7 +108,8 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
     elif get_method(spec.method).draft_kind != "draft":
         draft = None                            # its head: the zoo's for this target (api.generate); none for dllm-*
     res = speclab.run(target, prompt_ids, spec.method, draft=draft, max_new_tokens=max_new_tokens, record=record,
-                      dtype=next(target[0].parameters()).dtype, **params)    # dllm-*: max_new_tokens canvas slots
+                      dtype=next(target[0].parameters()).dtype, temperature=temperature, seed=seed,
+                      **params)                 # dllm-*: max_new_tokens canvas slots
     if isinstance(res, list):                   # a batch: one run per lane
         return [_run(r, len(res)) for r in res]
     if res.trace.engine == "diffusion":
@@ -120,17 +138,29 @@ def set_name(prompt_set: str) -> str:
 def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_tokens: int = 128,
           repeats: int = 1, limit: int | None = None, k: int = 4, exit_layer: int = 4,
           record: str | None = "light", progress: bool = True, keep_traces: bool = False,
-          vllm_python: str | None = None, batch_size: int = 1, thresholds: timing.Thresholds | None = None) -> dict:
+          vllm_python: str | None = None, batch_size: int = 1, thresholds: timing.Thresholds | None = None,
+          temperature: float = 0.0, seed: int | None = None, seeds: int = 1) -> dict:
     """batch_size > 1: speclab's speculative methods decode the prompts batch_size at a time (one
     batch after another; throughput = new tokens / summed batch wall time); peers stay at batch 1.
-    thresholds: where a speed-up's verdict turns unreliable (timing.Thresholds; None: the defaults)."""
+    thresholds: where a speed-up's verdict turns unreliable (timing.Thresholds; None: the defaults).
+    temperature > 0: every row samples, each prompt once per seed in seed, seed + 1, ...,
+    seed + seeds - 1 (seed None: DEFAULT_SEED), the same seeds for every row; the passes run seed by
+    seed (a seed's prompts together) and every per-prompt list holds one run per (seed, prompt).
+    Quality columns (bench/quality.py): under greedy against ar token by token, under sampling the
+    TV of each round's first token, the target's NLL of the text and distinct-n."""
     from tqdm.auto import tqdm
     model, tok = target
+    seed_list = sampling_seeds(temperature, seed, seeds)
+    if temperature > 0 and any(s.method in PEERS or s.method.startswith("vllm-") for s in specs):
+        raise ValueError("the transformers and vLLM peers decode greedily: --temperature > 0 takes speclab's "
+                         "methods only")
     prompts = load_prompts(prompt_set, limit)
     name = set_name(prompt_set)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     from speclab.prompts import encode
     prompt_ids = [encode(tok, p, max_new_tokens, max_pos) for p in prompts]
+    n = len(prompt_ids)
+    jobs = [(ids, sd) for sd in seed_list for ids in prompt_ids]   # (prompt, seed), seed major
     # the baseline, always measured: plain ar, or for a diffusion LM one token per step
     noise = is_dgemma(model)                   # DiffusionGemma: its own sampler is the baseline
     base = "dllm-entropy-bound" if noise else "dllm-lowconf" if is_dllm(model) else "ar"
@@ -149,8 +179,9 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     cache_len = max(map(len, prompt_ids)) + max_new_tokens   # hf-static's one cache: the longest request
     for s in ours:                                            # warm-up: every code path once
         run_one(s, target, draft, prompt_ids[:batch_size] if batched(s) else prompt_ids[0], 8, k, exit_layer, record,
-                cache_len=cache_len)
-    runs = {s.label: [[None] * len(prompts) for _ in range(repeats)] for s in specs}
+                cache_len=cache_len, temperature=temperature,
+                seed=[seed_list[0]] * len(prompt_ids[:batch_size]) if batched(s) else seed_list[0])
+    runs = {s.label: [[None] * len(jobs) for _ in range(repeats)] for s in specs}
     for s in vllm:           # a whole set per peer in one vLLM process (its own warm-up, its own venv)
         dtype = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}[str(next(model.parameters()).dtype)[6:]]
         runs[s.label] = run_vllm_peer_passes(
@@ -168,26 +199,40 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         from speclab.bench.bandwidth import BandwidthProbe
         p = next(model.parameters())
         probe = BandwidthProbe(p.device, p.dtype, model=model)
-    bar = tqdm(total=repeats * len(prompts) * len(ours), desc=f"bench {name}", disable=not progress)
+    # under sampling, the rows whose rule's first-token law is measured: each verify's root watched
+    # in the first pass (a copy of p and q per round), its TV computed after the run, outside its timing
+    guarantees = {s.label: row_guarantee(s) for s in specs}
+    watched = {s.label: rule_of(s) for s in ours if temperature > 0 and not batched(s)
+               and guarantees[s.label] == "lossy" and get_method(s.method).engine == "speculative"
+               and get_rule(rule_of(s)[0]).induced is not None}
+    sampler = Sampler(temperature)
+    bar = tqdm(total=repeats * len(jobs) * len(ours), desc=f"bench {name}", disable=not progress)
     meter = timing.CpuMeter().start()       # other processes' share of the CPUs while the passes ran
     for rep in range(repeats):
-        # suffix's history: this pass's earlier prompts under this method, never the last pass's
-        # nor another method's output for the same prompt
-        history = {s.label: SuffixHistory() for s in specs}
-        for i in range(0, len(prompt_ids), batch_size):
-            chunk = prompt_ids[i:i + batch_size]
-            for s in ours:
-                if batched(s):
-                    runs[s.label][rep][i:i + len(chunk)] = run_one(s, target, draft, chunk, max_new_tokens, k,
-                                                                   exit_layer, record, history[s.label])
-                for j, ids in enumerate(chunk if not batched(s) else []):
-                    ar_run = runs[base][rep][i + j]
-                    runs[s.label][rep][i + j] = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer,
-                                                        record, history[s.label], ar_run and ar_run["ids"], cache_len)
-                    if probe is not None and s.label == base:   # the run and the stream right after it
-                        r = runs[s.label][rep][i + j]
-                        probe.sample(ar_tokens_per_s=len(r["ids"]) / r["wall_s"])
-                bar.update(len(chunk))
+        for b, sd in enumerate(seed_list):
+            # suffix's history: this pass's earlier prompts under this method and seed, never the last
+            # pass's nor another method's or seed's output for the same prompt
+            history = {s.label: SuffixHistory() for s in specs}
+            for i in range(b * n, (b + 1) * n, batch_size):
+                chunk = [ids for ids, _ in jobs[i:min(i + batch_size, (b + 1) * n)]]
+                for s in ours:
+                    if batched(s):
+                        runs[s.label][rep][i:i + len(chunk)] = run_one(
+                            s, target, draft, chunk, max_new_tokens, k, exit_layer, record, history[s.label],
+                            temperature=temperature, seed=[sd] * len(chunk))
+                    for j, ids in enumerate(chunk if not batched(s) else []):
+                        ar_run = runs[base][rep][i + j]
+                        roots = []
+                        with watching_roots(watched[s.label][0], roots) if rep == 0 and s.label in watched \
+                                else contextlib.nullcontext():
+                            r = run_one(s, target, draft, ids, max_new_tokens, k, exit_layer, record,
+                                        history[s.label], ar_run and ar_run["ids"], cache_len, temperature, sd)
+                        if rep == 0 and s.label in watched:
+                            r["tv"] = induced_tv(*watched[s.label], roots, sampler, model)
+                        runs[s.label][rep][i + j] = r
+                        if probe is not None and s.label == base:   # the run and the stream right after it
+                            probe.sample(ar_tokens_per_s=len(r["ids"]) / r["wall_s"])
+                    bar.update(len(chunk))
     bar.close()
     busy = meter.busy()
     ar_wall = statistics.median(sum(r["wall_s"] for r in rep) for rep in runs[base])
@@ -197,21 +242,57 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
             for s in specs]
     for s, row in zip(specs, rows):
         row["batch_size"] = batch_size if batched(s) else 1
+        row["guarantee"] = guarantees[s.label]
+        if temperature > 0:      # the same seed draws differently under another method: no identity to count
+            row["identical_rate"] = None
+            sampling_columns(row, runs[s.label][0], runs[ref[s.label]][0], prompt_ids, seed_list, model,
+                             guarantees[s.label], causal=not is_dllm(model) and not noise)
+        else:
+            greedy_columns(row, [r["ids"] for r in runs[ref[s.label]][0]], [r["ids"] for r in runs[s.label][0]])
     # per-repeat speed-up ratios with their spread and verdict; the cost model of each median pass
     timing.annotate_bench_rows(rows, [s.label for s in specs], runs, base, busy, thresholds)
     if base == "ar":
         for s, row in zip(specs, rows):
             row["identical_to"] = ref[s.label]
+            if temperature > 0 or guarantees[s.label] == "lossy":
+                # sampled texts, or a rule that changes the text by design: no arithmetic to diagnose
+                row.update(dtype=str(next(model.parameters()).dtype).removeprefix("torch."), near_ties=None,
+                           mismatches=None, divergences=None)
+                continue
             explain_divergences(row, model, prompt_ids, [r["ids"] for r in runs[ref[s.label]][0]],
                                 [r["ids"] for r in runs[s.label][0]], s.params.get("backend", "auto"),
                                 other="hf" if s.method in PEERS or s.method.startswith("vllm-") else None)
     out = {"rows": rows, "baseline": base, "prompt_set": name, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-           "repeats": repeats, "batch_size": batch_size}
+           "repeats": repeats, "batch_size": batch_size, "temperature": temperature,
+           "seeds": seed_list if temperature > 0 else None}
     if probe is not None:                   # the samples only: the probe's buffers go with it
         out["bandwidth_samples"] = probe.summary()
     if keep_traces:
         out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}
     return out
+
+
+def sampling_seeds(temperature: float, seed: int | None, seeds: int) -> list[int]:
+    """The seeds every row runs each prompt with: [seed, ..., seed + seeds - 1] (seed None:
+    DEFAULT_SEED). Greedy decoding draws nothing: one pass, and --seeds > 1 is refused."""
+    if temperature < 0:
+        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"--seeds must be an integer >= 1, got {seeds}")
+    if temperature == 0 and seeds > 1:
+        raise ValueError(f"--seeds {seeds}: greedy decoding draws nothing; give --temperature > 0 to average "
+                         "over seeds")
+    base = DEFAULT_SEED if seed is None else seed
+    return [base + j for j in range(seeds)]
+
+
+def row_guarantee(spec: MethodSpec) -> str | None:
+    """What a row's output is held to (decoding/guarantees.py) under its rule; None for a peer (another
+    engine, held to nothing here; its identity with ar is measured)."""
+    if spec.method in PEERS or spec.method.startswith("vllm-"):
+        return None
+    from speclab.decoding.registry import guarantee
+    return guarantee(spec.method, rule_of(spec)[0])
 
 
 def reference_label(spec: MethodSpec, specs: list[MethodSpec], base: str) -> str:

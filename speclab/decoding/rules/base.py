@@ -15,6 +15,13 @@ came from (None where it is the target's argmax) and every sibling tried, in ord
 decided there, with the same uniform draw), `inputs` and `threshold`: the trace keeps both
 verdicts per node and one policy decision per test, so views show the tokens it rescued.
 
+A rule may also give `induced(p, q, params, model=None) -> (dist, slack)`: the law of the FIRST
+token a round emits when the root holds a single candidate x ~ q (q: the draft's distribution,
+one-hot for a point-mass draft; None: nothing was drafted), under the target's warped distribution
+p (V,), with slack an upper bound on TV(dist, the exact law) where the rule approximates (0 where
+exact). The bench's quality columns take TV(dist, p) from it, round by round; a rule without the
+hook gets no TV there (None), and a lossless rule needs none (its law is p).
+
 The row says what the rule guarantees (decoding/guarantees.py), whether it needs the draft's
 distribution q (a point-mass drafter cannot feed it), whether it has a greedy form, its parameters
 with their defaults, and the paper it comes from. `exact` (rules/exact.py) is the default of every
@@ -39,6 +46,7 @@ class Rule:
     greedy: bool = True             # has a greedy (temperature 0) form
     params: dict = field(default_factory=dict)     # parameter -> default
     only_for: tuple = ()            # the methods whose drafts it is built for (empty: any method)
+    induced: Callable | None = None  # induced(p, q, params, model=None) -> (first-token law, slack): see above
 
 
 RULES: dict[str, Rule] = {}
@@ -98,6 +106,11 @@ def check_run(name: str, greedy: bool, point_mass: bool | None = None, method: s
     if point_mass and rule.needs_q:
         raise ValueError(f"rule {name!r} reads the draft's distribution q, and this drafter's drafts are point "
                          "masses (no q): use a drafter that samples its drafts, or rule='exact'")
+
+
+def total_variation(a, b) -> float:
+    """TV(a, b) = 1/2 sum |a - b| of two distributions over the same vocabulary, in fp64."""
+    return 0.5 * float((a.double() - b.double()).abs().sum())
 
 
 def rules() -> list[dict]:

@@ -19,6 +19,13 @@ embedding (L2), found once per token and kept on the model for later runs.
 Defaults k = 1000 and delta = 0.1, the paper's. Each test records p(x), q(x), J, the pooled mass
 c_J (the TV it spent), p~(x) and the first pooled ids; `exact` is decided with the same draw, so a
 token accepted here and rejected there is one the neighbourhood rescued.
+
+`induced` (the bench's TV column): for one candidate x ~ q at the root, the first token's law is
+q(y) a(y) + (1 - sum_x q(x) a(x)) r(y), with a(x) = min(1, p~(x) / q(x)) and r the residual from the
+original p. Pooling only matters where p(x) < q(x) (elsewhere a(x) = 1 already), and there it moves
+q(x) a(x) by at most room(x) = min(q(x), p(x) + delta) - p(x); those tokens are pooled largest room
+first, up to COVER of them and until the rooms left sum to at most SLACK, and the rest keep the
+exact rule's min(1, p(x) / q(x)): the returned slack (the rooms left) bounds the error in TV.
 """
 from __future__ import annotations
 
@@ -112,7 +119,38 @@ def make(params: dict, model=None):
     return walk
 
 
+COVER, SLACK = 512, 1e-3                        # induced: tokens pooled per round at most, room left over
+
+
+def induced(P, q, params: dict, model=None):
+    """The law of a round's first token for one candidate x ~ q (None: nothing drafted, a sample of
+    P) under P, and its slack (see the module's docstring)."""
+    k, delta = int(params["k"]), float(params["delta"])
+    P = P.float()
+    if q is None:
+        return P, 0.0
+    if model is None:
+        raise ValueError("rule 'lantern' reads the target's input embedding: give induced() the model")
+    near = neighbours(model, k)
+    q = q.to(P)
+    drawn = q > 0
+    a = torch.where(drawn, (P / q.clamp_min(1e-30)).clamp(max=1.0), torch.zeros_like(P))  # exact's min(1, p/q)
+    low = torch.nonzero(drawn & (P < q)).flatten()                  # where pooling can raise a(x)
+    # what pooling can change there: q(x) a(x) moves by at most min(q, p + delta) - p (pooled mass <= delta)
+    room = torch.minimum(q[low], P[low] + delta) - P[low]
+    order = room.argsort(descending=True, stable=True)
+    low, room = low[order], room[order]
+    left = room.flip(0).cumsum(0).flip(0)                           # what is left from each candidate on
+    n = min(COVER, int((left > SLACK).sum()))
+    for x in low[:n].tolist():                  # the walk's own neighbours (its table, kept on the model)
+        _, mass = pool(P, near(x).to(P.device), delta)
+        a[x] = min(1.0, min(1.0, float(P[x]) + mass) / float(q[x]))
+    slack = float(left[n]) if n < len(low) else 0.0
+    out = q * a
+    return out + (1 - float(out.sum())) * residual(P, q), slack
+
+
 LANTERN = register_rule(Rule(
-    name="lantern", guarantee="lossy", make=make, params=dict(k=1000, delta=0.1),
+    name="lantern", guarantee="lossy", make=make, induced=induced, params=dict(k=1000, delta=0.1),
     summary="accept x against p(x) plus the target's mass on x's nearest tokens (input embedding), within a "
             "total-variation budget delta (LANTERN, Jang et al. ICLR 2025, adapted to text)"))

@@ -14,10 +14,16 @@ two). At temperature 0 P is one-hot and the rule is `exact`'s greedy match, so i
 Each test draws a uniform u (whatever the recording level, so the text never depends on it) to
 record what `exact` would have decided with it: a token accepted here that `exact` rejected is
 one the rule rescued.
+
+`induced` (the bench's TV column): for one candidate x ~ q at the root, the first token is x where
+P(x) > floor and the target's argmax otherwise, so its law is q on {P > floor} plus the rest of q's
+mass on argmax P (nothing drafted: argmax P alone); exact, no slack.
 """
 from __future__ import annotations
 
 import math
+
+import torch
 
 from speclab.decoding.acceptance import Tried, accepts, greedy_ids, warp
 from speclab.decoding.rules.base import Rule, register_rule
@@ -65,7 +71,25 @@ def make(params: dict, model=None):
     return walk
 
 
+def induced(P, q, params: dict, model=None):
+    """The law of a round's first token for one candidate x ~ q (None: nothing drafted) under P:
+    (dist, 0.0). The floor is computed as the walk computes it."""
+    eps, delta = float(params["eps"]), float(params["delta"])
+    P = P.float()
+    top = int(greedy_ids(P))
+    out = torch.zeros_like(P)
+    if q is None:
+        out[top] = 1.0
+        return out, 0.0
+    H = float(-(P * (P + 1e-5).log()).sum())
+    ok = P > min(eps, delta * math.exp(-H))
+    q = q.to(P)
+    out = torch.where(ok, q, out)
+    out[top] += float(q[~ok].sum())
+    return out, 0.0
+
+
 TYPICAL = register_rule(Rule(
-    name="typical", guarantee="lossy", make=make, greedy=False, params=dict(eps=0.09, delta=0.3),
+    name="typical", guarantee="lossy", make=make, induced=induced, greedy=False, params=dict(eps=0.09, delta=0.3),
     summary="accept x where p(x) > min(eps, delta exp(-H(p))); the longest accepted path, then the target's "
             "argmax (Medusa-2's typical acceptance, Cai et al. 2024)"))

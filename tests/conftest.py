@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 
@@ -18,6 +19,16 @@ def shoot(page, name: str) -> None:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the dashboard opens on the tiny code zoo in tests (its default is the real model when installed)
 os.environ.setdefault("SPECLAB_DASHBOARD_TARGET", "code-target")
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: thousands of tiny products (toy models, six-token rows) on 2
+    threads only wait at each op's barrier, badly so on a busy 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

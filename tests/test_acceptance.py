@@ -11,13 +11,7 @@ N_DRAWS = 100_000
 P_MIN = 1e-3
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # 10^5 tiny tensor ops: intra-op threads only add overhead
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")     # 10^5 tiny tensor ops (conftest)
 
 
 def test_greedy_chain_exact():

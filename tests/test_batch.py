@@ -22,13 +22,7 @@ MORE = [("suffix", {}), ("recycling", {}), ("lookahead", {}), ("tree-static", {}
         ("draft-model", dict(threshold=0.4, max_k=8)), ("prompt-lookup", dict(grow=4, k=12))]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The test machine has 2 busy cores: multi-row fp32 matmuls on 2 threads stall there."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")     # multi-row fp32 toy products (conftest)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from typing import Callable
 from speclab.decoding.dag import DecodeConfig
 from speclab.decoding.dllm_policies import POLICIES
 from speclab.decoding.guarantees import GUARANTEES, LOSSLESS, check, weakest  # noqa: F401 (re-exported)
+from speclab.decoding.drafters.aded import AdedDrafter
 from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
 from speclab.decoding.drafters.heads import EagleChainDrafter, EagleDrafter, MedusaDrafter
 from speclab.decoding.drafters.lookahead import LookaheadDrafter
@@ -34,6 +35,8 @@ from speclab.decoding.drafters.model import DraftModelDrafter, LayerSkipDrafter
 from speclab.decoding.drafters.oracle import OracleDrafter
 from speclab.decoding.drafters.recycling import RecyclingDrafter
 from speclab.decoding.drafters.rsd import RSDDrafter
+from speclab.decoding.drafters.swift import SwiftDrafter, UnifiedSkipDrafter
+from speclab.decoding.drafters.spectr import SpecTrDrafter
 from speclab.decoding.drafters.trees import DynamicTreeDrafter, StaticTreeDrafter
 from speclab.decoding.speculative import Drafter
 
@@ -190,6 +193,15 @@ for _m in [
            summary="the target's first L layers draft through its own head, exit fixed or auto (LayerSkip; "
                    "Draft & Verify)",
            drafter=LayerSkipDrafter, inputs={"target_model": the_target}, adaptive=lambda p: p["exit_layer"] == "auto"),
+    Method(name="swift", family="self-speculative", engine="speculative", guarantee=AR,
+           summary="the target less a set of its own attention and MLP sublayers drafts until its confidence drops; "
+                   "the set is searched on the target's own text as it decodes and cached per task (SWIFT, Xia et "
+                   "al. ICLR 2025)",
+           drafter=SwiftDrafter, inputs={"target_model": the_target}, adaptive=lambda p: True),
+    Method(name="unified-layer-skip", family="layer-skipping", engine="speculative", guarantee="lossy",
+           summary="no draft and no verify: every token from the target with an even pattern of whole layers "
+                   "skipped, as many as a target speed-up asks (Unified Layer Skipping, Liu et al. 2024)",
+           drafter=UnifiedSkipDrafter, inputs={"target_model": the_target}),
     Method(name="prompt-lookup", family="model-free", engine="speculative", guarantee=AR,
            summary="copy what followed the last n-gram's previous occurrence (prompt lookup decoding)",
            drafter=PromptLookupDrafter, batchable=True, adaptive=lambda p: p["grow"] > 0),
@@ -206,6 +218,10 @@ for _m in [
     Method(name="lookahead", family="model-free", engine="speculative", guarantee=AR,
            summary="Jacobi lookahead branch feeding an n-gram pool (Lookahead decoding)", drafter=LookaheadDrafter,
            batchable=True, aliases={"k": "window"}),
+    Method(name="aded", family="model-free", engine="speculative", guarantee=AR,
+           summary="a tri-gram table of the committed text, updated as it decodes, drafts a small tree by an "
+                   "explore / exploit rule (UCB1, speclab's own; ADED, Liu et al. AAAI 2025)", drafter=AdedDrafter,
+           batchable=True, tree=True),
     Method(name="tree-static", family="speculative-tree", engine="speculative", guarantee=AR,
            summary="a fixed expansion pattern over the draft's top-k (Medusa / SpecInfer)",
            drafter=StaticTreeDrafter, inputs=DRAFT, draft=DRAFT_LM, batchable=True, tree=True),
@@ -216,6 +232,10 @@ for _m in [
            summary="siblings drawn without replacement (Gumbel-Top-k) from the draft, verified by recursive "
                    "rejection against q renormalised without the earlier siblings (RSD, Jeon et al. 2024)",
            drafter=RSDDrafter, inputs=DRAFT, draft=DRAFT_LM, tree=True, rule="rsd"),
+    Method(name="spectr", family="speculative-tree", engine="speculative", guarantee=AR,
+           summary="k draft chains sampled i.i.d., verified by K-SEQ: each position's candidates tested against "
+                   "p / rho*, the chains that agree with the emitted token kept (SpecTr, Sun et al. NeurIPS 2023)",
+           drafter=SpecTrDrafter, inputs=DRAFT, draft=DRAFT_LM, tree=True, rule="k-seq"),
     Method(name="eagle", family="feature-head", engine="speculative", guarantee=AR,
            summary="EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE "
                    "head)", drafter=EagleDrafter, inputs=TARGET_AND_DRAFT, draft=EAGLE_HEAD, tree=True),
@@ -259,6 +279,10 @@ DLLM_SUMMARY = {
     "dllm-freedave": "FreeDave: K drafts verified in one batched forward; lossless vs one-token-per-step",
     "dllm-entropy-bound": "DiffusionGemma's sampler: commit the lowest-entropy positions while their entropy sum "
                           "stays under a bound (on DiffusionGemma: its whole noise-canvas loop)",
+    "dllm-llada21-edit": "LLaDA 2.1 token editing (SGLang JointThreshold): commit above a threshold and rewrite "
+                         "committed tokens the model now proposes otherwise, with post-edit steps",
+    "dllm-r2": "R²-dLLM: threshold commits plus confident windows, same-token runs and predictions "
+               "stable for n steps",
 }
 DLLM_RUN_PARAMS = ("gen_length", "block_length", "eos_stop")
 for _n, _d in DLLM_SUMMARY.items():

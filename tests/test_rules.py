@@ -157,12 +157,20 @@ def rsd_first_two(walk, T: float, n: int, seed: int = 0) -> torch.Tensor:
                     prefix[tree.add(y, node, float(q2[y]))] = (x, y)
         path, emitted, _, _ = walk(tree.children(), tree.tokens, tree.q_map(), lambda node: p_log[prefix[node]],
                                    s, g, draw)
-        toks = [tree.tokens[i] for i in path] + [emitted]
-        if len(toks) < 2:
-            toks.append(int(torch.multinomial(warp(p_log[tuple(toks)], s), 1, generator=g)))
-        counts[toks[0], toks[1]] += 1
-    joint = torch.stack([warp(p_log[()], s)[a] * warp(p_log[(a,)], s) for a in range(V)])
-    return counts, joint
+        tally_first_two(counts, [tree.tokens[i] for i in path] + [emitted], p_log, s, g)
+    return counts, first_two_joint(p_log, s, V)
+
+
+def tally_first_two(counts: torch.Tensor, toks: list[int], p_log: dict, s: Sampler, g) -> None:
+    """Count a round's first two emitted tokens; a round that emitted one draws the second from p."""
+    if len(toks) < 2:
+        toks = toks + [int(torch.multinomial(warp(p_log[tuple(toks)], s), 1, generator=g))]
+    counts[toks[0], toks[1]] += 1
+
+
+def first_two_joint(p_log: dict, s: Sampler, V: int) -> torch.Tensor:
+    """The target's joint (V, V) of its first two tokens, as warped."""
+    return torch.stack([warp(p_log[()], s)[a] * warp(p_log[(a,)], s) for a in range(V)])
 
 
 def chi2_p(counts: torch.Tensor, joint: torch.Tensor) -> float:

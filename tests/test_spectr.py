@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from test_rules import chi2_p
+from test_rules import chi2_p, first_two_joint, tally_first_two
 
 from speclab.decoding.acceptance import Sampler, warp
 from speclab.decoding.drafters.spectr import grow_chains
@@ -146,12 +146,8 @@ def spectr_first_two(walk, tables, T: float, n: int, k: int = 3, seed: int = 0):
         tree = grow_chains(k, 2, q_at, s, g)
         path, emitted, _, _ = walk(tree.children(), tree.tokens, tree.q_map(),
                                    lambda node: p_log[prefix(tree, node)], s, g, draw)
-        toks = [tree.tokens[i] for i in path] + [emitted]
-        if len(toks) < 2:
-            toks.append(int(torch.multinomial(warp(p_log[tuple(toks)], s), 1, generator=g)))
-        counts[toks[0], toks[1]] += 1
-    joint = torch.stack([warp(p_log[()], s)[a] * warp(p_log[(a,)], s) for a in range(V)])
-    return counts, joint
+        tally_first_two(counts, [tree.tokens[i] for i in path] + [emitted], p_log, s, g)
+    return counts, first_two_joint(p_log, s, V)
 
 
 @pytest.mark.parametrize("T", [0.7, 1.0])

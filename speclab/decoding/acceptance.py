@@ -136,6 +136,18 @@ class Tried:
     threshold: float | None = None
 
 
+def greedy_step(kids: list[int], tokens: list[int], node: int, p_at, argmax_at, tries: list) -> tuple[int, int | None]:
+    """One greedy test of the candidates `kids` after `node`: the target's argmax there and the
+    first candidate holding it (None: none does); every candidate tried up to it joins `tries`."""
+    best = argmax_at(node) if argmax_at is not None else int(greedy_ids(p_at(node)))
+    nxt = next((c for c in kids if tokens[c] == best), None)
+    for c in kids:
+        tries.append(Tried(c, c == nxt, None, float("nan"), None))
+        if c == nxt:
+            break
+    return best, nxt
+
+
 def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_at, sampler: Sampler,
               gen: torch.Generator | None, draw, argmax_at=None,
               without_replacement: bool = False) -> tuple[list[int], int, torch.Tensor | None, list[Tried]]:
@@ -154,12 +166,7 @@ def walk_tree(children: dict[int, list[int]], tokens: list[int], q_at: dict, p_a
     while True:
         kids = children.get(node, [])
         if sampler.greedy:
-            best = argmax_at(node) if argmax_at is not None else int(greedy_ids(p_at(node)))
-            nxt = next((c for c in kids if tokens[c] == best), None)
-            for c in kids:
-                tries.append(Tried(c, c == nxt, None, float("nan"), None))
-                if c == nxt:
-                    break
+            best, nxt = greedy_step(kids, tokens, node, p_at, argmax_at, tries)
             if nxt is None:
                 return path, best, None, tries
             path.append(nxt)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from speclab.decoding.acceptance import Tried, accept_prob, accepts, greedy_ids, sample, warp
+from speclab.decoding.acceptance import Tried, accept_prob, accepts, greedy_step, sample, warp
 from speclab.decoding.rules.base import Rule, register_rule
 
 PASSES, GRID = 8, 64                # f on 65 points a pass cuts the bracket 64-fold: (k - 1) / 64^8, fp64's grain
@@ -118,13 +118,7 @@ def make(params: dict, model=None, rho: float | None = None):
         while True:
             cands = [c for n in S for c in children.get(n, [])]
             if sampler.greedy:
-                best = argmax_at(last) if argmax_at is not None else int(greedy_ids(p_at(last)))
-                win = next((c for c in cands if tokens[c] == best), None)
-                for c in cands:
-                    tries.append(Tried(c, c == win, None, float("nan"), None))
-                    if c == win:
-                        break
-                x, dist = best, None
+                (x, win), dist = greedy_step(cands, tokens, last, p_at, argmax_at, tries), None
             else:
                 P = warp(p_at(last), sampler)
                 if not cands:                                            # every depth accepted: bonus

@@ -219,7 +219,7 @@ ROW_LABELS = ["ar", "oracle[k=2]", "oracle[k=4]", "oracle[k=8]", "prompt-lookup"
 def row_labels(name: str, device, args) -> list[str]:
     """The rows of shape `name` in the order they run (ar first: every output is held to it; the
     issue's goals next), less those --only leaves out."""
-    labels = [l for l in ROW_LABELS if l != "ar[static-compile]" or (device.type == "cuda" and args.compile_shape == name)]
+    labels = [l for l in ROW_LABELS if l != "ar[static-compile]" or (device.type == "cuda" and name in args.compile_shape.split(","))]
     only = dict(o.split(":", 1) for o in args.only or [])
     return [l for l in labels if l in only[name].split("|")] if name in only else labels
 
@@ -466,7 +466,8 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (200; --smoke 24)")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per row, median reported (3; --smoke 1)")
     ap.add_argument("--compile-shape", default="smollm2-135m",
-                    help="the shape that also times the static runner under torch.compile (CUDA only)")
+                    help="the shapes (comma-separated) that also time the static runner under torch.compile "
+                         "(CUDA only; about 40 s of compilation each)")
     ap.add_argument("--zoo", default=None,
                     help="zoo targets whose methods are held to ar (default: code-target, and smollm2-135m with its "
                          "heads on CUDA; --smoke: code-target); 'none' skips")

@@ -124,7 +124,8 @@ def speculative_round(s: RunState, ctx: Context) -> tuple[Round, list[int]]:
     t1 = time.perf_counter()
     pending = ctx.ids[len(ctx.ids) - ctx.pending:]
     inputs = pending + tree.tokens
-    logits = s.target.forward(torch.tensor(inputs, device=ctx.device),               # 2. verify
+    ids_at = "cpu" if getattr(s.target, "host_ids", False) else ctx.device          # a static runner stages them
+    logits = s.target.forward(torch.tensor(inputs, device=ids_at),                   # 2. verify
                               parents=tree.parents, n_prefix=len(pending),          # (1+N, V) or
                               logits_to_keep=0 if s.drafter.all_rows else 1 + len(tree))  # (P+N, V)
     first = len(inputs) - len(logits)                                               # logits[0]'s input row

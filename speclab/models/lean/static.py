@@ -89,6 +89,8 @@ class StaticLM(LeanLM):
     max_len: the slots the request needs (prompt + new tokens + widest draft); None starts small.
     graphs: None (CUDA graphs on CUDA, eager elsewhere), True, False or "compile".
     """
+    host_ids = True     # ids staged through pinned memory: a caller's host ids save a copy and a sync
+
 
     def __init__(self, model, name: str = "", max_len: int | None = None, graphs=None):
         device = next(model.parameters()).device
@@ -193,13 +195,15 @@ class StaticLM(LeanLM):
         if not self._static(T, embeds, subset, skip):
             self._fit(self.n + T)
             self.fallbacks += 1
+            if isinstance(ids, torch.Tensor):
+                ids = ids.to(self.device)       # host ids (see host_ids) for the eager path
             return super().forward(ids, parents, n_prefix, logits_to_keep, n_layers, embeds, subset, skip)
         past = self.n
         if parents is not None and not is_chain(parents):
             depth, vis = tree_depths_and_visibility(parents, n_prefix, 0)
             pos = past + tree_positions(depth, n_prefix)
         else:
-            pos, vis = past + torch.arange(T), torch.ones(T, T, dtype=torch.bool).tril()
+            pos, vis = past + torch.arange(T), None       # a chain: the step builds its causal mask
         k = logits_to_keep or T
         return self._replay(ids, pos, torch.arange(T - k, T), own=vis, n_layers=n_layers)
 
@@ -209,7 +213,7 @@ class StaticLM(LeanLM):
         if not self._static(T, skip=skip):
             self._fit(self.n + T)
             self.fallbacks += 1
-            return super().forward_rows(ids, pos, vis, score, skip)
+            return super().forward_rows(ids.to(self.device), pos, vis, score, skip)
         return self._replay(ids, pos.cpu(), torch.arange(T) if score is None else score.cpu(), full=vis)
 
     def _fit(self, need: int):
@@ -219,8 +223,13 @@ class StaticLM(LeanLM):
 
     def _replay(self, ids, pos, keep, own=None, full=None, n_layers=None) -> torch.Tensor:
         """Stage T rows (ids, positions, kept rows; visibility `own` (T, T) among themselves after
-        the whole committed cache, or `full` (T, n + T) over the cache) and run their bucket
-        through the first n_layers layers (None: all), capturing self.capture_layers."""
+        the whole committed cache, or `full` (T, n + T) over the cache, or neither: a chain, whose
+        causal mask the step builds from the slots on the device) and run their bucket through the
+        first n_layers layers (None: all), capturing self.capture_layers.
+
+        Per call the host does one pinned staging copy, the replay and the logits' copy; a chain
+        (every `ar` step, every chain verify) adds no mask writes: on a GPU the host's launches
+        between two replays, not the kernels, were ~10% of an 8B token (BENCHMARKS.md, GPU)."""
         T, past, K = len(ids), self.n, len(keep)
         W, Kb = bucket(T), bucket(K)
         nl = n_layers or len(self.layers)
@@ -243,28 +252,30 @@ class StaticLM(LeanLM):
         if self.device.type == "cuda":
             self._staged = torch.cuda.Event()
             self._staged.record()
-        v = self.vis
-        v[:W].zero_()
-        if full is not None:
-            v[:T, :past + T] = full.to(self.device, non_blocking=True)
-        else:
-            v[:T, :past] = True
-            v[:T, past:past + T] = own.to(self.device, non_blocking=True)
-        pad = torch.arange(T, W, device=self.device)
-        v[pad, past + pad] = True                              # a padding row sees only its own slot
-        out = self._run_bucket(W, Kb, past, nl, want)
+        causal = full is None and own is None
+        if not causal:
+            v = self.vis
+            v[:W].zero_()
+            if full is not None:
+                v[:T, :past + T] = full.to(self.device, non_blocking=True)
+            else:
+                v[:T, :past] = True
+                v[:T, past:past + T] = own.to(self.device, non_blocking=True)
+            pad = torch.arange(T, W, device=self.device)
+            v[pad, past + pad] = True                          # a padding row sees only its own slot
+        out = self._run_bucket(W, Kb, past, nl, want, causal)
         self.n = past + T
         self.forwards += 1
         self.captured = {c: self.hidden[c - 1, :T][None] for c in want}       # (1, T, C) views
         return out[:K].clone()
 
-    def _run_bucket(self, W: int, Kb: int, past: int, nl: int, want: tuple) -> torch.Tensor:
+    def _run_bucket(self, W: int, Kb: int, past: int, nl: int, want: tuple, causal: bool = False) -> torch.Tensor:
         if not self.graphs:
-            return self._step(W, Kb, past, nl, want)
+            return self._step(W, Kb, past, nl, want, causal)
         if want:                            # one capture set for every call: see the docstring
             self._wide |= set(want)
             want = tuple(sorted(c for c in self._wide if c <= nl))
-        key = (W, Kb, nl, want)
+        key = (W, Kb, nl, want, causal)
         if key not in self._graphs:
             self._graphs[key] = self._capture(*key)
         graph, out = self._graphs[key]
@@ -272,7 +283,7 @@ class StaticLM(LeanLM):
         self.replays += 1
         return out
 
-    def _capture(self, W: int, Kb: int, nl: int, want: tuple):
+    def _capture(self, W: int, Kb: int, nl: int, want: tuple, causal: bool):
         """Capture one bucket once. The warm-up runs compute exactly what the replay that follows
         computes (same buffers), so their cache writes are the replay's own."""
         step = self._step
@@ -287,24 +298,30 @@ class StaticLM(LeanLM):
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):                  # (graphs="compile": the first compiles)
-                step(W, Kb, 0, nl, want)
+                step(W, Kb, 0, nl, want, causal)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = step(W, Kb, 0, nl, want)
+            out = step(W, Kb, 0, nl, want, causal)
         self._pool = graph.pool()
         self._save_kit()
         return graph, out
 
     # --- the step: every shape fixed by (W, Kb, nl, caps) -------------------------------------
 
-    def _step(self, W: int, Kb: int, past: int, nl: int | None = None, caps: tuple = ()) -> torch.Tensor:
+    def _step(self, W: int, Kb: int, past: int, nl: int | None = None, caps: tuple = (),
+              causal: bool = False) -> torch.Tensor:
         """Logits (Kb, V) float32 of the kept rows of a W-row forward through the first nl layers
         (None: all), read from the buffers; the state after each layer in caps goes to `hidden`.
+        causal: row r sees every slot up to its own (a chain after the cache; a padding row sees
+        this call's earlier rows too, all written by it), else the staged visibility `vis`.
         `past` is used by the native kernel only (eager, CPU); the torch ops read slots from the
         buffers, so a captured step is valid for every cache length."""
         ids, pos, slot, keep = self.inputs[0, :W], self.inputs[1, :W], self.inputs[2, :W], self.inputs[3, :Kb]
-        vis = self.vis[:W]                                                 # (W, S)
+        if causal:
+            vis = torch.arange(self.vis.shape[1], device=slot.device)[None] <= slot[:, None]   # (W, S)
+        else:
+            vis = self.vis[:W]                                             # (W, S)
         nl = nl or len(self.layers)
         x = self.embed_ids(ids)                                            # (W, C)
         if self.fused:

@@ -527,7 +527,9 @@ def main(argv=None):
             continue
         print(f"gpu_check: zoo methods, {target} ...", file=sys.stderr, flush=True)
         got = run_worker("zoo", target, args, None, deadline) if isolate else zoo_entry(target, device, args)
-        report["zoo"].update(got.get("zoo", {}) or {target: dict(error=f"worker ended: {got.get('stderr_tail', [])[-3:]}")})
+        why = ("cut at --deadline-s" if got.get("exit") == "timeout"
+               else f"worker ended ({got.get('exit')}): {got.get('stderr_tail', [])[-3:]}")
+        report["zoo"].update(got.get("zoo", {}) or {target: dict(error=why)})
         save(report, args.out)
     report["total_s"] = round(time.perf_counter() - t0, 1)
     print(table(report), file=sys.stderr if not args.out else sys.stdout, flush=True)

@@ -184,14 +184,14 @@ def peer_row(name, model, tok, prompt, new):
     return fn
 
 
-def profile_ar(target, prompt, new, device) -> dict:
-    """torch.profiler over one ar run: device kernel time against wall time, per round."""
+def profile_ar(target, prompt, new, device, backend: str = "auto") -> dict:
+    """torch.profiler over one ar run (on `backend`): device kernel time against wall time, per round."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync(device)
     with profile(activities=acts) as prof:
         t0 = time.perf_counter()
-        r = speclab.generate(target, prompt, "ar", max_new_tokens=new, record=None)
+        r = speclab.generate(target, prompt, "ar", max_new_tokens=new, record=None, backend=backend)
         sync(device)
         wall = time.perf_counter() - t0
     rounds = max(r.trace.totals.target_forwards, 1)
@@ -294,6 +294,8 @@ def check_shape(name, shape, device, args, labels: list[str], out_path: str | No
             out["bandwidth"] = bandwidth_limit(model, probe.summary())
             if "error" not in rows.get("ar", {}):     # ar ran here, or in an earlier worker
                 out["profile_ar"] = profile_ar(target, p, args.new, device)
+            if "tokens_per_s" in rows.get("ar[static-compile]", {}):   # which kernels inductor's step runs
+                out["profile_ar_compiled"] = profile_ar(target, p, args.new, device, "static-compile")
         except Exception as e:
             out["after_rows"] = describe(e)
     out["build_and_run_s"] = round(time.perf_counter() - t0, 1)
@@ -439,10 +441,12 @@ def table(report: dict) -> str:
             same = {True: "yes", False: "NO", None: "?"}[r.get("identical_to_ar")]
             lines.append(f"| {label} | {r['tokens_per_s']} | {r.get('speedup_vs_ar')} | {r.get('tau', '')} | "
                          f"{same} | {r.get('backend', '')}{', CUDA graphs' if r.get('graphs') else ''} |")
-        pr = s.get("profile_ar")
-        if pr:
-            lines.append(f"ar profile: {pr['wall_ms_per_round']} ms wall / round, kernels {pr['kernel_ms_per_round']} ms "
-                         f"({pr['kernel_share']} of wall)")
+        for key, what in (("profile_ar", "ar"), ("profile_ar_compiled", "ar[static-compile]")):
+            pr = s.get(key)
+            if pr:
+                lines.append(f"{what} profile: {pr['wall_ms_per_round']} ms wall / round, kernels "
+                             f"{pr['kernel_ms_per_round']} ms ({pr['kernel_share']} of wall); top: "
+                             + "; ".join(f"{t['op'][:48]} x{t['calls']} {t['ms_per_round']} ms" for t in pr["top"][:5]))
         lines.append(f"goals: {s.get('goals')}; fatal rows: {s.get('fatal_rows', [])}")
     for dt, z in report.get("zoo", {}).items():
         if "error" in z:

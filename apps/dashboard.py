@@ -312,11 +312,13 @@ class Dashboard:
         return work
 
     def _timed_job(self, method: str):
-        """One timed run of a comparison; a method with a history gets a copy of the session's."""
-        args = self.form.request(method)
-        if "history" not in runs.takes(method):
-            return self.job(method)
-        return lambda: runs.run_one(**dict(args, history=runs.copy_history(self.history)))
+        """One timed run of a comparison, recording nothing beyond its rounds' counts and times
+        (recording is for the run shown, not for timing); a method with a history gets a copy of
+        the session's."""
+        args = dict(self.form.request(method), record=None)
+        if "history" in runs.takes(method):
+            return lambda: runs.run_one(**dict(args, history=runs.copy_history(self.history)))
+        return lambda: runs.run_one(**args)
 
     def compare_now(self) -> list[dict]:
         try:
@@ -388,12 +390,15 @@ class Dashboard:
     # -- URL arguments -----------------------------------------------------------------------------
     def apply_args(self, args: dict[str, list[bytes]]) -> bool:
         """Prefill from ?prompt=&method=&target=&draft=&k=&max_new_tokens=&temperature=&seed=
-        &compare=m1,m2; True when ?run=1 asks for a run on load."""
+        &compare=m1,m2&repeats=N (timed runs per method); True when ?run=1 asks for a run on load."""
         get = {k: v[0].decode("utf-8", "replace") for k, v in args.items() if v}
         try:
             self.form.apply_args(get)
             if "compare" in get:
                 self.compare_methods.value = [m for m in get["compare"].split(",") if m]
+            if "repeats" in get:
+                self.compare_repeats.value = min(max(int(get["repeats"]), self.compare_repeats.start),
+                                                 self.compare_repeats.end)
         except (ValueError, TypeError) as e:
             self.error(f"could not use the URL arguments: {e}")
             return False

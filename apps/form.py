@@ -25,6 +25,12 @@ from speclab.decoding.rules import rules
 
 DEFAULT_PROMPT = "def parse(line):"
 CHAT_PROMPT = "Explain in two sentences why the sky is blue."
+# the task the page opens on with the real pair: the answer copies most of the prompt, so drafts are
+# right most of the time and speculation visibly wins (prompt lookup tau ~6, eagle ~2.7 on
+# SmolLM2-135M); the chat question, a preset beside it, is where it loses on a CPU
+COPY_PROMPT = ("Add a docstring to this function and print the whole function again:\n\n"
+               "def area(width, height):\n    if width < 0 or height < 0:\n"
+               "        raise ValueError('negative size')\n    return width * height")
 # the pair the page opens on: the real model and its trained draft when installed, else the toy zoo;
 # SPECLAB_DASHBOARD_TARGET=code-target (the tests set it) keeps the page on the tiny models
 REAL_PAIR, TOY_PAIR = ("smollm2-135m", "smollm2-draft"), ("code-target", "code-draft")
@@ -36,7 +42,7 @@ DLLM_PROMPTS = {"digits-dllm": "SUM 27=", "code-dllm": "def add(a, b):", "smollm
 CHAT_MODELS = {*REAL_PAIR, "smollm2-dllm"}
 # the diffusion model the page switches to: the block-diffusion SmolLM2 beside the real pair
 REAL_DLLM, TOY_DLLM = "smollm2-dllm", "code-dllm"
-EXAMPLE_PROMPTS = {DEFAULT_PROMPT, CHAT_PROMPT, *DAG_PROMPTS.values(), *DLLM_PROMPTS.values()}
+EXAMPLE_PROMPTS = {DEFAULT_PROMPT, CHAT_PROMPT, COPY_PROMPT, *DAG_PROMPTS.values(), *DLLM_PROMPTS.values()}
 
 
 def blocks(gen_length: int) -> list[int]:
@@ -85,7 +91,7 @@ class Form:
         self._draft_lm = self.draft.value             # the draft LM picked, kept while a head is shown
         self._temperature = 0.0                       # the user's temperature, kept while a method refuses one
         chat = self.target.value in CHAT_MODELS
-        self.prompt = w.TextAreaInput(name="prompt", value=CHAT_PROMPT if chat else DEFAULT_PROMPT, height=80,
+        self.prompt = w.TextAreaInput(name="prompt", value=COPY_PROMPT if chat else DEFAULT_PROMPT, height=80,
                                       css_classes=["speclab-prompt"])
         self.chat = w.Checkbox(name="chat: the prompt is a user message (the model's chat template)", value=chat)
         # prompts that show the chosen method at its best (apps/guide.py)
@@ -250,7 +256,7 @@ class Form:
             return DAG_PROMPTS.get(target, "2024-03-05")
         if runs.engine(m) == "diffusion":
             return DLLM_PROMPTS.get(target, DEFAULT_PROMPT)
-        return CHAT_PROMPT if target in CHAT_MODELS else DEFAULT_PROMPT
+        return COPY_PROMPT if target in CHAT_MODELS else DEFAULT_PROMPT
 
     def _fit_target(self, old: str | None, new: str | None) -> None:
         """A chat model gets a question in its chat template, each model its own example prompt (only

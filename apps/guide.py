@@ -44,16 +44,21 @@ GLOSSARY = """| term | meaning |
 | **lossless** | the output is the one `ar` would write (greedy: token for token; sampling: in distribution) |
 | **step (diffusion)** | one forward of a diffusion LM; a policy commits the masked positions it is confident of |"""
 
+# the two tasks every speculative method offers first: one where drafting wins, one where it loses
+COPY_TASK = ("edit code: the answer copies the prompt (speculation wins)",
+             "Add a docstring to this function and print the whole function again:\n\n"
+             "def area(width, height):\n    if width < 0 or height < 0:\n"
+             "        raise ValueError('negative size')\n    return width * height", True)
+CHAT_TASK = ("chat question: a new answer (speculation loses on a CPU)",
+             "Explain in two sentences why the sky is blue.", True)
 # method -> [(label, prompt, chat)]: prompts on which the method shows what it does best
 PRESETS = {
-    "draft-model": [("chat question", "Explain in two sentences why the sky is blue.", True),
-                    ("list", "List five fruits and one fact about each.", True)],
+    "draft-model": [("list", "List five fruits and one fact about each.", True)],
     "prompt-lookup": [("edit code (the answer repeats the prompt)",
                        "Rename the variable x to count in this code and print it again:\n\n"
                        "def total(items):\n    x = 0\n    for item in items:\n        x += item\n    return x", True)],
     "suffix": [("repeat with a change", "Write the sentence 'the quick brown fox jumps over the lazy dog' three "
                                          "times, numbered.", True)],
-    "eagle": [("chat question", "What is the capital of France, and why is it famous?", True)],
     "medusa": [("chat question", "Give three tips for learning to program.", True)],
     # a list the model is sure of: several slots pass the threshold per step (an open question: about one)
     "dllm-threshold": [("a list", "List the days of the week.", True),
@@ -65,7 +70,14 @@ PRESETS = {
 
 
 def presets(method: str) -> list[tuple[str, str, bool]]:
-    return PRESETS.get(method, [])
+    """The method's presets: a speculative method's start with the task where it wins and the one
+    where it loses, so a class sees both."""
+    from speclab.decoding.registry import get_method
+    try:
+        speculative = get_method(method).engine == "speculative"
+    except ValueError:
+        speculative = False
+    return ([COPY_TASK, CHAT_TASK] if speculative else []) + PRESETS.get(method, [])
 
 
 def example_path(method: str, target: str, draft: str | None) -> Path:

@@ -166,7 +166,7 @@ def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "
     `traces` and `reference`; `base` is the reference's method name in it): wall s is then the
     median of the timed runs with its min-max, the speed-up the median of the per-turn ratios with
     its min-max, and `timing` says whether to trust it and, if not, why. A method slower than the
-    reference says why in `why slower` (metrics.slower_reason: the cost model's one line)."""
+    reference, faster or slower, says why in `why` (metrics.plain_reason: the cost model in words)."""
     same_col = "identical to greedy ar" if ref == "ar" else f"identical to {ref}"
     ups = compare_speedups(measured, base) if measured is not None and reference is not None else {}
     rows = []
@@ -194,18 +194,22 @@ def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "
                same_col: ("reference" if t is reference else
                           {None: "n/a (sampling)", True: "yes", False: "NO"}[same])}
         if ref == "ar" and reference is not None and t is not reference:
-            row["why slower"] = why_slower(t, reference, up.median if up is not None else None)
+            row["why"] = why(t, reference, up.median if up is not None else None)
         rows.append(row)
     return rows
 
 
-def why_slower(trace: Trace, reference: Trace, measured_speedup: float | None) -> str:
-    """The cost model's one line for a speculative run slower than its ar reference, else "-"."""
+def why(trace: Trace, reference: Trace, measured_speedup: float | None) -> str:
+    """The cost model in words (metrics.plain_reason) for a speculative run against its ar
+    reference, faster or slower; "-" where it has nothing to say (no timed rounds, another engine)."""
+    if trace.engine != "speculative":
+        return "-"
+    m = metrics.cost_model(trace, reference)
+    if m is None:
+        return "-"
     if measured_speedup is None:
         measured_speedup = metrics.speedup(trace.totals.wall_s, reference.totals.wall_s)
-    if measured_speedup is None or measured_speedup >= 1.0 or trace.engine != "speculative":
-        return "-"
-    return metrics.slower_reason(trace, reference, measured_speedup) or "-"
+    return metrics.plain_reason(m, measured_speedup)
 
 
 def cost_models(traces: dict[str, Trace], reference: Trace, spread: dict | None = None) -> dict:
@@ -233,7 +237,7 @@ def copy_history(history):
 
 
 def rows_html(rows: list[dict]) -> str:
-    cols = list(dict.fromkeys(c for r in rows for c in r))     # the reference row has no "why slower"
+    cols = list(dict.fromkeys(c for r in rows for c in r))     # the reference row has no "why"
     head = "".join(f"<th style='padding:2px 10px;text-align:left'>{c}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td style='padding:2px 10px'>{html.escape(str('-' if r.get(c) is None else r[c]))}</td>"
                                     for c in cols) + "</tr>" for r in rows)

@@ -57,7 +57,7 @@ def main():
                 hog.kill()
                 hog.wait()
         got = {r["method"]: {"speedup": float(r["speed-up vs ar"][:-1]), "spread": r["spread"], "timing": r["timing"],
-                             "why": r.get("why slower", "-")} for r in rows if r["method"] != "ar"}
+                             "why": r.get("why", "-")} for r in rows if r["method"] != "ar"}
         presses.append({"press": i, "hog": i in hogged, "seconds": round(took, 2), "methods": got})
         print(f"press {i}{' (hog)' if i in hogged else ''}: {took:.1f} s")
         for m, g in got.items():

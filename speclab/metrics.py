@@ -235,6 +235,33 @@ def reason_line(m: dict, measured_speedup: float | None = None) -> str:
     return s + (f" (measured {measured_speedup:.2f}x)" if measured_speedup is not None else "")
 
 
+def _times_in(a: float) -> str:
+    """0.26 -> '1 time in 4', 0.84 -> '5 times in 6': a rate as a class reads it (denominators <= 10)."""
+    from fractions import Fraction
+    f = Fraction(a).limit_denominator(10)
+    if f.numerator == 0:
+        return "less than 1 time in 10"
+    if f == 1:
+        return "every time" if a >= 1 else "almost every time"
+    return f"{f.numerator} time{'s' if f.numerator > 1 else ''} in {f.denominator}"
+
+
+def plain_reason(m: dict, measured_speedup: float | None = None) -> str:
+    """The cost model in words a class reads: 'the draft guessed right 1 time in 4; a round costs
+    as much as 2.9 plain steps and yields 1.3 tokens; so it is slower (0.45x expected, 0.43x
+    measured)'. The verdict follows the measured speed-up where one is given, else the model's."""
+    a = m["token_alpha"]
+    guess = ("it drafted nothing here" if a is None else f"the draft guessed right {_times_in(a)}")
+    if a is not None and m["drafting_share"] < 1.0:
+        guess += f" (it drafted in {m['drafting_share']:.0%} of rounds)"
+    up = measured_speedup if measured_speedup is not None else m["expected_speedup"]
+    verdict = "faster" if up >= 1.05 else "slower" if up <= 0.95 else "about as fast"
+    nums = f"{m['expected_speedup']:.2f}x expected" + (
+        f", {measured_speedup:.2f}x measured" if measured_speedup is not None else "")
+    return (f"{guess}; a round costs as much as {m['c']:.1f} plain steps and yields "
+            f"{m['expected_tau']:.1f} tokens; so it is {verdict} ({nums})")
+
+
 def slower_reason(trace, reference, measured_speedup: float | None = None) -> str | None:
     """reason_line for a run against its ar reference (None when the model has nothing to say)."""
     m = cost_model(trace, reference)

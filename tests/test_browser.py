@@ -328,6 +328,29 @@ def deep_count(page, selector: str) -> int:
 
 
 @real
+def test_real_copy_task_speculation_wins_and_says_why(real_page):
+    """The page opens on the copy-heavy edit: Compare finds prompt lookup or eagle at a greedy tau
+    of 2 or more, and the cost model's words say it is faster."""
+    page = real_page
+    with screenshot_on_failure(page, "real_copy_task"):
+        page.goto(page.dashboard_url + "?compare=prompt-lookup,eagle&repeats=2")
+        page.locator(".bk-tab", has_text="Compare").first.click()
+        page.locator(".speclab-compare button").click()
+        table = page.locator(".speclab-compare-table")
+        table.wait_for(state="attached", timeout=RUN_S)
+        rows = [[c.text_content().strip() for c in r.locator("th, td").all()] for r in table.locator("tr").all()]
+        head, body = rows[0], {r[0]: dict(zip(rows[0], r)) for r in rows[1:]}
+        assert {"tau", "why", "identical to greedy ar"} <= set(head), head
+        wins = [m for m in ("prompt-lookup", "eagle") if float(body[m]["tau"]) >= 2.0]
+        assert wins, {m: body[m]["tau"] for m in body}
+        assert all(body[m]["identical to greedy ar"] == "yes" for m in ("prompt-lookup", "eagle"))
+        why = body[wins[0]]["why"]
+        assert why.startswith("the draft guessed right") and "so it is faster" in why, why
+        page.locator(".speclab-compare-costmodel").first.scroll_into_view_if_needed()
+        shoot(page, "dashboard-copy-task-compare")
+
+
+@real
 def test_real_keys_on_a_slider_move_the_slider_not_the_player(real_page):
     page = real_page
     with screenshot_on_failure(page, "real_slider_keys"):

@@ -154,11 +154,23 @@ def test_compare_draws_the_cost_model_of_each_method():
     d.compare_repeats.value = 2
     rows = d.compare_now()
     dm = next(r for r in rows if r["method"] == "draft-model")
-    assert "why slower" in dm
     fig = d.compare_cost.object
     assert d.compare_cost.visible and any(tr.name.startswith("expected, draft-model") for tr in fig.data)
-    if dm["why slower"] != "-":
-        assert dm["why slower"].startswith("per-token alpha ") and "ar steps" in dm["why slower"]
+    # the cost model in words, faster or slower, its verdict the measured speed-up's
+    assert dm["why"].startswith("the draft guessed right ") and "plain steps and yields" in dm["why"]
+    up = float(dm["speed-up vs ar"][:-1])
+    assert ("faster" if up >= 1.05 else "slower" if up <= 0.95 else "about as fast") in dm["why"]
+
+
+def test_plain_reason_reads_the_model_in_words():
+    from speclab.metrics import plain_reason
+    m = dict(token_alpha=0.26, drafting_share=1.0, c=2.88, expected_tau=1.34, expected_speedup=0.47)
+    line = plain_reason(m, 0.45)
+    assert line == ("the draft guessed right 1 time in 4; a round costs as much as 2.9 plain steps and yields "
+                    "1.3 tokens; so it is slower (0.47x expected, 0.45x measured)")
+    m.update(token_alpha=0.84, drafting_share=0.5, expected_speedup=1.6)
+    assert "5 times in 6 (it drafted in 50% of rounds)" in plain_reason(m) and "so it is faster" in plain_reason(m)
+    assert "right almost every time;" in plain_reason(dict(m, token_alpha=0.96, drafting_share=1.0))
 
 
 def test_sliders_redraw_the_curve_and_read_the_numbers_out():

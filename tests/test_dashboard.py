@@ -285,6 +285,16 @@ def test_a_preset_fills_the_prompt():
     assert d.form.prompt.value == prompt and d.form.chat.value == chat
 
 
+def test_speculative_presets_offer_a_winning_and_a_losing_task():
+    from speclab.apps import guide
+    from speclab.apps.form import COPY_PROMPT
+    for m in ("draft-model", "prompt-lookup", "eagle", "ar"):
+        got = guide.presets(m)
+        assert got[:2] == [guide.COPY_TASK, guide.CHAT_TASK] and "wins" in got[0][0] and "loses" in got[1][0]
+    assert guide.COPY_TASK[1] == COPY_PROMPT                 # the page opens on the winning task
+    assert all(p not in (guide.COPY_TASK, guide.CHAT_TASK) for p in guide.presets("dllm-threshold"))
+
+
 def test_compare_diffusion_policies_against_one_per_step():
     d = Dashboard()
     d.form.method.value = "dllm-threshold"

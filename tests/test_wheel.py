@@ -240,3 +240,69 @@ def test_installed_kernel_builds_and_runs(installed, imported, tmp_path):
     assert out["file"], f"the kernel did not build from the installed copy: {out['warnings']}"
     assert Path(out["file"]).is_relative_to(tmp_path)
     assert out["shape"] == [3, 100] and out["err"] <= 0.02 * out["scale"]
+
+
+COLAB_STANDIN = '''"""A stand-in for Colab's google.colab: what notebook 01's install cell calls."""
+'''
+COLAB_OUTPUT = '''enabled = False
+
+
+def enable_custom_widget_manager():
+    global enabled
+    enabled = True
+'''
+CELL_RUNNER = '''import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+nb = json.load(open(sys.argv[1]))
+cell = "".join(nb["cells"][1]["source"])
+assert "%pip install" in cell, "notebook 01's second cell is not the install cell"
+shell = InteractiveShell.instance()
+result = shell.run_cell(cell)
+if not result.success:
+    raise SystemExit(f"the install cell failed: {result.error_before_exec or result.error_in_exec!r}")
+import speclab, torch
+import google.colab.output as colab_output
+from speclab.models.zoo import pick_device
+r = speclab.run("code-target", "def parse(", "draft-model", draft="code-draft", max_new_tokens=6)
+ref = speclab.run("code-target", "def parse(", "ar", max_new_tokens=6)
+print(json.dumps({"speclab": speclab.__file__, "torch": torch.__file__, "device": str(pick_device()),
+                  "widget_manager": colab_output.enabled, "identical": r.ids == ref.ids}))
+'''
+
+
+def test_notebook_install_cell_installs_the_wheel_on_colab(wheel, tmp_path):
+    """Notebook 01's install cell, run by IPython in a fresh venv without speclab, with a stand-in
+    google.colab on the path and SPECLAB_SOURCE naming the checkout's wheel: it installs speclab from
+    the wheel (pip offline: every dependency is already there), keeps the torch that is there, sets
+    speclab on the CPU and turns on Colab's widget manager; the installed copy then decodes. (Real
+    Colab stays untested: the notebook says so.)"""
+    venv, work, standin = tmp_path / "venv", tmp_path / "work", tmp_path / "standin"
+    work.mkdir()
+    (standin / "google" / "colab").mkdir(parents=True)
+    (standin / "google" / "colab" / "__init__.py").write_text(COLAB_STANDIN)
+    (standin / "google" / "colab" / "output.py").write_text(COLAB_OUTPUT)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)     # with pip: %pip runs it
+    python = venv / "bin" / "python"
+    # an old Python's venv brings its own old setuptools, which would shadow ours (torch asks for a newer one)
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], env=_clean_env(),
+                   capture_output=True, timeout=300)
+    where = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           cwd=work, env=_clean_env(), capture_output=True, text=True, check=True)
+    site_dir = Path(where.stdout.strip())
+    ours = [p for p in dict.fromkeys(site.getsitepackages() + [site.getusersitepackages()]) if os.path.isdir(p)]
+    # the checkout's editable speclab is a .pth finder in our site-packages: a .pth line names the folder
+    # without running the .pth files inside it, so the fresh venv sees torch & co but no speclab
+    (site_dir / "_speclab_test_deps.pth").write_text("".join(f"{p}\n" for p in ours))
+    (work / "runner.py").write_text(CELL_RUNNER)
+    env = _clean_env(PYTHONPATH=str(standin), SPECLAB_SOURCE=str(wheel.path), PIP_NO_INDEX="1",
+                     PIP_DISABLE_PIP_VERSION_CHECK="1", SPECLAB_DEVICE="")
+    before = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('speclab'))"],
+                            cwd=work, env=env, capture_output=True, text=True)
+    assert before.stdout.strip() == "None", "the fresh venv already sees a speclab: the test would prove nothing"
+    done = subprocess.run([str(python), "runner.py", str(ROOT / "notebooks" / "01_speculative_sampling.ipynb")],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert Path(out["speclab"]).resolve().is_relative_to(venv.resolve())          # installed from the wheel
+    assert not Path(out["torch"]).resolve().is_relative_to(venv.resolve())        # the torch that was there
+    assert out["device"] == "cpu" and out["widget_manager"] and out["identical"]

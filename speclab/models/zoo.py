@@ -42,6 +42,9 @@ def zoo_names() -> list[str]:
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """`device`, else $SPECLAB_DEVICE (notebook 01's install cell sets cpu on Colab), else CUDA,
+    MPS or the CPU, the first there is."""
+    device = device if device is not None else os.environ.get("SPECLAB_DEVICE") or None
     if device is not None:
         return torch.device(device)
     if torch.cuda.is_available():

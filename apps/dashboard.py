@@ -29,7 +29,7 @@ from speclab.apps.viewer import Viewer
 from speclab.bench import timing
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.figures.compare import compare_chart
-from speclab.figures.costmodel import costmodel_figure
+from speclab.figures.costmodel import costmodel_explorer_figure, costmodel_figure
 from speclab.figures.race import race_iframe
 from speclab.models.zoo import ModelLoadError
 from speclab.trace import Trace, TraceError
@@ -73,6 +73,9 @@ class Dashboard:
         # the cost model of each compared speculative method against ar (speclab.metrics.cost_model)
         self.compare_cost = pn.pane.Plotly(None, css_classes=["speclab-compare-costmodel"], sizing_mode="stretch_width",
                                            visible=False)
+        # the alpha / k / c explorer (notebook 08's sliders as one figure), started at the first method's c
+        self.compare_explorer = pn.pane.Plotly(None, css_classes=["speclab-compare-explorer"],
+                                               sizing_mode="stretch_width", visible=False)
         self.compare_button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
         self.compare_out = pn.pane.HTML("", css_classes=["speclab-compare-out"])
         self.compare_chart = pn.pane.Plotly(None, css_classes=["speclab-compare-chart"], sizing_mode="stretch_width",
@@ -125,7 +128,7 @@ class Dashboard:
             "of the per-turn ratios, marked unreliable (with the reason) when the runs disagree, the spread "
             "crosses 1.0 or other programs were using the CPUs. The table and the race show each method's median run.",
             self.compare_methods, self.compare_repeats, self.compare_button, self.compare_out, self.compare_chart,
-            self.compare_cost, self.race_out)
+            self.compare_cost, self.compare_explorer, self.race_out)
         files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
                           self.download)
         self.tabs = pn.Tabs(("Step", self.viewer.step_column()), ("Summary", self.viewer.summary_column()),
@@ -362,6 +365,9 @@ class Dashboard:
         self.compare_chart.object, self.compare_chart.visible = chart, chart is not None
         models = runs.cost_models(traces, reference, spread) if ref == "ar" and reference is not None else {}
         self.compare_cost.object = costmodel_figure(models) if models else None
+        first = next(iter(models.values()), None)
+        self.compare_explorer.object = costmodel_explorer_figure(first) if first is not None else None
+        self.compare_explorer.visible = first is not None
         self.compare_cost.visible = bool(models)
         lanes = [t for t in [reference, *traces.values()] if t is not None and t.rounds]
         self.race_out.object = race_iframe(lanes) if len(lanes) > 1 else ""

@@ -10,6 +10,12 @@ the diffusion canvas, the DAG; then any other, such as a policy's decisions or a
 one figure with a frame per step and a slider (plus play / pause); frames carry only the traces
 that change, so a long run stays a reasonable size. Under them: the run strip and the summary
 figures, drawn for the whole run. No model is loaded: everything comes from the trace.
+
+A speculative run recorded "full" also shows, under the step figures, the target's p and the
+draft's q of the step's first draft node (figures.distributions, one panel per step, the one of the
+current step shown) and the alpha / k / c explorer (figures.costmodel). The arrow keys step every
+step figure together (Home / End: the first / last step), and the page opens on the first step
+that drafted (a feature drafter's first round has no draft yet).
 """
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ from pathlib import Path
 import plotly.io as pio
 
 from speclab.figures import n_steps, step_label, step_names, view_of
+from speclab.figures.costmodel import costmodel_explorer_figure, trace_model
+from speclab.figures.distributions import distributions
 from speclab.figures.views import FigureSpec
 from speclab.trace import Trace, TraceError
 
@@ -28,18 +36,54 @@ PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}} td{{padding:0 1em 0 0}}
 code{{background:#f3f3f3;padding:0 .3em}}</style></head>
-<body><h2>{title}</h2>{stats}{figures}</body></html>
+<body data-start="{start}"><h2>{title}</h2>{stats}
+<p style="color:#555;font-size:90%">&larr; / &rarr; step through the run (Home / End: first / last step).</p>
+{figures}{keys}</body></html>
 """
+# the arrow keys move every step figure (and the p / q panel) to the same step
+KEYS = """<script>(function(){
+let cur = null;
+const graphs = () => Array.from(document.querySelectorAll('.speclab-figure[data-steps] .plotly-graph-div'));
+const show = k => document.querySelectorAll('.speclab-pq').forEach(d => { d.style.display = (+d.dataset.step === k) ? '' : 'none'; });
+function go(k) {
+  const gs = graphs(); if (!gs.length) return;
+  const n = +gs[0].closest('.speclab-figure').dataset.steps;
+  cur = Math.max(0, Math.min(n - 1, k));
+  gs.forEach(g => { Plotly.animate(g, [String(cur)], {mode: 'immediate', frame: {duration: 0, redraw: true},
+                                                     transition: {duration: 0}});
+                    Plotly.relayout(g, {'sliders[0].active': cur}); });
+  show(cur);
+}
+document.addEventListener('keydown', e => {
+  if (e.target.matches && e.target.matches('input, textarea, select')) return;
+  if (cur === null) cur = +document.body.dataset.start || 0;
+  const to = {ArrowRight: cur + 1, ArrowLeft: cur - 1, Home: 0, End: Infinity}[e.key];
+  if (to === undefined) return;
+  e.preventDefault(); go(to);
+});
+window.addEventListener('load', () => {
+  graphs().forEach(g => g.on && g.on('plotly_sliderchange', ev => { if (ev.step._index !== cur) go(ev.step._index); }));
+  show(+document.body.dataset.start || 0);
+});
+})();</script>"""
 
 
-def animated(trace: Trace, spec: FigureSpec | None = None) -> dict:
+def first_step(trace: Trace) -> int:
+    """The step the page opens on: a speculative run's first round that drafted, else the first."""
+    if trace.engine == "speculative":
+        return next((k for k, r in enumerate(trace.rounds) if r.drafted), 0)
+    return 0
+
+
+def animated(trace: Trace, spec: FigureSpec | None = None, start: int = 0) -> dict:
     """A step figure (default: the main one) with one frame per step, a slider and play / pause
-    buttons (a plain dict)."""
+    buttons (a plain dict), opening on step `start`."""
     n = n_steps(trace)
     if not n:
         raise ValueError("this trace has no steps to show")
     spec = spec or view_of(trace).main
-    base = spec.at(trace, 0)
+    start = min(max(start, 0), n - 1)
+    base = spec.at(trace, start)
     steps = [spec.at(trace, k, static=False) for k in range(n)]
     # traces identical in every step stay out of the frames (the token strip's cells, legend entries)
     moving = [i for i, t in enumerate(steps[0]["data"]) if t is not None]
@@ -53,7 +97,7 @@ def animated(trace: Trace, spec: FigureSpec | None = None) -> dict:
     layout = dict(base["layout"])
     layout["height"] = layout.get("height", 400) + 90
     layout["margin"] = dict(layout.get("margin", {}), b=140)
-    layout["sliders"] = [dict(active=0, y=0, yanchor="top", pad=dict(t=60), currentvalue=dict(prefix=f"{label} "),
+    layout["sliders"] = [dict(active=start, y=0, yanchor="top", pad=dict(t=60), currentvalue=dict(prefix=f"{label} "),
                               steps=[dict(method="animate", label=nm, args=go_to([str(k)], 0))
                                      for k, nm in enumerate(names)])]
     layout["updatemenus"] = [dict(type="buttons", direction="left", x=0, y=0, yanchor="top", xanchor="right",
@@ -82,15 +126,35 @@ def to_html(trace: Trace, path: str | Path) -> Path:
     path = Path(path)
     if not path.parent.is_dir():
         raise ValueError(f"cannot write {path}: the folder {path.parent} does not exist")
-    view = view_of(trace)
-    figs = [(f.name, animated(trace, f)) for f in view.step]
-    figs += [(f.name, fig) for f in view.whole_run if (fig := f.draw(trace, None)) is not None]
-    divs = [f'<div class="speclab-figure" data-figure="{html.escape(name)}">'
-            + pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, auto_play=False, config=dict(displaylogo=False))
-            + "</div>" for i, (name, f) in enumerate(figs)]
+    view, start, n = view_of(trace), first_step(trace), n_steps(trace)
+    figs = [(f.name, animated(trace, f, start), n) for f in view.step]
+    pq = pq_panels(trace)
+    figs += [(f.name, fig, None) for f in view.whole_run if (fig := f.draw(trace, None)) is not None]
+    if (m := trace_model(trace)) is not None:
+        figs.append(("cost model explorer", costmodel_explorer_figure(m if m["c"] is not None else None), None))
+    plot = lambda f, first: pio.to_html(f, include_plotlyjs=first, full_html=False, auto_play=False,
+                                        config=dict(displaylogo=False))
+    divs = [f'<div class="speclab-figure" data-figure="{html.escape(name)}"'
+            + (f' data-steps="{steps}"' if steps else "") + ">" + plot(f, i == 0) + "</div>"
+            for i, (name, f, steps) in enumerate(figs)]
+    if pq:      # after the step figures: p and q of the current step's first draft node
+        divs.insert(len(view.step), "".join(
+            f'<div class="speclab-pq" data-step="{k}" style="display:{"" if k == start else "none"}">'
+            + (plot(f, False) if f is not None else "<p><i>this step drafted nothing: no p / q to show</i></p>")
+            + "</div>" for k, f in enumerate(pq)))
     title = html.escape(f"speclab: {trace.engine} / {trace.method}")
-    path.write_text(PAGE.format(title=title, stats=stats_table(trace), figures="\n".join(divs)), encoding="utf-8")
+    path.write_text(PAGE.format(title=title, stats=stats_table(trace), figures="\n".join(divs), start=start,
+                                keys=KEYS), encoding="utf-8")
     return path
+
+
+def pq_panels(trace: Trace) -> list | None:
+    """Per step, the p / q figure of its first draft node (None where it drafted nothing), for a
+    speculative run recorded "full"; None where no step has one."""
+    if trace.engine != "speculative" or trace.record != "full":
+        return None
+    figs = [distributions(trace, k) for k in range(len(trace.rounds))]
+    return figs if any(f is not None for f in figs) else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,10 +156,26 @@ def test_compare_draws_the_cost_model_of_each_method():
     dm = next(r for r in rows if r["method"] == "draft-model")
     fig = d.compare_cost.object
     assert d.compare_cost.visible and any(tr.name.startswith("expected, draft-model") for tr in fig.data)
+    assert d.compare_explorer.visible and d.compare_explorer.object.layout.sliders
     # the cost model in words, faster or slower, its verdict the measured speed-up's
     assert dm["why"].startswith("the draft guessed right ") and "plain steps and yields" in dm["why"]
     up = float(dm["speed-up vs ar"][:-1])
     assert ("faster" if up >= 1.05 else "slower" if up <= 0.95 else "about as fast") in dm["why"]
+
+
+def test_explorer_figure_moves_every_k_curve_with_the_c_slider():
+    from speclab import metrics
+    from speclab.figures.costmodel import SLIDER_CS, SLIDER_KS, costmodel_explorer_figure
+    m = dict(k=4, c=2.1, token_alpha=0.5, expected_speedup=0.8, expected_tau=1.9, measured_speedup=0.7, break_even=0.6)
+    fig = costmodel_explorer_figure(m)
+    [slider] = fig.layout.sliders
+    assert SLIDER_CS[slider.active] == 2.0                      # starts at the run's own c
+    for step, c in zip(slider.steps, SLIDER_CS):
+        ys, idx = step.args[0]["y"], step.args[2]
+        assert [fig.data[i].name for i in idx] == [f"k {k} at the slider's c" for k in SLIDER_KS]
+        for k, y in zip(SLIDER_KS, ys):                          # the curve at alpha 0.5 is tau(0.5, k) / c
+            assert abs(y[50] - metrics.expected_speedup(metrics.expected_tau(0.5, k), c)) < 1e-9
+    assert "break-even alpha k 1: none" in slider.steps[SLIDER_CS.index(2.0)].args[1]["title.text"]
 
 
 def test_plain_reason_reads_the_model_in_words():

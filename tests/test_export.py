@@ -39,7 +39,8 @@ def test_html_is_self_contained_with_frames_and_slider(trace, tmp_path):
     # the view spec's figures (figures.views), each once: the step view, then the run strip (tokens per
     # round), the acceptance summary, timing and the cost model
     names = re.findall(r'data-figure="([^"]+)"', page)
-    assert names[0] == "round" and names[-4:] == ["tokens per round", "acceptance", "timing", "cost model"]
+    assert names[0] == "round" and names[-5:] == ["tokens per round", "acceptance", "timing", "cost model",
+                                                  "cost model explorer"]
     assert page.count("Plotly.newPlot(") == len(names)
 
 

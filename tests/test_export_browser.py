@@ -110,3 +110,31 @@ def test_exported_decisions_table_follows_its_slider(tmp_path):
         page.wait_for_function(f"() => ({cells})() === {json.dumps(want)}", timeout=10_000)
         assert "round 3 of 3" in page.inner_text("[data-figure='decisions']")
         assert not errors
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (make test installs it)")
+def test_arrow_keys_step_every_figure_and_the_pq_panel(tmp_path, target, draft):
+    """The export opens on the first step that drafted; -> / <- / End move the step figure's slider
+    and show that step's p / q panel, with the network off."""
+    from speclab.export import first_step
+    r = speclab.generate(target, "    def keys(self):\n        return", "draft-model", draft=draft, k=3,
+                         max_new_tokens=24, record="full")
+    page_file = to_html(r.trace, tmp_path / "run.html")
+    n, start = len(r.trace.rounds), first_step(r.trace)
+    assert n >= 3 and r.trace.rounds[start].drafted
+    active = "() => document.querySelector('.speclab-figure[data-steps] .plotly-graph-div').layout.sliders[0].active"
+    shown = ("() => Array.from(document.querySelectorAll('.speclab-pq'))"
+             ".filter(d => d.style.display !== 'none').map(d => +d.dataset.step)")
+    with chromium(tmp_path) as (page, errors):
+        page.goto(Path(page_file).as_uri())
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+        page.wait_for_function("() => window.Plotly && document.querySelectorAll('.speclab-pq').length > 0")
+        assert page.evaluate(active) == start and page.evaluate(shown) == [start]
+        page.keyboard.press("ArrowRight")
+        page.wait_for_function(f"() => ({active})() === {start + 1}", timeout=10_000)
+        assert page.evaluate(shown) == [start + 1]
+        page.keyboard.press("End")
+        page.wait_for_function(f"() => ({active})() === {n - 1}", timeout=10_000)
+        page.keyboard.press("ArrowLeft")
+        page.wait_for_function(f"() => ({active})() === {n - 2}", timeout=10_000)
+        assert page.evaluate(shown) == [n - 2] and not errors, errors

@@ -1,6 +1,7 @@
 """The cost model with sliders: alpha, k and c beside a measured run (notebook 08).
 
-    CostModelExplorer(m).view        m: speclab.metrics.cost_model(run, ar_run) (or None: sliders only)
+    CostModelExplorer(m)             m: speclab.metrics.cost_model(run, ar_run) (or None: sliders only);
+                                     displayed, the sliders (Jupyter) or a self-contained copy (nbconvert)
 
 The figure is speclab.figures.costmodel's, as a FigureWidget updated in place: the run's own curve
 and points stay, and one more curve and point follow the sliders (expected speed-up =
@@ -12,7 +13,8 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from speclab import metrics
-from speclab.figures.costmodel import costmodel_curve, costmodel_figure
+from speclab.figures.costmodel import costmodel_curve, costmodel_explorer_figure, costmodel_figure
+from speclab.figures.offline import offline_html
 
 
 class CostModelExplorer:
@@ -35,6 +37,15 @@ class CostModelExplorer:
             s.observe(lambda _: self.update(), "value")
         self.update()
         self.view = W.VBox([W.HBox([self.alpha, self.k, self.c]), self.text, self.fig])
+
+    def _repr_mimebundle_(self, **kwargs):
+        """The sliders for Jupyter; for nbconvert and notebook viewers (no widget runs there) the
+        same explorer as one self-contained plotly figure with a slider for c."""
+        bundle = self.view._repr_mimebundle_(**kwargs)
+        bundle["text/html"] = offline_html(costmodel_explorer_figure(self.m), note=(
+            "the alpha / k / c explorer without a kernel: curves for k = 1, 2, 4, 8, the slider sets c "
+            "(run the notebook in Jupyter for the three sliders)"))
+        return bundle
 
     def update(self) -> dict:
         """Redraw the sliders' curve and point in place; returns the numbers it shows."""

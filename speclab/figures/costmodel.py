@@ -96,3 +96,37 @@ def costmodel_summary(trace, step: int = 0) -> go.Figure | None:
         fig.update_layout(title=f"cost model at k {m['k']}: this run's alpha against three round costs "
                                 "(Compare measures c against ar)")
     return fig
+
+
+SLIDER_KS = (1, 2, 4, 8)
+SLIDER_CS = tuple(round(0.5 + 0.25 * i, 2) for i in range(23))      # 0.5 .. 6.0
+
+
+def costmodel_explorer_figure(m: dict | None = None, height: int = 420) -> go.Figure:
+    """The alpha / k / c explorer as one self-contained plotly figure (no kernel, no widget): the
+    expected speed-up against alpha (x) for k = 1, 2, 4, 8 (one curve each) at a round cost c
+    chosen on the slider, the break-even line, and the measured run's points (m, when given, as in
+    costmodel_figure) where its own c starts the slider. What notebook 08's sliders do, for the
+    dashboard, the export and nbconvert's HTML."""
+    fig = costmodel_figure(m, label="measured run", height=height) if m and m.get("k") else costmodel_figure({}, height=height)
+    own = len(fig.data)
+    c0 = m["c"] if m and m.get("c") else 1.3
+    start = min(range(len(SLIDER_CS)), key=lambda i: abs(SLIDER_CS[i] - c0))
+    greys = ("#bbbbbb", "#999999", "#666666", "#222222")
+    for k, col in zip(SLIDER_KS, greys):
+        xs, ys = costmodel_curve(k, SLIDER_CS[start])
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=col, dash="dash", width=1.5),
+                                 name=f"k {k} at the slider's c", hovertemplate=f"k {k}: alpha %{{x:.2f}}: %{{y:.2f}}x<extra></extra>"))
+    idx = list(range(own, own + len(SLIDER_KS)))
+    steps = []
+    for c in SLIDER_CS:
+        ys = [costmodel_curve(k, c)[1] for k in SLIDER_KS]
+        be = {k: metrics.break_even(k, c) for k in SLIDER_KS}
+        note = ", ".join(f"k {k}: {'none' if b is None else f'{b:.2f}'}" for k, b in be.items())
+        steps.append(dict(method="update", label=f"{c:.2f}",
+                          args=[{"y": ys}, {"title.text": f"c = {c:.2f} ar steps a round; break-even alpha {note}"}, idx]))
+    fig.update_layout(sliders=[dict(active=start, steps=steps, currentvalue=dict(prefix="round cost c (ar steps): "),
+                                    pad=dict(t=45))],
+                      title=dict(text=steps[start]["args"][1]["title.text"]), margin=dict(b=110),
+                      yaxis=dict(range=[0, max(2.0, (fig.layout.yaxis.range or [0, 2])[1])]))
+    return fig

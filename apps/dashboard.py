@@ -25,6 +25,7 @@ import panel as pn
 
 from speclab.apps import guide, runs
 from speclab.apps.form import Form
+from speclab.apps.lesson import lesson
 from speclab.apps.viewer import Viewer
 from speclab.bench import timing
 from speclab.decoding.drafters.lookup import SuffixHistory
@@ -92,9 +93,22 @@ class Dashboard:
         self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
         self.projector = w.Toggle(name="projector: large text", value=False, width=170,
                                   css_classes=["speclab-projector"])
+        # the guided lesson over the run on the page (apps/lesson.py): one sentence a step
+        self.lesson_toggle = w.Toggle(name="lesson", value=False, width=90, css_classes=["speclab-lesson-toggle"])
+        self.lesson_card = pn.pane.HTML("", css_classes=["speclab-lesson"], visible=False, sizing_mode="stretch_width",
+                                        styles={"background": "#f4f8fb", "border-left": "4px solid #2a7fb8",
+                                                "padding": "0.3em 0.8em", "font-size": "115%"})
+        self.lesson_back = w.Button(name="< back", width=80, css_classes=["speclab-lesson-back"], visible=False)
+        self.lesson_next = w.Button(name="next >", width=80, css_classes=["speclab-lesson-next"], visible=False)
+        self.lesson_back.on_click(lambda e: self.lesson_move(-1))
+        self.lesson_next.on_click(lambda e: self.lesson_move(1))
+        self.lesson_steps: list | None = None
+        self.lesson_at = 0
         self.view = self._layout()
         self.form.on_change = self._form_changed      # once the widgets it updates exist
         self.projector.param.watch(lambda e: self._presentation(e.new), "value")
+        self.lesson_toggle.param.watch(lambda e: self.lesson_mode(e.new), "value")
+        self.viewer.keys._on_move = self._key      # in lesson mode the keys move the lesson
         self.show_example()
 
     def show_example(self) -> Trace | None:
@@ -137,7 +151,9 @@ class Dashboard:
                              sizing_mode="stretch_width", css_classes=["speclab-glossary"])
         self.intro = pn.pane.Markdown(guide.INTRO[runs.engine(self.form.method.value)], css_classes=["speclab-intro"],
                                       sizing_mode="stretch_width")
-        self.main = pn.Column(pn.Row(self.intro, self.projector), guide_card, self.alert, self.viewer.status,
+        self.main = pn.Column(pn.Row(self.intro, pn.Column(self.projector, self.lesson_toggle)), guide_card,
+                              self.alert, self.viewer.status,
+                              pn.Row(self.lesson_back, self.lesson_card, self.lesson_next, sizing_mode="stretch_width"),
                               self.tabs, sizing_mode="stretch_width")
         return pn.Row(form, self.main, sizing_mode="stretch_width")
 
@@ -154,6 +170,42 @@ class Dashboard:
             self.viewer.status.styles = {"max-height": "2.6em", "overflow-y": "auto"} if on else {}
             # the step figure at 1.15x: its token strip and tree together fit a projector's screen
             self.viewer.step_fig.styles = {"zoom": f"{PROJECTOR_FIGURE / PROJECTOR_ZOOM:.4f}"} if on else {}
+
+    # -- the guided lesson -------------------------------------------------------------------------
+    def _key(self, by) -> None:
+        if self.lesson_toggle.value and self.lesson_steps:
+            self.lesson_move(by)
+        else:
+            self.viewer.move(by)
+
+    def lesson_mode(self, on: bool) -> list | None:
+        """Lesson mode on: the lesson of the run on the page, at its first step; off: put away."""
+        self.lesson_steps = lesson(self.trace) if on else None
+        if on and self.lesson_steps is None:
+            self.error("the lesson walks through a speculative run that drafted: choose a speculative method "
+                       "(draft-model, prompt-lookup, eagle, ...) and press Run")
+        with pn.io.hold():
+            shown = bool(self.lesson_steps)
+            self.lesson_card.visible = self.lesson_back.visible = self.lesson_next.visible = shown
+            if shown:
+                self.tabs.active = 0
+                self.lesson_move("first")
+        return self.lesson_steps
+
+    def lesson_move(self, by) -> int:
+        """One lesson step forward / back (1 / -1) or to the "first" / "last": the card's sentence and
+        the player's round follow."""
+        steps = self.lesson_steps
+        if not steps:
+            return 0
+        at = {"first": 0, "last": len(steps) - 1}.get(by, self.lesson_at + (by if isinstance(by, int) else 0))
+        self.lesson_at = at = min(max(at, 0), len(steps) - 1)
+        step = steps[at]
+        self.lesson_card.object = (f"<b>{html.escape(step.title)}</b> <small>({at + 1} of {len(steps)}; keys: "
+                                   f"&larr; &rarr;)</small><br>{html.escape(step.text)}")
+        self.lesson_back.disabled, self.lesson_next.disabled = at == 0, at == len(steps) - 1
+        self.viewer.player.value = step.round
+        return at
 
     def _fit_compare(self) -> None:
         """Offer the methods of the form's family (speculative or diffusion), two chosen to start."""
@@ -256,6 +308,8 @@ class Dashboard:
             self.clear_error()
             self.download.disabled = False
             self.download.filename = runs.default_path(trace).name
+        if self.lesson_toggle.value:                # the lesson follows the run on the page
+            self.lesson_mode(True)
 
     def show_step(self, step: int) -> None:
         self.viewer.show_step(step)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from panel.custom import JSComponent
 
-MOVES = {"ArrowRight": 1, "ArrowLeft": -1, "Home": "first", "End": "last"}
+# Page Down / Page Up: what a presenter's clicker sends
+MOVES = {"ArrowRight": 1, "ArrowLeft": -1, "PageDown": 1, "PageUp": -1, "Home": "first", "End": "last"}
 
 
 class StepKeys(JSComponent):

@@ -351,6 +351,29 @@ def test_real_copy_task_speculation_wins_and_says_why(real_page):
 
 
 @real
+def test_real_lesson_mode_walks_the_example_run_by_keys(real_page):
+    """Lesson mode over the example the page opens on (the copy task, a real SmolLM2 run): the card
+    says each step in a sentence, and the arrow keys move the lesson and the player with it."""
+    page = real_page
+    with screenshot_on_failure(page, "real_lesson"):
+        page.goto(page.dashboard_url)
+        wait_text(page, "speclab-status", "example run", timeout=60_000)
+        page.locator(".speclab-lesson-toggle button").first.click()
+        wait_text(page, "speclab-lesson", "1. Plain decoding")
+        page.mouse.click(1390, 990)                       # off any field: the page takes the keys
+        for title in ("2. A draft", "3. The verify", "4. Accept or reject"):
+            page.keyboard.press("ArrowRight")
+            text = wait_text(page, "speclab-lesson", title)
+        assert "rejected" in text or "rejected no guess" in text
+        page.locator(".speclab-step .annotation-text").first.wait_for(state="attached", timeout=30_000)
+        shoot(page, "dashboard-lesson")
+        page.keyboard.press("End")
+        text = wait_text(page, "speclab-lesson", "6. The speed-up")
+        assert "tau = " in text
+        page.locator(".speclab-lesson-toggle button").first.click()
+
+
+@real
 def test_real_keys_on_a_slider_move_the_slider_not_the_player(real_page):
     page = real_page
     with screenshot_on_failure(page, "real_slider_keys"):

@@ -389,3 +389,42 @@ def test_a_feature_head_method_shows_the_head_its_run_loads():
     assert d.form.draft.value == paired_draft("smollm2-135m", "medusa")
     d.form.method.value = "draft-model"             # back to a draft LM: the user's pick, editable again
     assert not d.form.draft.disabled and d.form.draft.value == "smollm2-draft"
+
+
+def test_lesson_mode_walks_the_run_and_moves_the_player():
+    """The lesson's six steps over a real (toy) run: each sentence carries the run's numbers, each step
+    puts the player on the round it talks about, and in lesson mode the keys move the lesson."""
+    from speclab.trace import REJECTED
+    d = Dashboard()
+    d.form.method.value, d.form.prompt.value, d.form.max_new_tokens.value = "draft-model", "def parse(line):", 24
+    trace = d.run_now()
+    d.lesson_toggle.value = True
+    steps = d.lesson_steps
+    assert [s.title[:2] for s in steps] == ["1.", "2.", "3.", "4.", "5.", "6."]
+    assert d.lesson_card.visible and "1. Plain decoding" in d.lesson_card.object
+    assert f"these {trace.totals.new_tokens} new tokens" in steps[0].text
+    assert f"tau = {trace.totals.tau:.2f}" in steps[5].text
+    rej = [k for k, r in enumerate(trace.rounds) if any(n.decision == REJECTED for n in r.nodes)]
+    if rej:                                                         # step 4 shows the first rejection's round
+        assert steps[3].round == rej[0] and "rejected" in steps[3].text
+    for at in range(1, 6):
+        d.viewer.keys._handle_msg({"move": 1})                      # -> in lesson mode: the next lesson step
+        assert d.lesson_at == at and d.viewer.player.value == steps[at].round
+    assert d.lesson_next.disabled
+    d.viewer.keys._handle_msg({"move": "first"})
+    assert d.lesson_at == 0 and d.lesson_back.disabled
+    d.lesson_toggle.value = False                                   # off: the keys step the player again
+    d.viewer.player.value = 0
+    d.viewer.keys._handle_msg({"move": 1})
+    assert d.viewer.player.value == 1 and not d.lesson_card.visible
+
+
+def test_lesson_mode_says_what_to_do_without_a_speculative_run():
+    d = Dashboard()
+    d.form.method.value = "dllm-threshold"
+    d.form.target.value = "digits-dllm"
+    d.form.prompt.value, d.form.gen_length.value = "SUM 27=", 8
+    d.run_now()
+    d.lesson_toggle.value = True
+    assert d.lesson_steps is None and not d.lesson_card.visible
+    assert d.alert.visible and "speculative run that drafted" in d.alert.object

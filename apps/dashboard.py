@@ -24,7 +24,7 @@ import io
 import panel as pn
 
 from speclab.apps import guide, runs
-from speclab.apps.form import Form
+from speclab.apps.form import EXAMPLE_PROMPTS, Form
 from speclab.apps.lesson import lesson
 from speclab.apps.viewer import Viewer
 from speclab.bench import timing
@@ -219,7 +219,11 @@ class Dashboard:
         """Another method or target: the run on the page no longer matches the form."""
         self._fit_compare()
         self.intro.object = guide.INTRO[runs.engine(self.form.method.value)]
-        if self.viewer.trace is not None:
+        # back on a pair and method with a recorded example, its prompt untouched: the example again
+        # (rather than empty axes); otherwise the run on the page no longer matches the form
+        if self.form.prompt.value in EXAMPLE_PROMPTS and self.show_example() is not None:
+            pass
+        elif self.viewer.trace is not None:
             self.viewer.clear("The form changed: press Run for a run with these settings.")
             self.download.disabled = True
         self.clear_error()

@@ -147,6 +147,7 @@ def _show_speculative(a, prompt, r) -> dict:
         ref = speclab.run(a.target, prompt, "ar", max_new_tokens=r.trace.params["max_new_tokens"], record=None,
                           device=a.device, dtype=a.dtype, chat=chat, **same)
         out["identical"] = ref.ids == r.ids
+        out["ar_wall_s"] = round(ref.trace.totals.wall_s, 4)
         if not out["identical"]:
             from speclab.decoding.equality import diagnose
             model = speclab.models.zoo.load_shared(a.target, a.device, a.dtype)[0]
@@ -155,8 +156,7 @@ def _show_speculative(a, prompt, r) -> dict:
             out["why"] = d.explain(r.trace.text_of)
     if a.json:
         return out
-    if chat:
-        prompt = "".join(r.trace.text_of(t) for t in r.trace.prompt_ids)
+    # a chat prompt shows as the user's question, not the whole chat template (system turn and all)
     color = a.color == "always" or (a.color == "auto" and sys.stdout.isatty())
     print(render_colored(r.trace, prompt, color))
     s = r.stats
@@ -164,6 +164,10 @@ def _show_speculative(a, prompt, r) -> dict:
           f"{s['draft_forwards']} draft forwards, tau {s['tau']:.2f}, {rates(s)}, {s['wall_s']:.2f} s"
           + (f", rule {out['rule']} ({out['guarantee']})" if "rule" in out else "")
           + (f", identical to greedy ar: {out['identical']}" if a.check else ""))
+    if a.check:
+        up = out["ar_wall_s"] / s["wall_s"] if s["wall_s"] else float("nan")
+        print(f"[ar] {len(ref.ids)} tokens in {out['ar_wall_s']:.2f} s: {a.method} {up:.2f}x as fast (one run "
+              f"each, first-run costs included; `speclab bench` times methods interleaved and repeated)")
     if a.check and not out["identical"]:
         print(f"[check] {out['why']}")
     if color:

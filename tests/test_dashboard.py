@@ -428,3 +428,18 @@ def test_lesson_mode_says_what_to_do_without_a_speculative_run():
     d.lesson_toggle.value = True
     assert d.lesson_steps is None and not d.lesson_card.visible
     assert d.alert.visible and "speculative run that drafted" in d.alert.object
+
+
+def test_switching_method_and_back_shows_the_example_again(tmp_path, monkeypatch):
+    from speclab.apps import guide
+    monkeypatch.setattr(guide, "EXAMPLES", tmp_path)
+    f = Dashboard().form
+    recorded = tiny_trace("draft-model")
+    recorded.save(guide.example_path(f.method.value, f.target.value, f.draft.value))
+    d = Dashboard()
+    assert d.trace is not None
+    d.form.method.value = "prompt-lookup"                       # no example for it: the run is put away
+    assert d.trace is None and "The form changed" in d.viewer.status.object
+    d.form.method.value = "draft-model"                         # back: the example, not empty axes
+    assert d.trace is not None and d.trace.output_ids == recorded.output_ids
+    assert "example run" in d.viewer.status.object

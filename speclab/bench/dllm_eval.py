@@ -11,6 +11,7 @@ slot of the active block (d = 1 is the frontier, plain next-token prediction thr
 
   python -m speclab.bench.dllm_eval --n 500 --code-prompts 20 > dllm-eval.md
   python -m speclab.bench.dllm_eval --only-chat --chat-prompts 20 > smollm2-dllm-eval.md
+  python -m speclab.bench.dllm_eval --report chat,code-edit --report-prompts 20 --json r.json --plot sweep.png
 """
 from __future__ import annotations
 
@@ -192,6 +193,126 @@ def frontier_table(traces, depth: int = 6) -> str:
             "|---|---|---|---|---|---|\n" + "\n".join(rows))
 
 
+SWEEP = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)      # dllm-threshold's curve in the report's plot
+
+
+def forward_rows(trace) -> int:
+    """Model rows a run computed, one per canvas a forward read: a plain step is one row, FreeDave's
+    batched verify of K drafts K rows (it counts as one target forward)."""
+    extra = sum(st.info.get("drafts", 1) - 1 for st in trace.denoise if st.info.get("verified_forward"))
+    return trace.totals.target_forwards + extra
+
+
+def content_length(ids: list[int], eos_id: int | None) -> int:
+    """Tokens of an answer up to and including its end of text (all of them when it has none)."""
+    return ids.index(eos_id) + 1 if eos_id is not None and eos_id in ids else len(ids)
+
+
+@torch.inference_mode()
+def target_nll(model, prompt_ids: list[int], answer: list[int]) -> tuple[float, int]:
+    """The AR target's negative log-likelihood of `answer` after `prompt_ids`: (sum, tokens)."""
+    if not answer:
+        return 0.0, 0
+    ids = torch.tensor([prompt_ids + answer], device=next(model.parameters()).device)
+    logp = model(ids).logits[0, len(prompt_ids) - 1:-1].float().log_softmax(-1)
+    return float(-logp.gather(-1, ids[0, len(prompt_ids):, None]).sum()), len(answer)
+
+
+def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64, block_length: int = 32,
+           policies: str | None = None, sweep: tuple = SWEEP) -> dict:
+    """The diffusion report per prompt set: for every policy (and a threshold sweep), content tokens
+    (the one-per-step answer up to its end of text) per forward row, positions equal to one-per-step,
+    the AR target's NLL per token of what it wrote, wall tokens per second; `ar` on the AR target
+    beside them. Returns {set: [row, ...]} (rows as dicts)."""
+    from speclab.prompts import load_prompts
+    model, tok = speclab.load(target)
+    ar_model, ar_tok = speclab.load(base)
+    rows_by_set = {}
+    table = only(CHAT_POLICIES, policies) + [(f"threshold {t} (sweep)", "dllm-threshold", {"threshold": t})
+                                             for t in sweep if t not in (0.9, 0.7)]
+    for name in sets:
+        raw = load_prompts(name, n)
+        chat = isinstance(raw[0], dict)
+        prompts = [p["chat"] if chat else p[-600:] for p in raw]
+        kw0 = dict(gen_length=gen_length, block_length=block_length, record="light", **({"chat": True} if chat else {}))
+        refs = [speclab.run((model, tok), p, ONE_PER_STEP[0], **kw0).trace for p in tqdm(prompts, desc=f"{name}: reference")]
+        eos = tok.eos_token_id
+        content = [content_length(t.output_ids, eos) for t in refs]
+        rows = []
+        for label, method, kw in tqdm(table, desc=f"{name}: policies"):
+            fwd = same = npos = toks = 0
+            nll = nll_n = wall = 0.0
+            for p, ref in zip(prompts, refs):
+                r = speclab.run((model, tok), p, method, **kw0, **kw)
+                fwd += forward_rows(r.trace)
+                toks += len(r.ids)
+                wall += r.trace.totals.wall_s
+                want = ref.output_ids
+                m = min(len(r.ids), len(want))
+                same += sum(a == b for a, b in zip(r.ids[:m], want[:m]))
+                npos += max(len(r.ids), len(want))
+                a, k = target_nll(ar_model, r.trace.prompt_ids, r.ids[:content_length(r.ids, eos)])
+                nll, nll_n = nll + a, nll_n + k
+            rows.append(dict(policy=label, method=method, params=kw, content_per_row=round(sum(content) / fwd, 3),
+                             positions_equal=round(same / npos, 3), nll_per_token=round(nll / max(nll_n, 1), 3),
+                             tokens_per_s=round(toks / wall, 1), forward_rows=fwd, content_tokens=sum(content)))
+        ar_wall = ar_toks = 0.0
+        ar_nll = ar_n = 0.0
+        for p in prompts:
+            r = speclab.run((ar_model, ar_tok), p, "ar", max_new_tokens=gen_length, record=None,
+                            **({"chat": True} if chat else {}))
+            ar_wall, ar_toks = ar_wall + r.trace.totals.wall_s, ar_toks + len(r.ids)
+            a, k = target_nll(ar_model, r.trace.prompt_ids, r.ids[:content_length(r.ids, ar_tok.eos_token_id)])
+            ar_nll, ar_n = ar_nll + a, ar_n + k
+        rows.append(dict(policy=f"ar on {base}", method="ar", params={}, content_per_row=1.0, positions_equal=None,
+                         nll_per_token=round(ar_nll / max(ar_n, 1), 3), tokens_per_s=round(ar_toks / ar_wall, 1),
+                         forward_rows=None, content_tokens=None))
+        rows_by_set[name] = rows
+    return rows_by_set
+
+
+def report_markdown(rows_by_set: dict, target: str, n: int, gen_length: int, block_length: int) -> str:
+    out = []
+    for name, rows in rows_by_set.items():
+        out.append(f"{target}, {n} {name} prompts, gen_length {gen_length}, block_length {block_length}, greedy\n\n"
+                   "| policy | method | content tokens / forward row | positions equal to one-per-step | "
+                   "AR target NLL / token | tokens / s |\n|---|---|---|---|---|---|")
+        for r in rows:
+            eq = "-" if r["positions_equal"] is None else f"{r['positions_equal']:.3f}"
+            out.append(f"| {r['policy']} | `{r['method']}` {_kw(r['params'])} | {r['content_per_row']:.3f} | {eq} | "
+                       f"{r['nll_per_token']:.3f} | {r['tokens_per_s']:.1f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def sweep_figure(rows_by_set: dict):
+    """Content tokens per forward row against positions equal to one-per-step, a panel per set:
+    dllm-threshold's sweep as a line, every other policy as a point."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    names = list(rows_by_set)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, shared_yaxes=True)
+    for i, name in enumerate(names, 1):
+        rows = [r for r in rows_by_set[name] if r["positions_equal"] is not None]
+        th = sorted((r for r in rows if r["method"] == "dllm-threshold" and "threshold" in r["params"]),
+                    key=lambda r: r["params"]["threshold"])
+        fig.add_trace(go.Scatter(x=[r["positions_equal"] for r in th], y=[r["content_per_row"] for r in th],
+                                 mode="lines+markers+text", text=[str(r["params"]["threshold"]) for r in th],
+                                 textposition="top center", name="threshold sweep", line=dict(color="#888"),
+                                 showlegend=i == 1), row=1, col=i)
+        for r in rows:
+            if r in th:
+                continue
+            fig.add_trace(go.Scatter(x=[r["positions_equal"]], y=[r["content_per_row"]], mode="markers+text",
+                                     text=[r["policy"][:28]], textposition="bottom center", textfont=dict(size=9),
+                                     marker=dict(size=9), name=r["policy"], showlegend=False), row=1, col=i)
+        fig.update_xaxes(title_text="positions equal to one-per-step", range=[0, 1.05], row=1, col=i)
+    fig.update_yaxes(title_text="content tokens per forward row", row=1, col=1)
+    fig.update_layout(height=520, width=640 * len(names), plot_bgcolor="white",
+                      title="diffusion policies: parallelism against agreement (up and right is better)")
+    return fig
+
+
 def _kw(kw: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in kw.items())
 
@@ -206,9 +327,28 @@ def main(argv=None):
     ap.add_argument("--threads", type=int)
     ap.add_argument("--policies", help="the chat table's rows for these methods only, comma-separated "
                                        "(one-per-step always runs: the rows are read against it)")
+    ap.add_argument("--report", metavar="SETS", help="the diffusion report on these prompt sets (e.g. chat,code-edit): "
+                                                      "every policy and a threshold sweep, content tokens per forward "
+                                                      "row, agreement, the AR target's NLL, tokens / s, ar beside them")
+    ap.add_argument("--report-prompts", type=int, default=20)
+    ap.add_argument("--base", default="smollm2-135m", help="the AR target the report scores the text with")
+    ap.add_argument("--json", help="the report's rows as JSON here")
+    ap.add_argument("--plot", help="the report's sweep plot: .html (offline, plotly.js inside) or .png (Chromium)")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.report:
+        rows = report(a.chat_target, a.base, a.report.split(","), a.report_prompts, policies=a.policies)
+        print(report_markdown(rows, a.chat_target, a.report_prompts, 64, 32))
+        if a.json:
+            import json
+            import os
+            with open(a.json + ".tmp", "w", encoding="utf-8") as f:
+                json.dump(rows, f, indent=1)
+            os.replace(a.json + ".tmp", a.json)
+        if a.plot:
+            save_plot(sweep_figure(rows), a.plot)
+        return
     if not a.only_chat:
         print(digits_table(a.n))
         if a.code_prompts:
@@ -221,3 +361,28 @@ def main(argv=None):
 
 if __name__ == "__main__":
     main()
+
+
+def save_plot(fig, path: str) -> None:
+    """The figure as offline HTML (plotly.js inside), or as PNG through Debian's Chromium."""
+    import os
+    import tempfile
+    html = fig.to_html(include_plotlyjs=True, full_html=True)
+    if not path.endswith(".png"):
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(html)
+        os.replace(tmp, path)
+        return
+    from playwright.sync_api import sync_playwright
+    with tempfile.TemporaryDirectory() as d, sync_playwright() as p:
+        page_file = os.path.join(d, "plot.html")
+        with open(page_file, "w", encoding="utf-8") as f:
+            f.write(html)
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": int(fig.layout.width or 900), "height": int(fig.layout.height or 500)})
+        page.goto("file://" + page_file)
+        page.wait_for_selector(".main-svg")
+        page.screenshot(path=path + ".tmp.png")
+        browser.close()
+        os.replace(path + ".tmp.png", path)

@@ -46,4 +46,4 @@ def test_report_rows_and_sweep_plot(one_thread):
     assert [round(x, 3) for x in fig.data[0].x] == [by[k]["positions_equal"] for k in (
         "threshold 0.5 (sweep)", "threshold 0.7", "threshold 0.9")]             # the sweep's line, by threshold
     md = D.report_markdown({"code-complete": rows}, "code-dllm", 2, 16, 8)
-    assert md.count("\n|") == len(rows) + 1
+    assert md.count("\n|") == len(rows) + 2                      # the head, its rule, a row per policy

@@ -213,13 +213,15 @@ def profile_ar(target, prompt, new, device, backend: str = "auto") -> dict:
 
 
 ROW_LABELS = ["ar", "oracle[k=2]", "oracle[k=4]", "oracle[k=8]", "prompt-lookup", "hf-static", "ar[static-compile]",
+              "ar[static-compile-ops]",
               "ar[batch=8]", "ar[graphs=off]", "ar[lean eager]", "hf-greedy", "eagle", "eagle3"]
 
 
 def row_labels(name: str, device, args) -> list[str]:
     """The rows of shape `name` in the order they run (ar first: every output is held to it; the
     issue's goals next), less those --only leaves out."""
-    labels = [l for l in ROW_LABELS if l != "ar[static-compile]" or (device.type == "cuda" and name in args.compile_shape.split(","))]
+    compiled = device.type == "cuda" and name in args.compile_shape.split(",")
+    labels = [l for l in ROW_LABELS if not l.startswith("ar[static-compile") or compiled]
     only = dict(o.split(":", 1) for o in args.only or [])
     return [l for l in labels if l in only[name].split("|")] if name in only else labels
 
@@ -263,6 +265,7 @@ def check_shape(name, shape, device, args, labels: list[str], out_path: str | No
             "prompt-lookup": lambda: speclab_row(target, p, "prompt-lookup", {}, args.new),
             "hf-static": lambda: peer_row("hf-static", model, tok, p, args.new),
             "ar[static-compile]": lambda: speclab_row(target, p, "ar", {}, args.new, backend="static-compile"),
+            "ar[static-compile-ops]": lambda: speclab_row(target, p, "ar", {}, args.new, backend="static-compile-ops"),
             "ar[batch=8]": lambda: batch_row(target, ps, args.new),
             "ar[graphs=off]": lambda: speclab_row(target, p, "ar", {}, args.new, backend="static-eager"),
             "ar[lean eager]": lambda: speclab_row(target, p, "ar", {}, args.new, backend="fast"),

@@ -328,3 +328,39 @@ def test_a_request_sizes_its_runners_before_the_prefill(tiny):
         (idle,) = m._speclab_static.values()
         assert any(k["kv"] is kv and k["max_len"] == 256 for k in idle)   # idle, never grown
         assert max(k["max_len"] for k in idle) == 512
+
+
+def test_compile_ops_layers_match_the_step_and_compile_without_graph_breaks():
+    """The "compile-ops" layers (each residual add fused into the norm after it, RoPE and SwiGLU as
+    ops) compute what the plain static layers compute (to fp32 rounding: about 1e-7 apart), and each
+    op compiles with fullgraph=True (what inductor needs inside CUDA graphs; a graph break fails here)
+    to the same values, on a chain, a tree and a capture."""
+    m = tiny_llama(layers=3)
+    lm = StaticLM(m, graphs=False)
+    ids = torch.randint(1, 150, (12,), generator=torch.Generator().manual_seed(5))
+    lm.forward(ids[:8])
+    torch._dynamo.reset()
+    compiled = {k: torch.compile(f, fullgraph=True, backend="eager", dynamic=False)
+                for k, f in lm.ops(compile_=False).items() if k != "compiled"}
+    for W, parents, caps in ((1, None, ()), (4, [-1, 0, 0, 1], ()), (4, [-1, 0, 0, 1], (1, 3))):
+        base = lm.length
+        lm.capture_layers = caps
+        want = lm.forward(ids[8:8 + W], parents=parents)                 # the plain static layers; stages buffers
+        states = {c: h.clone() for c, h in lm.captured.items()}
+        lm.keep(base)
+        outs = []
+        for ops in (lm.ops(compile_=False), compiled):
+            lm.hidden.zero_()
+            lm.graphs = "compile-ops"                                    # the step takes the ops layers
+            lm._ops = dict(ops, compiled=ops is compiled)
+            try:
+                with torch.inference_mode():
+                    got = lm._step(W, W, 0, None, caps, parents is None)[:W]
+            finally:
+                lm.graphs, lm._ops = False, None
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+            for c, h in states.items():
+                torch.testing.assert_close(lm.hidden[c - 1, :W], h[0], rtol=0, atol=1e-5)
+            outs.append(got)
+        torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-5)   # compiled: the eager ops' values
+    torch._dynamo.reset()

@@ -11,6 +11,8 @@ Backends (the `backend` parameter of speclab.run, the bench and the drafters):
                     captured as a CUDA graph on CUDA, eager elsewhere
   "static-eager"    the same runner with graphs off (graphs=False)
   "static-compile"  the same runner, its step compiled by torch.compile (fullgraph) inside the graphs
+  "static-compile-ops"  the same runner with only its elementwise work compiled (adds fused into the
+                    norms, RoPE, SwiGLU), the products and attention left to cuBLAS / SDPA
   "hf"              transformers' own forward (models.hf.CausalLM): every architecture
 
 On a CPU "auto" stays the eager lean forward: there every launch is a function call, and the
@@ -28,9 +30,9 @@ from speclab.models.lean.batch import LeanBatchLM
 from speclab.models.lean.forward import LeanLM
 from speclab.models.lean.static import StaticLM
 
-BACKENDS = ("auto", "fast", "exact", "static", "static-eager", "static-compile", "hf")
+BACKENDS = ("auto", "fast", "exact", "static", "static-eager", "static-compile", "static-compile-ops", "hf")
 # the static runner's graphs option per backend name (None: CUDA graphs on CUDA, eager elsewhere)
-GRAPHS = {"static": None, "static-eager": False, "static-compile": "compile"}
+GRAPHS = {"static": None, "static-eager": False, "static-compile": "compile", "static-compile-ops": "compile-ops"}
 
 
 def _check(backend: str):

@@ -50,7 +50,7 @@ from speclab.models.lean.forward import LeanLM, _rope
 from speclab.models.lean.weights import mm
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-GRAPH_MODES = (False, "cuda-graph", "compile")
+GRAPH_MODES = (False, "cuda-graph", "compile", "compile-ops")
 # what a runner hands on when it is dropped: its cache, buffers and captured graphs (a graph
 # replays on exactly the tensors it was captured with, so they travel together)
 KIT = ("kv", "cos", "sin", "max_len", "staging", "inputs", "vis", "hidden", "_graphs", "_pool")
@@ -77,7 +77,7 @@ def graph_mode(graphs, device: torch.device):
     if graphs is True:
         graphs = "cuda-graph"
     if graphs not in GRAPH_MODES:
-        raise ValueError(f"graphs must be True, False, None or 'compile', got {graphs!r}")
+        raise ValueError(f"graphs must be True, False, None, 'compile' or 'compile-ops', got {graphs!r}")
     if graphs and device.type != "cuda":
         raise ValueError(f"graphs={graphs!r} needs a CUDA device, the model is on {device}: use graphs=False")
     return graphs
@@ -87,7 +87,13 @@ class StaticLM(LeanLM):
     """LeanLM's protocol (forward, forward_rows, keep, keep_positions, exit_lm) in static shapes.
 
     max_len: the slots the request needs (prompt + new tokens + widest draft); None starts small.
-    graphs: None (CUDA graphs on CUDA, eager elsewhere), True, False or "compile".
+    graphs: None (CUDA graphs on CUDA, eager elsewhere), True, False, "compile" (the whole step
+    compiled inside the graphs) or "compile-ops" (only the elementwise work compiled: each residual
+    add fused with the norm after it, RoPE, SwiGLU; the products and attention stay the eager cuBLAS
+    / SDPA calls). Why both: on an H100 the whole compiled step made the 8B shape slower (inductor
+    writes the products into its own buffers and cuBLAS then picks split-K products with a separate
+    reduce pass: BENCHMARKS.md, GPU), while fusing the ~25 small kernels a layer is what a launch-bound
+    model needs.
     """
     host_ids = True     # ids staged through pinned memory: a caller's host ids save a copy and a sync
 
@@ -99,6 +105,7 @@ class StaticLM(LeanLM):
         super().__init__(model, name, need)
         self.request = max_len              # the slots the request asked for (a draft runner sizes by it)
         self._compiled = None
+        self._ops = None                    # the elementwise ops of "compile-ops" (compiled on first use)
         self._staged = None                 # CUDA event: the last staging copy has been read
         self.replays = 0                    # forwards served by a captured graph
         self.fallbacks = 0                  # forwards no bucket covered (LeanLM's eager path ran them)
@@ -328,6 +335,8 @@ class StaticLM(LeanLM):
             # the native calls split at each captured layer, as LeanLM splits them
             x = self._native_layers(x, nl, pos, past, vis[:, :past + W].contiguous(), caps,
                                     lambda layer, h: self.hidden[layer - 1, :W].copy_(h))
+        elif self.graphs == "compile-ops":
+            x = self._static_layers_ops(x, pos, slot, vis, nl, caps, self.ops())
         else:
             x = self._static_layers(x, pos, slot, vis, nl, caps)
         x = x.index_select(0, keep)
@@ -353,6 +362,64 @@ class StaticLM(LeanLM):
             x = x + mm(self.act(g) * u, w, "w2")
             if i + 1 in caps:
                 self.hidden[i, :W].copy_(x)
+        return x
+
+    # --- "compile-ops": the same layers, their elementwise work in fused ops ------------------------
+
+    def _add_rms(self, x, o, w):
+        """The residual add and the norm after it, one fused kernel when compiled."""
+        y = x + o
+        return y, self.rms(y, w)
+
+    def _rope_qkv(self, qkv, w, cos, sin):
+        """q, k (heads first, RoPE applied) and v (heads first) of a layer's fused projection."""
+        W, Hq, Hkv, D = qkv.shape[0], self.Hq, self.Hkv, self.D
+        qk = _rope(self.qk_heads(qkv, w), cos, sin).transpose(0, 1)
+        return qk[:Hq], qk[Hq:], qkv[:, (Hq + Hkv) * D:].view(W, Hkv, D).transpose(0, 1)
+
+    def _swiglu(self, gu):
+        g, u = gu.chunk(2, -1)
+        return self.act(g) * u
+
+    def ops(self, compile_: bool | None = None) -> dict:
+        """The elementwise ops of the "compile-ops" layers: compiled by torch.compile (fullgraph) in
+        that mode, the plain methods otherwise (the same arithmetic, eagerly: how a CPU test checks
+        the layers' structure)."""
+        if compile_ is None:
+            compile_ = self.graphs == "compile-ops"
+        if self._ops is None or self._ops["compiled"] != compile_:
+            fns = dict(rms=self.rms, add_rms=self._add_rms, rope_qkv=self._rope_qkv, swiglu=self._swiglu)
+            if compile_:
+                import torch._dynamo as _dynamo
+                _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
+                fns = {k: torch.compile(f, fullgraph=True, dynamic=False) for k, f in fns.items()}
+            self._ops = dict(fns, compiled=compile_)
+        return self._ops
+
+    def _static_layers_ops(self, x, pos, slot, vis, nl, caps, ops) -> torch.Tensor:
+        """_static_layers with each residual add fused into the norm that follows it: the layer's
+        output add and the next layer's input norm are one op (the last add stays before the final
+        norm, which the head applies)."""
+        W = x.shape[0]
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
+        Hq, D = self.Hq, self.D
+        layers = self.layers[:nl]
+        h = ops["rms"](x, layers[0]["ln1"]) if layers else x
+        for i, w in enumerate(layers):
+            q, k, v = ops["rope_qkv"](mm(h, w, "wqkv"), w, cos, sin)
+            self.kv[i, 0].index_copy_(1, slot, k)
+            self.kv[i, 1].index_copy_(1, slot, v)
+            a = self._attend_all(q, self.kv[i, 0], self.kv[i, 1], vis)
+            x, h = ops["add_rms"](x, mm(a.transpose(0, 1).reshape(W, Hq * D), w, "wo"), w["ln2"])
+            o = mm(ops["swiglu"](mm(h, w, "w13")), w, "w2")
+            if i + 1 < len(layers) and i + 1 not in caps:
+                x, h = ops["add_rms"](x, o, layers[i + 1]["ln1"])
+            else:
+                x = x + o
+                if i + 1 in caps:
+                    self.hidden[i, :W].copy_(x)
+                if i + 1 < len(layers):
+                    h = ops["rms"](x, layers[i + 1]["ln1"])
         return x
 
     def _attend_all(self, q, K, V, vis):

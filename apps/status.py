@@ -50,7 +50,11 @@ def status_html(trace: Trace) -> str:
                  f"{t.accepted} of {t.drafted} drafted tokens kept, target forwards {t.target_forwards}, "
                  f"draft forwards {t.draft_forwards}")
     T = trace.sampling.temperature
-    stats += ", greedy" if not T else f", sampled at T = {T:g}"
+    if trace.engine == "dag":           # one forward; only the sampling strategy draws, at its own T
+        chosen = trace.dag.chosen if trace.dag is not None else ""
+        stats += f", sampled at T = {T:g}" if chosen == "sample" and T else ""
+    else:
+        stats += ", greedy" if not T else f", sampled at T = {T:g}"
     return (f"<b>{html.escape(trace.method)}</b> ({html.escape(models)}): "
             f"prompt <code class='speclab-prompt-echo'>{visible_text(runs.prompt_text(trace))}</code> &rarr; "
             f"<code class='speclab-output'>{visible_text(runs.output_text(trace))}</code><br>"

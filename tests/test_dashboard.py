@@ -443,3 +443,12 @@ def test_switching_method_and_back_shows_the_example_again(tmp_path, monkeypatch
     d.form.method.value = "draft-model"                         # back: the example, not empty axes
     assert d.trace is not None and d.trace.output_ids == recorded.output_ids
     assert "example run" in d.viewer.status.object
+
+
+def test_dag_status_says_sampled_only_for_the_sampling_strategy():
+    from speclab.apps.status import status_html
+    d = Dashboard()
+    d.form.method.value = "dag-viterbi"
+    d.form.target.value = "dates-dat"
+    trace = d.run_now()
+    assert trace.dag.chosen != "sample" and "sampled at" not in status_html(trace)

@@ -223,6 +223,9 @@ def check_pairing(engine: str, method: str, target, draft=None) -> None:
     if engine != "speculative":
         raise ValueError(f"{method} takes no draft model: {KIND_IS[want]} decodes without one")
     dkind = model_kind(draft)
+    from speclab.decoding.registry import METHODS
+    if dkind == "diffusion" and getattr(METHODS.get(method), "draft_kind", None) == "dllm":
+        return          # a block-diffusion LM drafting for a causal target (dllm-draft)
     if dkind not in (None, "causal"):
         raise ValueError(f"the draft {_name(draft)} is {KIND_IS[dkind]}: a draft model must be a causal LM that "
                          "shares the target's tokenizer (e.g. code-draft)")

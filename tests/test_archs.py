@@ -147,11 +147,13 @@ def test_lean_logits_equal_transformers_in_every_step(family, backend, models):
 
 
 def _spec_methods() -> list[str]:
-    """Every lossless speculative method but the EAGLE-3 ones: an EAGLE-3 drafter reads three distinct
-    target layers and these targets have two (tests/test_eagle3.py pins eagle3 against ar)."""
+    """Every lossless speculative method but the EAGLE-3 ones (an EAGLE-3 drafter reads three distinct
+    target layers and these targets have two: tests/test_eagle3.py pins eagle3 against ar) and
+    dllm-draft (its draft is a block-diffusion LM, which these families have none of:
+    tests/test_dllm_draft.py pins it against ar)."""
     return [m["name"] for m in methods() if get_method(m["name"]).engine == "speculative" and m["lossless"]
             and m["name"] != "ar" and (get_method(m["name"]).draft is None
-                                       or get_method(m["name"]).draft.kind != "eagle3")]
+                                       or get_method(m["name"]).draft.kind not in ("eagle3", "dllm"))]
 
 
 def _draft(method: str, family: str, models, which: str):
@@ -179,7 +181,7 @@ CASES = [(m, "small") for m in _spec_methods()] + [("draft-model", "self"), ("tr
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral", "gemma"])
-def test_every_method_decodes_what_ar_decodes(family, models, tok):
+def test_every_method_decodes_what_ar_decodes(family, models, tok, tmp_path):
     """fp32, greedy: every lossless speculative method of the registry against ar, on the lean
     forward (the target as its own draft accepts every token: the acceptance path runs too)."""
     target = (models[family][0], tok)
@@ -189,6 +191,10 @@ def test_every_method_decodes_what_ar_decodes(family, models, tok):
     for method, which in CASES:
         dft = _draft(method, family, models, which)
         params = dict(exit_layer=1) if method == "layer-skip" else {}
+        if method == "specdec++":       # an acceptance head of random weights for the draft's width
+            from speclab.models.acceptance_head import for_draft, save_head
+            torch.manual_seed(3)
+            params = dict(head=str(save_head(for_draft(dft), tmp_path / "head", {"draft": family})))
         on, ref = target, want
         if method == "swift":           # skips within layers 1..L-2: a third layer to skip
             on = (build(family, tok, 0, layers=3), tok)

@@ -33,8 +33,10 @@ from speclab.decoding.drafters.lookahead import LookaheadDrafter
 from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixDrafter, SuffixHistory
 from speclab.decoding.drafters.model import DraftModelDrafter, LayerSkipDrafter
 from speclab.decoding.drafters.oracle import OracleDrafter
+from speclab.decoding.drafters.pearl import PearlDrafter
 from speclab.decoding.drafters.recycling import RecyclingDrafter
 from speclab.decoding.drafters.rsd import RSDDrafter
+from speclab.decoding.drafters.specdecpp import SpecDecPPDrafter
 from speclab.decoding.drafters.swift import SwiftDrafter, UnifiedSkipDrafter
 from speclab.decoding.drafters.spectr import SpecTrDrafter
 from speclab.decoding.drafters.trees import DynamicTreeDrafter, StaticTreeDrafter
@@ -189,6 +191,10 @@ for _m in [
                    "(Leviathan et al. 2023; Chen et al. 2023)",
            drafter=DraftModelDrafter, inputs=DRAFT, draft=DRAFT_LM, batchable=True,
            adaptive=lambda p: p["threshold"] is not None or p["schedule"] != "fixed"),
+    Method(name="specdec++", family="speculative", engine="speculative", guarantee=AR,
+           summary="draft-model's chain, stopped once a trained head on the draft's hidden state puts P(some draft "
+                   "token is rejected) above a threshold (SpecDec++, Huang et al. COLM 2025)",
+           drafter=SpecDecPPDrafter, inputs=DRAFT, draft=DRAFT_LM),
     Method(name="layer-skip", family="self-speculative", engine="speculative", guarantee=AR,
            summary="the target's first L layers draft through its own head, exit fixed or auto (LayerSkip; "
                    "Draft & Verify)",
@@ -252,8 +258,25 @@ for _m in [
     Method(name="medusa", family="feature-head", engine="speculative", guarantee=AR,
            summary="Medusa-1: K heads on the last hidden state, a static tree of top-k products (draft: Medusa "
                    "heads)", drafter=MedusaDrafter, inputs=TARGET_AND_DRAFT, draft=MEDUSA_HEADS, tree=True),
+    Method(name="pearl", family="speculative", engine="speculative", guarantee=AR,
+           summary="a draft LM drafts on a second thread while the target verifies: pre-verify of the first draft "
+                   "token, post-verify of the rest while it drafts on (PEARL, Liu et al. ICLR 2025)",
+           drafter=PearlDrafter, inputs=DRAFT, draft=DRAFT_LM),
 ]:
     register(_m)
+
+from speclab.decoding.drafters.dllm import DllmDrafter  # noqa: E402
+register(Method(name="dllm-draft", family="speculative", engine="speculative", guarantee=AR,
+                summary="a block-diffusion LM fills k mask slots after the committed text in `steps` forwards, the "
+                        "most confident first; the target verifies the block as a chain or tree (DFlash, Chen et "
+                        "al. 2026; FlexDraft, Zhang et al. 2026)", drafter=DllmDrafter, inputs=DRAFT,
+                draft=Draft("dllm", "a block-diffusion LM", {"smollm2-135m": "smollm2-dllm"})))
+from speclab.decoding.drafters.osd import OsdDrafter  # noqa: E402
+register(Method(name="osd", family="speculative", engine="speculative", guarantee=AR,
+                summary="draft-model's chain through a low-rank adapter on the draft's head, distilled online on the "
+                        "target's distributions where the verify rejected, every `interval` buffered positions; the "
+                        "caller's history keeps it across requests (OSD, Liu et al. ICML 2024)",
+                drafter=OsdDrafter, inputs=DRAFT, draft=DRAFT_LM))
 
 
 DAG_SUMMARY = {

@@ -225,7 +225,10 @@ def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_to
            sampler: Sampler, seed: int = 0, record: str | None = "light", eos_id: int | None = None,
            progress=None, rule: str = "exact", rule_params: dict | None = None, model=None):
     """Run rounds until max_new_tokens or EOS under acceptance `rule` (its parameters; model: the
-    target's transformers model, for a rule that reads its weights). Returns (new ids, rounds, totals)."""
+    target's transformers model, for a rule that reads its weights). Returns (new ids, rounds, totals).
+    A drafter with its own loop (`decode_loop`: PEARL drafts beside the verify) runs that instead."""
+    if hasattr(drafter, "decode_loop"):
+        return drafter.decode_loop(target, prompt_ids, max_new_tokens, sampler, seed, record, eos_id, progress, rule)
     dev = target.device
     gen = torch.Generator(device=dev).manual_seed(seed)
     target.reset()
@@ -276,7 +279,9 @@ def run(target: TargetLM, drafter: Drafter, tok, prompt_ids: list[int], max_new_
     if rule != "exact":
         params.update(rule=rule, rule_params=resolve_rule_params(rule, rule_params))
     models = with_runners(models, target, getattr(getattr(drafter, "inner", drafter), "lm", None))
-    return trace_of(tok, method, params, models, sampler, seed, record, prompt_ids, new, rounds, totals)
+    trace = trace_of(tok, method, params, models, sampler, seed, record, prompt_ids, new, rounds, totals)
+    trace.lanes = list(getattr(drafter, "lanes", []))     # timing lanes of a drafter that overlaps (PEARL)
+    return trace
 
 
 def with_runners(models: dict, target, draft_lm=None) -> dict:

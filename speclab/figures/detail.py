@@ -19,7 +19,8 @@ COLS = ("node", "parent", "token", "q", "p", "u", "decision", "try", "rule", "so
 def round_html(trace: Trace, step: int) -> str:
     r = trace.rounds[step]
     head = (f"<b>{step_title(trace, step)}</b>: drafted {r.drafted}, accepted "
-            f"{len(r.accepted)}, then the target's {r.emitted_kind} <code>{tok(trace, r.emitted)}</code>; "
+            + (f"{len(r.accepted)}, then the target's {r.emitted_kind} <code>{tok(trace, r.emitted)}</code>; "
+               if r.emitted >= 0 else f"{len(r.accepted)}, no target token; ") +
             f"{r.kept} token(s) kept. draft {r.draft_s * 1e3:.1f} ms, verify {r.verify_s * 1e3:.1f} ms")
     if r.info:
         head += "<br>policy: " + html.escape(", ".join(f"{k}={v}" for k, v in r.info.items()))

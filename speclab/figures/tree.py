@@ -37,8 +37,9 @@ def graph(r: Round) -> nx.DiGraph:
         g.add_node(n.id, depth=n.depth, node=n)
         g.add_edge(n.parent, n.id)
     last = r.accepted[-1] if r.accepted else ROOT
-    g.add_node(EMIT, depth=g.nodes[last]["depth"] + 1)
-    g.add_edge(last, EMIT)
+    if r.emitted >= 0:          # none: the round ended on an accepted draft token (PEARL's post-verify)
+        g.add_node(EMIT, depth=g.nodes[last]["depth"] + 1)
+        g.add_edge(last, EMIT)
     return g
 
 
@@ -151,14 +152,16 @@ def tree_parts(trace: Trace, step: int = 0) -> dict:
             customdata=[[n.id, n.p, n.q, n.u] for n in ns],
             hovertext=[node_hover(trace, n) for n in ns], hovertemplate="%{hovertext}<extra></extra>"))
     kind = r.emitted_kind
+    ex, ey = pos.get(EMIT, (None, None))
     data.append(dict(
-        type="scatter", x=[pos[EMIT][0]], y=[pos[EMIT][1]], mode="markers+text", name=f"emitted ({kind})",
-        text=[tok(trace, r.emitted)], textposition="top center",
+        type="scatter", x=[ex], y=[ey], mode="markers+text", name=f"emitted ({kind})",
+        text=[tok(trace, r.emitted) if r.emitted >= 0 else ""], textposition="top center",
         marker=dict(size=18, color=colors.ORIGIN.get(kind, "white"), symbol="diamond",
                     line=dict(width=2, color="black")),
         hovertext=[f"<b>{tok(trace, r.emitted)}</b> (id {r.emitted}): the target's {kind} token"
                    + (f"<br>from: {topk_text(trace, r.residual_topk)}" if r.residual_topk else "")
-                   + ("" if r.tokens[-1:] == [r.emitted] or not r.kept else "<br>(not kept: the run ended)")],
+                   + ("" if r.tokens[-1:] == [r.emitted] or not r.kept else "<br>(not kept: the run ended)")
+                   if r.emitted >= 0 else ""],
         hovertemplate="%{hovertext}<extra></extra>"))
     tried = [n for n in nodes if n.try_order is not None and len(list(g.successors(n.parent))) > 1]
     data.append(dict(
@@ -192,7 +195,7 @@ def tree_title(trace: Trace, step: int) -> str:
     r = trace.rounds[step]
     info = ", ".join(f"{k}={v}" for k, v in r.info.items())
     s = (f"round {step + 1}/{len(trace.rounds)}: drafted {r.drafted}, accepted {len(r.accepted)}, "
-         f"then {r.emitted_kind} {tok(trace, r.emitted)}")
+         + (f"then {r.emitted_kind} {tok(trace, r.emitted)}" if r.emitted >= 0 else "no target token"))
     if r.drafted and not r.nodes:
         s += " (recorded without per-node detail)"
     return s + (f"  [{info}]" if info else "")

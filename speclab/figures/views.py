@@ -196,6 +196,20 @@ def added_figure(method: str, spec: FigureSpec):
         remove_figure(method, spec.name)
 
 
+# PEARL's lanes over its modes (figures.pearl imports no view, so it is wired here)
+from speclab.figures.pearl import has_pearl_lanes, pearl_figure  # noqa: E402
+add_figure("pearl", FigureSpec("lanes and modes", pearl_figure, when=has_pearl_lanes, redraw=True))
+# SpecDec++'s head against the target and its draft lengths (figures.specdecpp imports no view)
+from speclab.figures.specdecpp import has_stop_decisions, stopping_figure  # noqa: E402
+add_figure("specdec++", FigureSpec("stopping rule", stopping_figure, when=has_stop_decisions, height=360))
+# dllm-draft's block filled forward by forward, over the verify's verdicts (figures.dllm_draft imports no view)
+from speclab.figures.dllm_draft import block_fill_figure, has_block_fill  # noqa: E402
+add_figure("dllm-draft", FigureSpec("block filling", block_fill_figure, "step", when=has_block_fill))
+# OSD's acceptance over the rounds, its draft updates marked, the draft version (figures.osd imports no view)
+from speclab.figures.osd import has_osd_versions, osd_figure  # noqa: E402
+add_figure("osd", FigureSpec("online draft", osd_figure, when=has_osd_versions, height=380))
+
+
 # -- the main step figure and the run strip, for any engine ----------------------------------------
 def step_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     """The main step figure as a plain {"data", "layout"} dict, unvalidated: what export frames are

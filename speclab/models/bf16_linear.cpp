@@ -947,12 +947,15 @@ int64_t stream_read(torch::Tensor buf) {
   return sink.load();
 }
 
+// The compute calls release the GIL (they touch no Python object between their arguments and their
+// result), so another Python thread runs meanwhile: PEARL's draft lane beside its target lane.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("stream_read", &stream_read, "read a buffer once, as fast as the memory system gives it (the bench's bandwidth probe)");
-  m.def("rms_norm", &rms_norm, "LlamaRMSNorm of bf16 rows");
-  m.def("layers", &layers, "Llama decoder layers l0.. over T bf16 rows in one parallel region, the KV cache written in place");
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("stream_read", &stream_read, "read a buffer once, as fast as the memory system gives it (the bench's bandwidth probe)", no_gil);
+  m.def("rms_norm", &rms_norm, "LlamaRMSNorm of bf16 rows", no_gil);
+  m.def("layers", &layers, "Llama decoder layers l0.. over T bf16 rows in one parallel region, the KV cache written in place", no_gil);
   m.def("set_barrier", &set_barrier, "how threads wait for each other: mode 0 spins spin_us then sleeps (futex), 1 spins then yields");
   m.def("use_amx", &use_amx, "the product on AMX tiles from now on (True if the OS granted them)");
   m.def("pack", &pack, "W (N, K) bf16 -> the kernel's packed layout (N/64, K/2, 64, 2)");
-  m.def("linear", &packed_linear, "x (T, K) bf16 @ W^T with W packed -> (T, N) bf16");
+  m.def("linear", &packed_linear, "x (T, K) bf16 @ W^T with W packed -> (T, N) bf16", no_gil);
 }

@@ -2,9 +2,9 @@
 
 draft-model   k tokens from a draft LM with its own KV cache (`vocab=N`: a trimmed-vocabulary draft
               scores only its head's N most frequent ids). Length policies:
-              fixed k; `threshold` (SpecDec++ style: stop once the draft's probability of its own
-              token falls below the threshold, up to max_k); `schedule="heuristic"` (transformers:
-              k += 2 after a fully accepted draft, k -= 1 otherwise).
+              fixed k; `threshold` (stop once the draft's probability of its own token falls below
+              the threshold, up to max_k; SpecDec++'s trained stop is `specdec++`, drafters/specdecpp.py);
+              `schedule="heuristic"` (transformers: k += 2 after a fully accepted draft, k -= 1 otherwise).
 layer-skip    LayerSkip self-speculation: draft with the first L layers of the target through its
               shared final norm and head. The draft writes into the TARGET's cache for layers < L
               (those entries equal what the target itself computes for committed tokens, so they
@@ -63,7 +63,16 @@ class ChainDrafter(Drafter):
         self.k = self.k0
 
     def draft_length(self) -> int:
-        return self.max_k if self.threshold is not None else self.k
+        return self.max_k if self.reads_each_step() else self.k
+
+    def reads_each_step(self) -> bool:
+        """Each draft step reads its token and q to the host, for stop_after to decide there."""
+        return self.threshold is not None
+
+    def stop_after(self, i: int, token: int, q_tok: float) -> bool:
+        """After draft step i (0-based), which drafted `token` with probability q_tok: stop drafting?
+        (SpecDec++'s drafter overrides it with its head's rule.)"""
+        return q_tok < self.threshold
 
     def run_chain(self, step, first, ids: torch.Tensor | None = None) -> tuple[list[int], list, torch.Tensor | None]:
         """Draft up to draft_length() tokens: step(first) gives the logits (V,) of the first draft
@@ -74,7 +83,8 @@ class ChainDrafter(Drafter):
         inp = first
         toks, dists, confs = [], [], []
         read_t, read_q = [], []                 # what a threshold's per-step read brought to the host
-        need_q = self.record is not None or self.threshold is not None
+        per_step = self.reads_each_step()
+        need_q = self.record is not None or per_step
         for i in range(self.draft_length()):
             logits = step(inp)                                              # (V,)
             if self.sampler.greedy:
@@ -92,14 +102,14 @@ class ChainDrafter(Drafter):
                 dists.append(q)
                 confs.append(q[tok])
             toks.append(tok)
-            if self.threshold is not None:      # the step's one read: its token and q together
+            if per_step:                        # the step's one read: its token and q together
                 t, c = host_read(tok.reshape(()), confs[-1].reshape(()))
                 read_t.append(t)
                 read_q.append(c)
-                if c < self.threshold:
+                if self.stop_after(i, t, c):
                     break
             inp = tok.view(1)
-        if self.threshold is not None:
+        if per_step:
             tokens, q_tok = read_t, read_q
         elif confs:                             # the round's one read: tokens and q together
             tokens, q_tok = host_read(torch.stack(toks).reshape(-1), torch.stack(confs).reshape(-1))

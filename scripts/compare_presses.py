@@ -2,10 +2,10 @@
 does every speed-up stay within 10% of its median, or is it marked unreliable?
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/compare_presses.py [--presses 5] [--hog 2,3]
-        [--repeats 5] [--tokens 43] [--methods prompt-lookup,draft-model] [--json out.json]
+        [--repeats 5] [--tokens 43] [--methods prompt-lookup,draft-model] [--task chat|copy] [--json out.json]
 
 Drives the dashboard's own Compare (apps/dashboard.py: compare_now, the code the button runs) on
-smollm2-135m with its draft, the chat preset prompt, k = 4, greedy. The hog
+smollm2-135m with its draft, the chat preset prompt (--task copy: the copy-heavy edit), k = 4, greedy. The hog
 (`python -c "while True: pass"`) is started before the listed presses and killed by its PID after
 each. Prints per press and method: the speed-up's median and range over the interleaved repeats,
 the verdict, and the seconds the press took; then each method's median over the presses and
@@ -28,16 +28,18 @@ def main():
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per method (default: the dashboard's)")
     ap.add_argument("--tokens", type=int, default=43)
     ap.add_argument("--methods", default="prompt-lookup,draft-model")
+    ap.add_argument("--task", choices=("chat", "copy"), default="chat",
+                    help="the chat question (speculation loses on a CPU) or the copy-heavy edit the page opens on")
     ap.add_argument("--json", dest="json_out")
     a = ap.parse_args()
     from speclab.apps.dashboard import Dashboard
-    from speclab.apps.guide import presets
+    from speclab.apps.guide import CHAT_TASK, COPY_TASK
     d = Dashboard()
     f = d.form
     f.target.value = "smollm2-135m"
     f.method.value = "draft-model"
     f.draft.value = "smollm2-draft"
-    label, prompt, chat = presets("draft-model")[0]
+    label, prompt, chat = COPY_TASK if a.task == "copy" else CHAT_TASK
     f.prompt.value, f.chat.value = prompt, chat
     f.max_new_tokens.value, f.k.value, f.temperature.value = a.tokens, 4, 0.0
     d.compare_methods.value = [m for m in a.methods.split(",") if m]

@@ -321,6 +321,7 @@ TRAIN_RECIPES = {
     "smollm2-draft": ("smollm2_draft", False),
     "digits-dgemma": ("dgemma", False),
     "smollm2-dllm": ("smollm2_dllm", False),
+    "specdecpp": ("specdecpp", False),
 }
 
 

@@ -82,7 +82,7 @@ def head_info(where: str | Path) -> dict:
     p = Path(where) / CONFIG
     if not p.is_file():
         raise ValueError(f"{where} holds no acceptance head ({CONFIG}): train one with "
-                         f"`python -m speclab.train.specdecpp` (docs/training.md)")
+                         f"`speclab train specdecpp` (docs/training.md)")
     return json.loads(p.read_text())[KEY]
 
 

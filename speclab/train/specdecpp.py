@@ -1,6 +1,6 @@
 """Train SpecDec++'s acceptance head (speclab/models/acceptance_head.py) for a draft model.
 
-    python -m speclab.train.specdecpp --target smollm2-135m --draft smollm2-draft \\
+    speclab train specdecpp --target smollm2-135m --draft smollm2-draft \\
         --out speclab/zoo/smollm2-specdecpp --minutes 20 --compare 3
 
 Both models are frozen; only the head trains (Huang et al., COLM 2025; their `data/gen_acceptance.py`
@@ -326,7 +326,7 @@ def split(rows: list, held_frac: float, seed: int) -> tuple[list, list]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m speclab.train.specdecpp", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="speclab train specdecpp", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--draft", default="smollm2-draft")
     ap.add_argument("--out", required=True, help="the head's directory (head.json, head.safetensors)")
@@ -400,7 +400,7 @@ def train(args, target, tok, draft, argv=None):
     held = evaluate(head, Xh, yh)
     print(f"held out: {json.dumps({k: v for k, v in held.items() if k != 'calibration'})} "
           f"(untrained auc {before['auc']}); {state['step']} steps", flush=True)
-    command = "python -m speclab.train.specdecpp " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "speclab train specdecpp " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"draft": args.draft, "target": args.target, "reads": args.reads, "labels": args.labels,
             "mixing": args.mixing, "weight_mismatch": args.weight_mismatch, "steps": state["step"], "n_train": len(yt),
             "held_out": held, "held_out_auc_of_q": round(auc(qh, yh >= 0.5), 4), "command": command}

@@ -24,7 +24,7 @@ threshold alone would have stopped). The round's info holds the reason its draft
 Defaults: h = 0.3 and min_k = 2 (the paper's README); max_k = 8 (the paper's 20 is for a 7B draft
 against a 70B target: here a verify of 9 rows is already costly on a CPU). `head=None` takes the
 zoo's head for the draft (`code-specdecpp` for `code-draft`); any other draft needs one trained by
-`python -m speclab.train.specdecpp` (docs/training.md).
+`speclab train specdecpp` (docs/training.md).
 """
 from __future__ import annotations
 
@@ -56,12 +56,12 @@ def resolve_head(head: str | None, draft) -> Path:
         found = paired_head(name)
         if found is None:
             raise ValueError(f"specdec++: the zoo has no acceptance head for the draft {name!r}: train one with "
-                             f"`python -m speclab.train.specdecpp --draft {name} --out DIR` and pass head=DIR")
+                             f"`speclab train specdecpp --draft {name} --out DIR` and pass head=DIR")
         return found
     where = ZOO_DIR / str(head) if (ZOO_DIR / str(head)).is_dir() else Path(str(head)).expanduser()
     if not where.is_dir():
         raise ValueError(f"specdec++: head={head!r} is neither a zoo name nor a directory; pass the directory "
-                         f"`python -m speclab.train.specdecpp` wrote, or None for the zoo's head")
+                         f"`speclab train specdecpp` wrote, or None for the zoo's head")
     return where
 
 

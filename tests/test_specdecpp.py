@@ -104,7 +104,7 @@ def test_a_draft_without_a_head_in_the_zoo_says_how_to_train_one():
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2)).eval()
     model.name_or_path = "my-draft"
-    with pytest.raises(ValueError, match="no acceptance head for the draft 'my-draft'.*speclab.train.specdecpp"):
+    with pytest.raises(ValueError, match="no acceptance head for the draft 'my-draft'.*speclab train specdecpp"):
         SpecDecPPDrafter(model)
 
 

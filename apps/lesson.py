@@ -96,7 +96,7 @@ def lesson(trace: Trace | None) -> list[LessonStep] | None:
     if m is not None and m.get("c") is not None:
         tail = "; " + metrics.plain_reason(m) + "."
     elif m is not None and m.get("token_alpha") is not None:
-        tail = (f"; the draft guessed right {metrics._times_in(m['token_alpha'])}. Whether that is faster depends "
+        tail = (f"; the draft guessed right {metrics.times_in(m['token_alpha'])}. Whether that is faster depends "
                 "on what a round costs in plain steps: Compare measures it against ar.")
     else:
         tail = "."

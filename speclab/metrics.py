@@ -235,7 +235,7 @@ def reason_line(m: dict, measured_speedup: float | None = None) -> str:
     return s + (f" (measured {measured_speedup:.2f}x)" if measured_speedup is not None else "")
 
 
-def _times_in(a: float) -> str:
+def times_in(a: float) -> str:
     """0.26 -> '1 time in 4', 0.84 -> '5 times in 6': a rate as a class reads it (denominators <= 10)."""
     from fractions import Fraction
     f = Fraction(a).limit_denominator(10)
@@ -251,7 +251,7 @@ def plain_reason(m: dict, measured_speedup: float | None = None) -> str:
     as much as 2.9 plain steps and yields 1.3 tokens; so it is slower (0.45x expected, 0.43x
     measured)'. The verdict follows the measured speed-up where one is given, else the model's."""
     a = m["token_alpha"]
-    guess = ("it drafted nothing here" if a is None else f"the draft guessed right {_times_in(a)}")
+    guess = ("it drafted nothing here" if a is None else f"the draft guessed right {times_in(a)}")
     if a is not None and m["drafting_share"] < 1.0:
         guess += f" (it drafted in {m['drafting_share']:.0%} of rounds)"
     up = measured_speedup if measured_speedup is not None else m["expected_speedup"]

@@ -110,6 +110,7 @@ class RunState:
     vocab_size: int
     walk: Callable = walk_tree          # the acceptance rule's verify (decoding/rules)
     rule: str = "exact"                 # its name
+    hidden_layer: int = 0               # > 0: the rule reads the target's state after this layer (h_at)
     totals: Totals = field(default_factory=Totals)
 
 
@@ -125,13 +126,19 @@ def speculative_round(s: RunState, ctx: Context) -> tuple[Round, list[int]]:
     pending = ctx.ids[len(ctx.ids) - ctx.pending:]
     inputs = pending + tree.tokens
     ids_at = "cpu" if getattr(s.target, "host_ids", False) else ctx.device          # a static runner stages them
+    if s.hidden_layer and s.hidden_layer not in s.target.capture_layers:            # the rule reads h_at
+        s.target.capture_layers = (*s.target.capture_layers, s.hidden_layer)
     logits = s.target.forward(torch.tensor(inputs, device=ids_at),                   # 2. verify
                               parents=tree.parents, n_prefix=len(pending),          # (1+N, V) or
                               logits_to_keep=0 if s.drafter.all_rows else 1 + len(tree))  # (P+N, V)
     first = len(inputs) - len(logits)                                               # logits[0]'s input row
     rows = logits[len(pending) - 1 - first:]                                        # (1+N, V)
     top = greedy_ids(rows).tolist() if s.sampler.greedy else None   # one host transfer per round
-    (path, emitted, dist, tries), p_at = accept(s, tree, rows, top)                 # 3. accept
+    h_at = None
+    if s.hidden_layer:                                  # draft node i sits at input row len(pending) + i
+        hidden = s.target.captured[s.hidden_layer][0]
+        h_at = lambda node: hidden[len(pending) + node]
+    (path, emitted, dist, tries), p_at = accept(s, tree, rows, top, h_at)           # 3. accept
     s.target.keep_positions(base + len(pending), path)                              # 4. commit
     out = Outcome(tree, path, emitted, len(ctx.ids) - ctx.pending + len(pending), logits, inputs, len(pending), first)
     t2 = time.perf_counter()
@@ -142,14 +149,16 @@ def speculative_round(s: RunState, ctx: Context) -> tuple[Round, list[int]]:
     return rnd, out.accepted_tokens + [emitted]
 
 
-def accept(s: RunState, tree: DraftTree, rows: torch.Tensor, top: list[int] | None):
+def accept(s: RunState, tree: DraftTree, rows: torch.Tensor, top: list[int] | None, h_at=None):
     """The acceptance rule on one verify's rows (1+N, V): rows[0] holds the target after the last
-    pending token, rows[1+i] after draft node i; top: their argmax (greedy only). Returns
+    pending token, rows[1+i] after draft node i; top: their argmax (greedy only); h_at: node -> the
+    target's state at it, for a rule that reads it (rules/base.py). Returns
     walk_tree's (path, emitted, dist, tries) and p_at (node -> its parent's row), for the record."""
     p_at = lambda node: rows[node + 1]                   # node -1: the root, row 0
     argmax_at = (lambda node: top[node + 1]) if top is not None else None
     draw = lambda: torch.rand((), generator=s.gen, device=s.gen.device).item()
-    return s.walk(tree.children(), tree.tokens, tree.q_map(), p_at, s.sampler, s.gen, draw, argmax_at), p_at
+    extra = {} if h_at is None else {"h_at": h_at}
+    return s.walk(tree.children(), tree.tokens, tree.q_map(), p_at, s.sampler, s.gen, draw, argmax_at, **extra), p_at
 
 
 def record_round(s: RunState, out: Outcome, tries, dist, p_at) -> Round:
@@ -234,8 +243,11 @@ def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_to
     target.reset()
     t_forwards0 = target.forwards
     ctx = Context(list(prompt_ids), len(prompt_ids), len(prompt_ids), dev)
-    walk = get_rule(rule).make(resolve_rule_params(rule, rule_params), model)
-    s = RunState(target, drafter, sampler, gen, record, target.config.vocab_size, walk, rule)
+    row = get_rule(rule)
+    walk = row.make(resolve_rule_params(rule, rule_params), model)
+    s = RunState(target, drafter, sampler, gen, record, target.config.vocab_size, walk, rule,
+                 target.config.num_hidden_layers if row.reads_hidden else 0)
+    captures = target.capture_layers
     drafter.begin(ctx, target, sampler, gen, record)
     d_forwards0 = drafter.forwards
     rounds, new = [], []
@@ -248,6 +260,8 @@ def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_to
         if eos_id is not None and keep and keep[-1] == eos_id:
             break
     drafter.end()
+    if s.hidden_layer:
+        target.capture_layers = captures
     tot = s.totals
     tot.wall_s = time.perf_counter() - t0
     tot.target_forwards = target.forwards - t_forwards0

@@ -15,6 +15,10 @@ came from (None where it is the target's argmax) and every sibling tried, in ord
 decided there, with the same uniform draw), `inputs` and `threshold`: the trace keeps both
 verdicts per node and one policy decision per test, so views show the tokens it rescued.
 
+A rule with `reads_hidden` is also handed h_at(node) -> (C,): the target's state after its last layer
+(pre-norm) at draft node `node`'s own position, from the same verify (the engine asks the target to
+capture that layer); a method whose loop cannot give it gets none, and the walk says so in one line.
+
 A rule may also give `induced(p, q, params, model=None) -> (dist, slack)`: the law of the FIRST
 token a round emits when the root holds a single candidate x ~ q (q: the draft's distribution,
 one-hot for a point-mass draft; None: nothing was drafted), under the target's warped distribution
@@ -47,6 +51,7 @@ class Rule:
     params: dict = field(default_factory=dict)     # parameter -> default
     only_for: tuple = ()            # the methods whose drafts it is built for (empty: any method)
     induced: Callable | None = None  # induced(p, q, params, model=None) -> (first-token law, slack): see above
+    reads_hidden: bool = False      # its walk takes h_at(node): the target's last-layer state at that node
 
 
 RULES: dict[str, Rule] = {}

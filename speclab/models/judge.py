@@ -1,0 +1,116 @@
+"""Judge decoding's probe (Bachmann et al., ICLR 2025): from the target's own last-layer state at a
+drafted token, computed by the verify that scores it, the probability that the token is acceptable
+even where it is not the target's choice.
+
+    f     = x / rms(x)                  x (C,): the target's state after its last layer at the draft
+                                        token's own position (pre-norm: what `capture_layers` gives),
+                                        scaled to unit RMS as the final norm scales it
+    score = sigmoid(w . (f - mu) / sd + b)
+
+One weight per hidden unit, as the paper's "16k-parameter linear head" for a 16k-wide target; mu
+and sd standardise each unit over the training rows (the last layer's residual stream has a few
+units far larger than the rest). A probe is a directory: `judge.json` (`speclab_judge`: the target
+it reads, C, how its labels were made, the threshold it was tuned for and its held-out evaluation)
+and `judge.safetensors` (fp32: w, b, mu, sd), each written beside its name and renamed into place.
+No config.json, so the zoo does not list it as a model: `paired_judge` finds the zoo's probe for a
+target.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+KEY = "speclab_judge"
+CONFIG, WEIGHTS = "judge.json", "judge.safetensors"
+
+
+class JudgeProbe(nn.Module):
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.w = nn.Parameter(torch.zeros(hidden_size))
+        self.b = nn.Parameter(torch.zeros(()))
+        self.register_buffer("mu", torch.zeros(hidden_size))
+        self.register_buffer("sd", torch.ones(hidden_size))
+
+    @staticmethod
+    def features(x: torch.Tensor) -> torch.Tensor:
+        """Unit-RMS states (..., C) from pre-norm states x."""
+        x = x.float()
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6)
+
+    def fit_scale(self, x: torch.Tensor) -> None:
+        """mu and sd from training states x (N, C)."""
+        f = self.features(x)
+        self.mu.copy_(f.mean(0))
+        self.sd.copy_(f.std(0).clamp_min(1e-4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (...,) of P(acceptable) from pre-norm states x (..., C)."""
+        return ((self.features(x) - self.mu) / self.sd) @ self.w + self.b
+
+    @torch.no_grad()
+    def score(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x.to(self.w.device)).sigmoid()
+
+
+def save_judge(probe: JudgeProbe, out: str | Path, meta: dict) -> Path:
+    """Write judge.safetensors and judge.json into `out`, each beside its name first."""
+    from safetensors.torch import save_file
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file({k: v.detach().float().contiguous() for k, v in probe.state_dict().items()}, str(tmp))
+    tmp.replace(out / WEIGHTS)
+    tmp = out / (CONFIG + ".tmp")
+    tmp.write_text(json.dumps({KEY: {"hidden_size": probe.hidden_size, **meta}}, indent=2))
+    tmp.replace(out / CONFIG)
+    return out
+
+
+def judge_info(where: str | Path) -> dict:
+    p = Path(where) / CONFIG
+    if not p.is_file():
+        raise ValueError(f"{where} holds no judge probe ({CONFIG}): train one with `speclab train judge` "
+                         "(docs/training.md)")
+    return json.loads(p.read_text())[KEY]
+
+
+def load_judge(where: str | Path) -> JudgeProbe:
+    """The probe in directory `where` (fp32, eval mode)."""
+    from safetensors.torch import load_file
+    probe = JudgeProbe(judge_info(where)["hidden_size"])
+    probe.load_state_dict(load_file(str(Path(where) / WEIGHTS)))
+    return probe.eval()
+
+
+def paired_judge(target_name: str | None) -> Path | None:
+    """The zoo's probe trained for the target named `target_name` (its zoo name), or None."""
+    from speclab.models.zoo import ZOO_DIR
+    if not target_name or not ZOO_DIR.exists():
+        return None
+    name = Path(str(target_name)).name
+    for p in sorted(ZOO_DIR.glob(f"*/{CONFIG}")):
+        if Path(str(judge_info(p.parent).get("target", ""))).name == name:
+            return p.parent
+    return None
+
+
+def resolve_judge(judge: str | None, model) -> Path:
+    """The probe's directory: `judge` (a zoo name or a directory), or the zoo's probe for the target."""
+    from speclab.models.zoo import ZOO_DIR
+    name = getattr(model, "name_or_path", None)
+    if judge is None:
+        found = paired_judge(name)
+        if found is None:
+            raise ValueError(f"rule 'judge': the zoo has no judge probe for the target {Path(str(name)).name!r}: "
+                             f"train one with `speclab train judge --target NAME --out DIR` and pass judge=DIR")
+        return found
+    where = ZOO_DIR / str(judge) if (ZOO_DIR / str(judge)).is_dir() else Path(str(judge)).expanduser()
+    if not where.is_dir():
+        raise ValueError(f"rule 'judge': judge={judge!r} is neither a zoo name nor a directory; pass the directory "
+                         "`speclab train judge` wrote, or leave it out for the zoo's probe")
+    return where

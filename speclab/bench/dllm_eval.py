@@ -71,6 +71,8 @@ CHAT_POLICIES = [
     ("LLaDA 2.1 editing, defaults (0.7 / 0.5 / 16)", "dllm-llada21-edit", {}),
     ("LLaDA 2.1 editing, edit threshold 0.9", "dllm-llada21-edit", {"edit_threshold": 0.9}),
     ("R2-dLLM, defaults", "dllm-r2", {}),
+    ("AdaBlock-dLLM, defaults (0.9 / delimiter 0.3)", "dllm-adablock", {}),
+    ("ETE, defaults (0.9 / budget 1 nat / 2 explored)", "dllm-ete", {}),
 ]
 
 
@@ -331,6 +333,8 @@ def main(argv=None):
                                                       "every policy and a threshold sweep, content tokens per forward "
                                                       "row, agreement, the AR target's NLL, tokens / s, ar beside them")
     ap.add_argument("--report-prompts", type=int, default=20)
+    ap.add_argument("--sweep", default=",".join(map(str, SWEEP)),
+                    help="the report's dllm-threshold sweep, comma-separated thresholds ('none': no sweep)")
     ap.add_argument("--base", default="smollm2-135m", help="the AR target the report scores the text with")
     ap.add_argument("--json", help="the report's rows as JSON here")
     ap.add_argument("--plot", help="the report's sweep plot: .html (offline, plotly.js inside) or .png (Chromium)")
@@ -338,7 +342,9 @@ def main(argv=None):
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.report:
-        rows = report(a.chat_target, a.base, a.report.split(","), a.report_prompts, policies=a.policies)
+        sweep = () if a.sweep.strip().lower() in ("", "none") else tuple(float(t) for t in a.sweep.split(","))
+        rows = report(a.chat_target, a.base, a.report.split(","), a.report_prompts, policies=a.policies,
+                      sweep=sweep)
         print(report_markdown(rows, a.chat_target, a.report_prompts, 64, 32))
         if a.json:
             import json

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -451,6 +451,201 @@ class R2:
                       info={"forced": base.info["forced"], "streak": streak, "by_rule": rules})
 
 
+# a token is a delimiter when its text holds a newline or, stripped, ends with one of these
+DELIMITERS = {"line": "", "sentence": ".!?", "clause": ".!?,;:"}
+
+
+def delimiter_ids(texts: list[str], kind: str) -> list[int]:
+    """The ids whose token text (texts[id]) ends a line, or a sentence or a clause (DELIMITERS[kind])."""
+    ends = DELIMITERS[kind]
+    return [i for i, t in enumerate(texts) if "\n" in t or (t.strip() != "" and t.strip()[-1] in ends)]
+
+
+@dataclass
+class AdaBlock:
+    """AdaBlock-dLLM (Lu et al., ICLR 2026; lgxi24/AdaBlock-dLLM, `compute_block_length`): block edges
+    where a semantic step ends, read from the confidence's volatility band through its run-time
+    proxy, the most confident delimiter. At the first forward of each adaptive block, whose start s
+    is the first masked slot of the engine's block [lo, hi):
+        W = min(int(window * G), hi - s)                    the look-ahead window (G = gen_length)
+        D = masked slots in [s, s + W) proposing a delimiter (a token that ends a line; with
+            delimiters="sentence" or "clause" also one ending in . ! ? or , ; :)
+        L = d* - s + 1   if d*, the most confident of D, has p(x0) >= delimiter_threshold
+            min(default_block, hi - s)   otherwise (no delimiter, or none sure enough)
+    then the threshold rule (p(x0) >= threshold, at least the best) inside [s, s + L), from this
+    same forward, until the adaptive block is filled.
+    speclab's engine keeps its own blocks: a block-causal model (smollm2-dllm) was trained on a
+    fixed grid of B slots and caches block by block, so an edge can not move across that grid.
+    The adaptive blocks therefore live INSIDE the engine's block: a confident delimiter cuts it
+    early (the slots after it wait, still seen by the model, for the next adaptive block), and the
+    window and the size are clipped at hi. On a whole-canvas dLLM with block_length unset the
+    engine's block is the whole canvas, and these are the paper's blocks.
+    delimiter_threshold > 1 never cuts: blocks of default_block under the threshold rule.
+    Each adaptive block is a Decision (its delimiter's p against delimiter_threshold, the window,
+    the candidates, the chosen length as output, the reason as note), each commit another."""
+    threshold: float = 0.9
+    delimiter_threshold: float = 0.3
+    default_block: int = 32
+    window: float = 0.25
+    delimiters: str = "line"
+
+    def use_tokenizer(self, tok):
+        """Read the delimiter ids from the tokenizer's vocabulary (speclab.run calls this)."""
+        self._check_delimiters()
+        self.set_delimiter_ids(delimiter_ids(tok.batch_decode([[i] for i in range(len(tok))]), self.delimiters))
+
+    def set_delimiter_ids(self, ids):
+        self._ids = torch.tensor(sorted({int(i) for i in ids}), dtype=torch.long)
+
+    def _check_delimiters(self):
+        if self.delimiters not in DELIMITERS:
+            raise ValueError(f"delimiters must be one of {', '.join(DELIMITERS)}, got {self.delimiters!r}")
+
+    def plan(self, gen_length: int, n_blocks: int) -> int:
+        Threshold(self.threshold).plan(gen_length, n_blocks)
+        self._check_delimiters()
+        if not self.delimiter_threshold >= 0:
+            raise ValueError(f"delimiter_threshold must be >= 0 (above 1: fixed blocks), got {self.delimiter_threshold}")
+        b = self.default_block
+        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+            raise ValueError(f"default_block must be an integer >= 1, got {b!r}")
+        if not 0 < self.window <= 1:
+            raise ValueError(f"window must be in (0, 1] (a share of gen_length), got {self.window}")
+        if getattr(self, "_ids", None) is None:
+            raise ValueError("dllm-adablock needs its delimiter ids: run it through speclab.run (which reads "
+                             "them from the tokenizer), or call policy.use_tokenizer(tok) first")
+        self._G = gen_length
+        return gen_length
+
+    def start_block(self, n_masked: int):
+        self._span = None                       # the adaptive block [s, e), chosen at its first forward
+
+    def new_block(self, v: View) -> tuple[tuple[int, int], Decision]:
+        """The adaptive block from the first masked slot of the engine's block, read from this forward."""
+        hi = v.block[1]
+        s = int(v.eligible.nonzero()[0])
+        W = min(max(int(self.window * self._G), 1), hi - s)
+        window = torch.zeros_like(v.eligible)
+        window[s:s + W] = True
+        cand = (window & v.eligible & torch.isin(v.x0, self._ids.to(v.x0.device))).nonzero().flatten().tolist()
+        best = max(cand, key=lambda i: float(v.conf[i]), default=None)      # ties: the leftmost
+        p = float(v.conf[best]) if best is not None else 0.0
+        if best is not None and p >= self.delimiter_threshold:
+            L, why = best - s + 1, "cut at the most confident delimiter"
+        else:
+            L = min(self.default_block, hi - s)
+            why = "no delimiter in the window" if best is None else "delimiter below its threshold"
+        d = Decision("adablock block", {"delimiter p": p4(p), "delimiter at": best, "window": [s, s + W],
+                                        "candidates": [[i, p4(v.conf[i])] for i in cand[:8]]},
+                     self.delimiter_threshold, L, at=s, note=why)
+        return (s, s + L), d
+
+    def select(self, v: View) -> Choice:
+        decisions = []
+        if self._span is None or not v.eligible[self._span[0]:self._span[1]].any():
+            self._span, d = self.new_block(v)
+            decisions.append(d)
+        s, e = self._span
+        span = torch.zeros_like(v.eligible)
+        span[s:e] = True
+        base = Threshold(self.threshold).select(replace(v, eligible=v.eligible & span))
+        forced = set(base.info["forced"])
+        decisions += [Decision("adablock commit", {"p": p4(v.conf[p])}, self.threshold,
+                               "forced (best masked)" if p in forced else "commit", at=p)
+                      for p in base.commit.nonzero().flatten().tolist()]
+        return Choice(base.commit, self.threshold, "probability", decisions=decisions,
+                      info={"forced": base.info["forced"], "adaptive_block": [s, e]})
+
+
+@dataclass
+class ETE:
+    """speclab's reading of ETE, explore-then-exploit (Fu et al. 2025, "From Bits to Rounds",
+    arXiv 2511.21103), known from its abstract only. A round committing the set S carries
+    I = sum over S of -log p(x0) nats; a text of NLL nats needs at least NLL / B rounds when no
+    round carries more than B, and a token above a threshold tau carries at most -log tau, so
+    committing only near-certain tokens takes many rounds. Each round here:
+        exploit: commit every eligible slot with p(x0) >= threshold; I = their information
+        explore: while I < budget and fewer than max_explore are explored, also commit the next
+                 uncertain slot (explore_by="confidence": the most confident below the threshold;
+                 "leftmost": the leftmost), adding its -log p(x0) to I
+    Explored tokens re-condition the model; the cascade an explored token set off is the number of
+    slots below the threshold in its round that pass it in the next (each crossing counted for the
+    nearest explored slot, ties to the left). How explored tokens are chosen, the budget and the
+    defaults are speclab's choices: the abstract gives none. budget=0 or max_explore=0 is the
+    threshold policy (its forced best commit when nothing passes). Commits stay inside the engine's
+    block: on a whole-canvas dLLM with block_length unset that is the canvas (ETE decodes across
+    blocks); a block-causal model has not seen later blocks. Recorded per round: info["information"]
+    (nats committed), info["explored"], info["cascade"] ([slot, size] for each slot the round before
+    explored), info["crossed"], and the Decisions "ete exploit", "ete explore", "ete round" (its
+    information against the budget) and "ete cascade"."""
+    threshold: float = 0.9
+    budget: float = 1.0
+    max_explore: int = 2
+    explore_by: str = "confidence"
+
+    def plan(self, gen_length: int, n_blocks: int) -> int:
+        Threshold(self.threshold).plan(gen_length, n_blocks)
+        if not self.budget >= 0:
+            raise ValueError(f"budget must be >= 0 (nats a round; 0: never explore), got {self.budget}")
+        m = self.max_explore
+        if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+            raise ValueError(f"max_explore must be an integer >= 0 (0: never explore), got {m!r}")
+        if self.explore_by not in ("confidence", "leftmost"):
+            raise ValueError(f"explore_by must be confidence or leftmost, got {self.explore_by!r}")
+        self._last = None                       # (slots explored, slots left below the threshold)
+        return gen_length
+
+    def start_block(self, n_masked: int):
+        pass
+
+    def cascades(self, v: View) -> tuple[list, list[Decision], int]:
+        """The slots that crossed the threshold since the last round, each counted for the nearest
+        slot that round explored: ([slot, size] per explored slot, their Decisions, crossings)."""
+        if self._last is None:
+            return [], [], 0
+        explored, below = self._last
+        crossed = [p for p in below if v.eligible[p] and v.conf[p] >= self.threshold]
+        by = {e: [] for e in explored}
+        for p in crossed if explored else ():
+            by[min(explored, key=lambda e: (abs(e - p), e))].append(p)
+        ds = [Decision("ete cascade", {"crossed": ps[:16]}, None, len(ps), at=e,
+                       note="slots below the threshold in its round, above it now") for e, ps in by.items()]
+        return [[e, len(ps)] for e, ps in by.items()], ds, len(crossed)
+
+    def select(self, v: View) -> Choice:
+        cascade, decisions, crossed = self.cascades(v)
+        nats = -v.conf.double().clamp_min(1e-30).log()            # (G,) information of each proposal
+        exploit = v.eligible & (v.conf >= self.threshold)
+        info = float(nats[exploit].sum())
+        decisions += [Decision("ete exploit", {"p": p4(v.conf[p])}, self.threshold, "commit", at=p)
+                      for p in exploit.nonzero().flatten().tolist()]
+        uncertain = v.eligible & ~exploit
+        order = ranked(v.conf, uncertain) if self.explore_by == "confidence" else uncertain.nonzero().flatten()
+        explored = []
+        for p in order.tolist():
+            if len(explored) >= self.max_explore or info >= self.budget:
+                break
+            decisions.append(Decision("ete explore", {"round information": p4(info), "p": p4(v.conf[p]),
+                                                      "-log p": p4(nats[p])}, self.budget, "explore", at=p))
+            explored.append(p)
+            info += float(nats[p])
+        commit = exploit.clone()
+        commit[explored] = True
+        if not commit.any() and v.eligible.any():                   # no exploring: the threshold rule's best
+            best = int(ranked(v.conf, v.eligible)[0])
+            commit[best] = True
+            info += float(nats[best])
+            decisions.append(Decision("ete exploit", {"p": p4(v.conf[best])}, self.threshold,
+                                      "forced (best masked)", at=best))
+        decisions.append(Decision("ete round", {"information": p4(info), "committed": int(commit.sum()),
+                                                "explored": len(explored), "crossed": crossed},
+                                  self.budget, len(explored)))
+        self._last = (explored, (uncertain & ~commit).nonzero().flatten().tolist())
+        return Choice(commit, self.threshold, "probability", decisions=decisions,
+                      info={"information": p4(info), "explored": explored, "cascade": cascade, "crossed": crossed})
+
+
 POLICIES = {"dllm-lowconf": LowConfidence, "dllm-threshold": Threshold, "dllm-prophet": Prophet,
             "dllm-sched": Sched, "dllm-localleap": LocalLeap, "dllm-freedave": FreeDave,
-            "dllm-entropy-bound": EntropyBound, "dllm-llada21-edit": JointThreshold, "dllm-r2": R2}
+            "dllm-entropy-bound": EntropyBound, "dllm-llada21-edit": JointThreshold, "dllm-r2": R2,
+            "dllm-adablock": AdaBlock, "dllm-ete": ETE}

@@ -306,6 +306,10 @@ DLLM_SUMMARY = {
                          "committed tokens the model now proposes otherwise, with post-edit steps",
     "dllm-r2": "R²-dLLM: threshold commits plus confident windows, same-token runs and predictions "
                "stable for n steps",
+    "dllm-adablock": "AdaBlock-dLLM: threshold commits in adaptive blocks that end at a confident delimiter "
+                     "(inside the engine's block)",
+    "dllm-ete": "ETE (From Bits to Rounds; speclab's reading): threshold commits, plus uncertain slots "
+                "explored until a round carries a budget of nats",
 }
 DLLM_RUN_PARAMS = ("gen_length", "block_length", "eos_stop")
 for _n, _d in DLLM_SUMMARY.items():

@@ -505,7 +505,8 @@ class AdaBlock:
         Threshold(self.threshold).plan(gen_length, n_blocks)
         self._check_delimiters()
         if not self.delimiter_threshold >= 0:
-            raise ValueError(f"delimiter_threshold must be >= 0 (above 1: fixed blocks), got {self.delimiter_threshold}")
+            raise ValueError(f"delimiter_threshold must be >= 0 (above 1: fixed blocks), "
+                             f"got {self.delimiter_threshold}")
         b = self.default_block
         if not isinstance(b, int) or isinstance(b, bool) or b < 1:
             raise ValueError(f"default_block must be an integer >= 1, got {b!r}")

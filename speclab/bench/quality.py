@@ -85,11 +85,11 @@ def watching_roots(rule_name: str, sink: list):
     def make(params, model=None):
         walk = rule.make(params, model)
 
-        def watched(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at=None):
+        def watched(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at=None, **kw):
             q = q_at.get(-1)
             sink.append((p_at(-1).detach().clone(), None if q is None else q.detach().clone(),
                          [tokens[c] for c in children.get(-1, [])]))
-            return walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at)
+            return walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at, **kw)   # h_at, for a rule reading it
         return watched
 
     RULES[rule_name] = replace(rule, make=make)

@@ -17,7 +17,8 @@ et al., ICLR 2025) labels tokens by hand ("TokenCourt"); speclab mines its label
                 the target, having read Z_t, still writes what it wrote, about as surely
   4. features   the target's state after its last layer at Z_t's own position (pre-norm), read in
                 the same forward that scores the window: X and every swapped window go through the
-                target once per row, each window attending to X_<t and itself (a 4-D mask)
+                target once per row, each window attending to X_<t and itself (a 4-D mask); and
+                p(Z_t), the target's own probability of the token
   5. probe      logistic regression (L-BFGS, L2), mu and sd from the training rows; the threshold
                 the rule defaults to is the lowest whose training precision reaches --precision
   6. held out   a share of the rows (--held-frac): AUC, precision and recall at that threshold,
@@ -38,19 +39,20 @@ from pathlib import Path
 import torch
 
 from speclab.models.judge import JudgeProbe, save_judge
-from speclab.train.specdecpp import auc, cached_text, prompts_for, split, write_text
+from speclab.train.specdecpp import auc, cached_examples, cached_text, prompts_for, split, write_text
 
 
 @torch.inference_mode()
-def examples(target, draft, rows, window: int = 8, margin: float = 1.0, chunk: int = 48, log=None):
-    """(features (N, C) fp32, labels (N,) bool, p(Z_t) (N,), swap cost (N,)) over every mismatch of
-    every row that leaves a whole window after it. chunk: windows per forward."""
+def examples(target, draft, rows, window: int = 8, chunk: int = 48, log=None):
+    """(features (N, C) fp32, swapped - original NLL (N,), p(Z_t) (N,)) over every mismatch of every
+    row that leaves a whole window after it (a label: that difference <= the margin). chunk:
+    windows per forward."""
     from tqdm.auto import tqdm
     L = target.config.num_hidden_layers
     got = {}
     hook = target.model.layers[L - 1].register_forward_hook(
         lambda _m, _i, out: got.__setitem__("h", out[0] if isinstance(out, tuple) else out))
-    xs, ys, ps, ds = [], [], [], []
+    xs, ps, ds = [], [], []
     try:
         for ids, n in tqdm(rows, desc="judge examples", disable=log is None, mininterval=5):
             X = torch.tensor(ids)
@@ -65,11 +67,11 @@ def examples(target, draft, rows, window: int = 8, margin: float = 1.0, chunk: i
                                     for t in part])
                 swap_cost = torch.stack([-lp[t - 1, z[t - 1]] for t in part])
                 d = nll_swap + swap_cost - orig
-                xs.append(h), ys.append(d <= margin), ds.append(d)
+                xs.append(h), ds.append(d)
                 ps.append(torch.stack([lp[t - 1, z[t - 1]].exp() for t in part]))
     finally:
         hook.remove()
-    return torch.cat(xs), torch.cat(ys), torch.cat(ps), torch.cat(ds)
+    return torch.cat(xs), torch.cat(ds), torch.cat(ps)
 
 
 def _windows(target, X, lp, z, ts, w, got):
@@ -100,10 +102,11 @@ def _windows(target, X, lp, z, ts, w, got):
     return h[[T + j * w for j in range(k)]], torch.stack(nll)
 
 
-def fit(probe: JudgeProbe, X: torch.Tensor, y: torch.Tensor, l2: float = 1e-3, steps: int = 200) -> float:
+def fit(probe: JudgeProbe, X: torch.Tensor, p: torch.Tensor, y: torch.Tensor, l2: float = 1e-3,
+        steps: int = 200) -> float:
     """Logistic regression by full-batch L-BFGS; returns the final training loss."""
-    probe.fit_scale(X)
-    f = ((probe.features(X) - probe.mu) / probe.sd).detach()
+    probe.fit_scale(X, p)
+    f = ((probe.features(X, p) - probe.mu) / probe.sd).detach()
     y = y.float()
     opt = torch.optim.LBFGS([probe.w, probe.b], lr=1, max_iter=steps, line_search_fn="strong_wolfe")
 
@@ -145,9 +148,9 @@ def main(argv=None):
     ap.add_argument("--max-new", type=int, default=96, help="tokens the target writes per prompt")
     ap.add_argument("--cache", default=None, help="the target's text (default ~/.cache/speclab/specdecpp/TARGET)")
     ap.add_argument("--window", type=int, default=8, help="tokens of the target's continuation a label reads")
-    ap.add_argument("--margin", type=float, default=1.0, help="nats over the window a swap may cost and pass")
+    ap.add_argument("--margin", type=float, default=6.0, help="nats over the window a swap may cost and pass")
     ap.add_argument("--precision", type=float, default=0.8, help="training precision the default threshold keeps")
-    ap.add_argument("--l2", type=float, default=1e-3)
+    ap.add_argument("--l2", type=float, default=0.01, help="the weights' L2 penalty")
     ap.add_argument("--held-frac", type=float, default=0.2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -166,13 +169,16 @@ def main(argv=None):
     target = target.float()                    # the labels' forwards in fp32 (the text is the cache's)
     train_rows, held_rows = split(rows, args.held_frac, args.seed)
     t0 = time.time()
-    Xt, yt, pt, dt = examples(target, draft, train_rows, args.window, args.margin, log=print)
-    Xh, yh, ph, dh = examples(target, draft, held_rows, args.window, args.margin, log=print)
+    ex = cache.with_name(f"{cache.stem}-{Path(args.draft).name}-judge-w{args.window}-{args.held_frac}.safetensors")
+    Xt, dt, pt, Xh, dh, ph = cached_examples(ex, dict(key, draft=args.draft, window=args.window), lambda: (
+        *examples(target, draft, train_rows, args.window, log=print),
+        *examples(target, draft, held_rows, args.window, log=print)))
+    yt, yh = dt <= args.margin, dh <= args.margin
     print(f"examples: {len(yt)} train, {len(yh)} held out ({time.time() - t0:.0f} s); acceptable "
           f"{float(yt.float().mean()):.3f} / {float(yh.float().mean()):.3f}", flush=True)
     probe = JudgeProbe(target.config.hidden_size)
-    loss = fit(probe, Xt, yt, args.l2)
-    st, sh = probe.score(Xt), probe.score(Xh)
+    loss = fit(probe, Xt, pt, yt, args.l2)
+    st, sh = probe.score(Xt, pt), probe.score(Xh, ph)
     thr = threshold_for(st, yt, args.precision)
     thr_p = threshold_for(pt, yt, args.precision)
     held = {"auc": round(auc(sh, yh), 4), **at(sh, yh, thr), "base_rate": round(float(yh.float().mean()), 4),

@@ -5,7 +5,8 @@ scores it, and says whether the token is acceptable even where the target would 
 another; a token passes where the exact rule OR the judge accepts it:
 
     h_x     = the target's state after its last layer at x's own position (pre-norm), the verify's
-    score   = sigmoid(w . standardise(h_x / rms(h_x)) + b)          (models/judge.py)
+    score   = sigmoid(w . standardise([h_x / rms(h_x), log p(x)]) + b)   (models/judge.py; log p(x)
+              is speclab's addition to the paper's embedding-only head)
     greedy  accept x iff x == argmax p  or  score > threshold; among siblings the target's own
             token wins, then the highest score above the threshold; where the walk stops the
             target's argmax is emitted
@@ -56,7 +57,9 @@ def make(params: dict, model=None):
             top = argmax_at(node) if argmax_at is not None else int(greedy_ids(logits))
             P = logits.float().softmax(-1) if sampler.greedy else warp(logits, sampler)
             q = q_at.get(node)
-            scores = probe.score(torch.stack([h_at(c) for c in kids])).tolist() if kids else []
+            p1 = logits.float().softmax(-1)                     # the probe's p(x): T = 1, unwarped
+            scores = probe.score(torch.stack([h_at(c) for c in kids]),
+                                 p1[[tokens[c] for c in kids]]).tolist() if kids else []
             nxt = None
             if sampler.greedy:
                 judged = [(s, c) for c, s in zip(kids, scores) if s > thr]

@@ -450,6 +450,83 @@ class R2:
         return Choice(commit, self.threshold, "probability", decisions=decisions,
                       info={"forced": base.info["forced"], "streak": streak, "by_rule": rules})
 
+@dataclass
+class Learn2PD:
+    """Learn2PD ("Learning to Parallel Decode"): a filter trained on this dLLM's own one-per-step runs
+    (speclab.models.learn2pd) scores each masked slot of the block: the probability that its
+    proposal is already the token one-per-step decoding commits there. Every slot scoring
+    >= threshold commits; at least one a step (the most confident, as one-per-step would).
+    End of text (end_threshold; None: off): the leftmost masked slot proposing end of text whose
+    end score passes it commits that end of text, and the slots after it wait for good: once every
+    slot before it is written the run stops (the paper cuts the canvas there). filter: a filter
+    directory or zoo name (None: the zoo's filter for this dLLM). Every masked slot's scores are
+    recorded each step as Decisions (info["score"]: the block's, by slot)."""
+    threshold: float = 0.9
+    end_threshold: float | None = 0.9
+    filter: str | None = None
+
+    def bind(self, model, eos_id: int | None):
+        """The run's dLLM (its zoo name finds the zoo's filter) and end-of-text id (dllm_run)."""
+        self._dllm, self._eos = getattr(model, "name_or_path", None), eos_id
+
+    def plan(self, gen_length: int, n_blocks: int) -> int:
+        from speclab.models.learn2pd import Stability, load_filter, resolve_filter
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1] (a filter probability), got {self.threshold}")
+        if self.end_threshold is not None and not 0 < self.end_threshold <= 1:
+            raise ValueError(f"end_threshold must be in (0, 1] or None (no end-of-text prediction), "
+                             f"got {self.end_threshold}")
+        self._net = load_filter(resolve_filter(self.filter, getattr(self, "_dllm", None)))
+        self._eos = getattr(self, "_eos", None)
+        self._stab = Stability(gen_length)
+        return gen_length
+
+    def start_block(self, n_masked: int):
+        pass
+
+    def select(self, v: View) -> Choice:
+        from speclab.models.learn2pd import features
+        (lo, hi), dev = v.block, v.eligible.device
+        stable = self._stab.update(v.x0, v.eligible)
+        score, end = self._net.scores(features(v.conf, v.logit_margin, v.entropy, stable, v.eligible, v.x0,
+                                               (lo, hi), self._eos))
+        elig = v.eligible[lo:hi].cpu()
+        x0 = v.x0[lo:hi].cpu()
+        is_eos = (x0 == self._eos) if self._eos is not None else torch.zeros_like(elig)
+        held = (v.tokens[lo:hi].cpu() == self._eos) & ~elig if v.tokens is not None and self._eos is not None \
+            else torch.zeros_like(elig)
+        cut = int(held.nonzero()[0]) if held.any() else hi - lo      # slots after an end of text wait
+        eot = None
+        if self.end_threshold is not None:
+            ok = (elig & is_eos & (end >= self.end_threshold)).nonzero().flatten().tolist()
+            if ok and ok[0] < cut:
+                eot = cut = ok[0]
+        alive = elig.clone()
+        alive[cut + (eot is not None):] = False
+        if not alive.any():                                          # eos_stop off: the rest still fills
+            alive = elig
+        commit = alive & (score >= self.threshold)
+        if eot is not None:
+            commit[eot] = True
+        forced = []
+        if not commit.any():
+            best = int(ranked(v.conf[lo:hi].cpu(), alive)[0])
+            commit[best], forced = True, [lo + best]
+        decisions = []
+        for i in elig.nonzero().flatten().tolist():
+            out = ("end of text" if i == eot else "forced (best masked)" if lo + i in forced else
+                   "commit" if commit[i] else "after end of text" if not alive[i] else "wait")
+            decisions.append(Decision("learn2pd filter", {"score": p4(score[i]), "p": p4(v.conf[lo + i]),
+                                                          "stable": int(stable[lo + i])}, self.threshold, out, at=lo + i))
+            if is_eos[i] and self.end_threshold is not None:
+                decisions.append(Decision("learn2pd end of text", {"end score": p4(end[i])}, self.end_threshold,
+                                          "end here" if i == eot else "not yet", at=lo + i))
+        full = torch.zeros_like(v.eligible)
+        full[lo:hi] = commit.to(dev)
+        return Choice(full, self.threshold, None, decisions=decisions,
+                      info={"forced": forced, "score": [round(float(s), 3) if m else None for s, m in zip(score, elig)],
+                            "end_of_text": None if eot is None else lo + eot})
+
 
 # a token is a delimiter when its text holds a newline or, stripped, ends with one of these
 DELIMITERS = {"line": "", "sentence": ".!?", "clause": ".!?,;:"}
@@ -649,4 +726,5 @@ class ETE:
 POLICIES = {"dllm-lowconf": LowConfidence, "dllm-threshold": Threshold, "dllm-prophet": Prophet,
             "dllm-sched": Sched, "dllm-localleap": LocalLeap, "dllm-freedave": FreeDave,
             "dllm-entropy-bound": EntropyBound, "dllm-llada21-edit": JointThreshold, "dllm-r2": R2,
+            "dllm-learn2pd": Learn2PD,
             "dllm-adablock": AdaBlock, "dllm-ete": ETE}

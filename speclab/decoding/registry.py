@@ -310,6 +310,8 @@ DLLM_SUMMARY = {
                      "(inside the engine's block)",
     "dllm-ete": "ETE (From Bits to Rounds; speclab's reading): threshold commits, plus uncertain slots "
                 "explored until a round carries a budget of nats",
+    "dllm-learn2pd": "Learn2PD: a filter trained on the dLLM's own runs commits the slots it scores as final; "
+                     "end-of-text prediction",
 }
 DLLM_RUN_PARAMS = ("gen_length", "block_length", "eos_stop")
 for _n, _d in DLLM_SUMMARY.items():

@@ -73,6 +73,8 @@ CHAT_POLICIES = [
     ("R2-dLLM, defaults", "dllm-r2", {}),
     ("AdaBlock-dLLM, defaults (0.9 / delimiter 0.3)", "dllm-adablock", {}),
     ("ETE, defaults (0.9 / budget 1 nat / 2 explored)", "dllm-ete", {}),
+    ("Fast-dLLM v2, sub-block cache (8 / 0.9)", "dllm-fastv2", {}),
+    ("Fast-dLLM v2, no cache (8 / 0.9)", "dllm-fastv2", {"cache": "none"}),
 ]
 
 
@@ -198,10 +200,14 @@ def frontier_table(traces, depth: int = 6) -> str:
 SWEEP = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)      # dllm-threshold's curve in the report's plot
 
 
-def forward_rows(trace) -> int:
+def forward_rows(trace) -> float:
     """Model rows a run computed, one per canvas a forward read: a plain step is one row, FreeDave's
-    batched verify of K drafts K rows (it counts as one target forward)."""
+    batched verify of K drafts K rows (it counts as one target forward). A step that names the
+    token rows its forward ran (info["rows"]: dllm-fastv2's sub-block forward, or its forward with
+    no cache, which runs the committed text again) counts rows / block_length."""
     extra = sum(st.info.get("drafts", 1) - 1 for st in trace.denoise if st.info.get("verified_forward"))
+    B = trace.params.get("block_length") or 1
+    extra += sum(st.info["rows"] / B - 1 for st in trace.denoise if "rows" in st.info)
     return trace.totals.target_forwards + extra
 
 
@@ -242,11 +248,12 @@ def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64
         content = [content_length(t.output_ids, eos) for t in refs]
         rows = []
         for label, method, kw in tqdm(table, desc=f"{name}: policies"):
-            fwd = same = npos = toks = 0
+            fwd = same = npos = toks = nfe = 0
             nll = nll_n = wall = 0.0
             for p, ref in zip(prompts, refs):
                 r = speclab.run((model, tok), p, method, **kw0, **kw)
                 fwd += forward_rows(r.trace)
+                nfe += r.trace.totals.target_forwards
                 toks += len(r.ids)
                 wall += r.trace.totals.wall_s
                 want = ref.output_ids
@@ -257,7 +264,8 @@ def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64
                 nll, nll_n = nll + a, nll_n + k
             rows.append(dict(policy=label, method=method, params=kw, content_per_row=round(sum(content) / fwd, 3),
                              positions_equal=round(same / npos, 3), nll_per_token=round(nll / max(nll_n, 1), 3),
-                             tokens_per_s=round(toks / wall, 1), forward_rows=fwd, content_tokens=sum(content)))
+                             tokens_per_s=round(toks / wall, 1), wall_s=round(wall, 2), forward_rows=round(fwd, 2),
+                             forwards=nfe, content_tokens=sum(content)))
         ar_wall = ar_toks = 0.0
         ar_nll = ar_n = 0.0
         for p in prompts:

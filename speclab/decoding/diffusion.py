@@ -9,8 +9,10 @@ rewrite committed positions of the active block with the step's proposal, or tak
 (re-mask them), and ask for more forwards over a block it has filled (LLaDA 2.1's post-edit steps):
 each such change is a trace Edit, applied before the step's commits when replayed. Earlier blocks
 stay as written (a block-causal model has cached them). A block ends when it holds no mask and the
-policy asks for no more. Stop: every slot committed, or (eos_stop) an <|endoftext|> is committed
-with every slot before it committed: the answer is written, whatever the slots after it would hold.
+policy asks for no more. On a block-causal model a policy may choose each step's forward itself
+(`block_forward`: dllm-fastv2 runs a sub-block on a cache of its block). Stop: every slot
+committed, or (eos_stop) an <|endoftext|> is committed with every slot before it committed: the
+answer is written, whatever the slots after it would hold.
 
 Positions in the trace are generation coordinates (0 .. G-1); the output is the canvas up to and
 including the first <|endoftext|>.
@@ -69,11 +71,15 @@ def unseen(where: torch.Tensor, mask_id: int, x0, *stats):
         t[where] = 0
 
 
-def block_proposals(den, x: torch.Tensor, lo: int, hi: int, G: int, temperature: float, gen: torch.Generator):
+def block_proposals(den, x: torch.Tensor, lo: int, hi: int, G: int, temperature: float, gen: torch.Generator,
+                    forward=None):
     """propose() for a block-causal model: only the active block [lo, hi) is computed (its rows
     from den.block_logits); every other slot is "unseen" (the mask, zero statistics), as a
-    block-causal model has not looked at later blocks and earlier ones are committed."""
-    rows = never_propose_mask(den.block_logits(x, lo), den.mask_id)      # (hi - lo, V)
+    block-causal model has not looked at later blocks and earlier ones are committed.
+    forward: a policy's own choice of forward, forward(den, x, lo) -> (hi - lo, V) rows in ONE
+    network call (dllm-fastv2 runs a sub-block on a cache of the block, or no cache at all)."""
+    rows = forward(den, x, lo) if forward is not None else den.block_logits(x, lo)
+    rows = never_propose_mask(rows, den.mask_id)                        # (hi - lo, V)
     block = propose(rows, temperature, gen)
     out = [torch.full((G,), den.mask_id, dtype=block[0].dtype, device=rows.device)]
     out += [torch.zeros(G, dtype=t.dtype, device=rows.device) for t in block[1:]]
@@ -105,7 +111,8 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
                 raise RuntimeError(f"{type(policy).__name__} did not finish block [{lo}, {hi}) in {i} steps: "
                                    "a policy that edits must stop asking for more")
             if den.block_causal:        # one forward over the active block; the other slots unseen
-                x0, conf, margin, lmargin, entropy = block_proposals(den, x, lo, hi, G, temperature, gen)
+                x0, conf, margin, lmargin, entropy = block_proposals(den, x, lo, hi, G, temperature, gen,
+                                                                     getattr(policy, "block_forward", None))
             else:
                 logits = never_propose_mask(den.logits(x)[P:], MASK)       # (G, V): one forward
                 x0, conf, margin, lmargin, entropy = propose(logits, temperature, gen)

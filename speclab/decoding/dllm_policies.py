@@ -723,8 +723,97 @@ class ETE:
                       info={"information": p4(info), "explored": explored, "cascade": cascade, "crossed": crossed})
 
 
+FASTV2_CACHES = ("sub-block", "block", "none")
+
+
+@dataclass
+class FastV2:
+    """Fast-dLLM v2 (Wu et al. 2025, NVlabs/Fast-dLLM `v2/`) on a block-diffusion LM: the engine's
+    block is cut into sub-blocks of `sub_block` slots (the last one clipped at the block's end),
+    filled left to right. Each step works on the leftmost sub-block holding a mask: its masked
+    slots with p(x0) > threshold commit, at least the most confident. A block's first slot is the
+    AR next token (a shifted model predicts it from the last committed token alone): it commits at
+    the block's first forward, whatever its p, as Fast-dLLM v2 takes it from the last logit.
+    cache, what each step's ONE forward runs (models.dllm.BlockDenoiser):
+        "sub-block"  the DualCache: when the block has no block cache yet or the sub-block's first
+                     slot is masked, the whole block on top of the prefix cache, its keys / values
+                     kept as the block cache ("refreshed"); otherwise only the sub-block's slots,
+                     reading the stale keys / values of the rest of the block ("reused")
+        "block"      the whole block on top of the prefix cache (Fast-dLLM v2 without its block cache)
+        "none"       no cache: the prompt, the committed blocks and the block, every step
+    A finished block's keys / values are written by the next block's first forward (which Fast-dLLM
+    v2 spends a forward of its own on). Recorded per forward: a "fastv2 forward" Decision (the
+    sub-block, the block cache refreshed / reused / not used and why; output: the token rows the
+    forward ran) and a "fastv2 commit" Decision per masked slot of the sub-block (p against the
+    threshold: commit, wait, forced or AR first token); info["forward"], ["sub_block"], ["rows"]
+    (speclab.bench.dllm_eval counts rows / block_length forward rows for the step)."""
+    sub_block: int = 8
+    threshold: float = 0.9
+    cache: str = "sub-block"
+
+    def plan(self, gen_length: int, n_blocks: int) -> int:
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        b = self.sub_block
+        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+            raise ValueError(f"sub_block must be an integer >= 1 (slots), got {b!r}")
+        if self.cache not in FASTV2_CACHES:
+            raise ValueError(f"cache must be one of {', '.join(FASTV2_CACHES)}, got {self.cache!r}")
+        self._fwd = None
+        return gen_length
+
+    def start_block(self, n_masked: int):
+        pass
+
+    def block_forward(self, den, x: torch.Tensor, lo: int) -> torch.Tensor:
+        """The step's forward (the engine calls it in place of den.block_logits): (B, V) rows."""
+        P, B, MASK = den.P, den.B, den.mask_id
+        blk = x[P + lo:P + lo + B]
+        m = int((blk == MASK).nonzero()[0])                          # earlier sub-blocks are full
+        a = m // self.sub_block * self.sub_block
+        b = min(self.sub_block, B - a)
+        first_masked = int(blk[a]) == MASK
+        if self.cache == "none":
+            rows, what, why, n = den.uncached_logits(x, lo), "no cache", "cache='none'", P + lo + B
+        elif self.cache == "block":
+            rows, what, why, n = den.block_logits(x, lo), "not used", "cache='block'", B
+        elif not den.holds_block(lo) or first_masked:
+            why = "no block cache yet" if not den.holds_block(lo) else "the sub-block's first slot is masked"
+            rows, what, n = den.refresh_block(x, lo), "refreshed", B
+        else:
+            rows, what, why, n = den.sub_block_logits(x, lo, a, b), "reused", "the sub-block's first slot is written", b
+        self._fwd = dict(forward=what, why=why, sub_block=[lo + a, lo + a + b], rows=n)
+        return rows
+
+    def select(self, v: View) -> Choice:
+        fwd, self._fwd = self._fwd, None
+        if fwd is None:
+            raise ValueError("dllm-fastv2 needs a block-diffusion LM (a config with speclab_block_causal, such as "
+                             "smollm2-dllm): its sub-blocks live in the blocks a block-causal model caches")
+        (lo, _), (s0, s1) = v.block, fwd["sub_block"]
+        cand = torch.zeros_like(v.eligible)
+        cand[s0:s1] = True
+        cand &= v.eligible
+        commit = cand & (v.conf > self.threshold)
+        ar = lo if bool(v.eligible[lo]) else None                    # the block's first forward
+        if ar is not None:
+            commit[ar] = True
+        forced = []
+        if not commit.any():
+            forced = [int(ranked(v.conf, cand)[0])]
+            commit[forced] = True
+        decisions = [Decision("fastv2 forward", {"block cache": fwd["forward"], "sub-block": [s0, s1],
+                                                 "cache": self.cache}, None, fwd["rows"], at=s0, note=fwd["why"])]
+        for p in cand.nonzero().flatten().tolist():
+            out = ("AR first token" if p == ar else "forced (best masked)" if p in forced else
+                   "commit" if commit[p] else "wait")
+            decisions.append(Decision("fastv2 commit", {"p": p4(v.conf[p])}, self.threshold, out, at=p))
+        return Choice(commit, self.threshold, "probability", decisions=decisions,
+                      info={**fwd, "forced": forced, "ar_first": ar})
+
+
 POLICIES = {"dllm-lowconf": LowConfidence, "dllm-threshold": Threshold, "dllm-prophet": Prophet,
             "dllm-sched": Sched, "dllm-localleap": LocalLeap, "dllm-freedave": FreeDave,
             "dllm-entropy-bound": EntropyBound, "dllm-llada21-edit": JointThreshold, "dllm-r2": R2,
             "dllm-learn2pd": Learn2PD,
-            "dllm-adablock": AdaBlock, "dllm-ete": ETE}
+            "dllm-adablock": AdaBlock, "dllm-ete": ETE, "dllm-fastv2": FastV2}

@@ -312,6 +312,8 @@ DLLM_SUMMARY = {
                 "explored until a round carries a budget of nats",
     "dllm-learn2pd": "Learn2PD: a filter trained on the dLLM's own runs commits the slots it scores as final; "
                      "end-of-text prediction",
+    "dllm-fastv2": "threshold commits in sub-blocks filled left to right, each step running only the sub-block on "
+                   "a stale cache of its block where it can (Fast-dLLM v2, Wu et al. 2025)",
 }
 DLLM_RUN_PARAMS = ("gen_length", "block_length", "eos_stop")
 for _n, _d in DLLM_SUMMARY.items():

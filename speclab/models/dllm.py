@@ -92,6 +92,11 @@ class BlockDenoiser(Denoiser):
     block (in the step that caches the previous block) and kept. `logits` keeps the contract of
     Denoiser.logits, (P+G, V) rows for the whole canvas: rows of earlier blocks repeat their last
     prediction, rows of later blocks are zero (never read: the engine works on the active block).
+
+    Fast-dLLM v2's sub-block cache (dllm-fastv2) adds two forwards: `refresh_block` is block_logits
+    that keeps the active block's keys / values in the cache (the "block cache"), and
+    `sub_block_logits` runs only a sub-block's slots on top of the prefix and that stale block
+    cache. Any other forward drops the block cache first; `uncached_logits` runs with no cache.
     """
     block_causal = True
 
@@ -107,6 +112,7 @@ class BlockDenoiser(Denoiser):
         from transformers import DynamicCache
         self.P, self.B = prompt_len, block_length
         self.n, self.first, self.rows = 0, None, None
+        self.stale = None            # (lo, (B, V) rows) while the cache also holds block lo's K/V
         if self.lean is not None:
             self.lean.reset()
         else:
@@ -146,13 +152,15 @@ class BlockDenoiser(Denoiser):
         self.rows = out[0]
         return out
 
-    def _forward(self, xs: torch.Tensor, block: int | None = None) -> torch.Tensor:
+    def _forward(self, xs: torch.Tensor, block: int | None = None, keep_block: bool = False) -> torch.Tensor:
         """ONE network call for K canvases -> (K, B, V) float32 logits of the active block's slots
         (slot 0 from the last committed token, kept from the call that cached it). block: the
-        active block's first generation slot, by default the block of the first mask."""
+        active block's first generation slot, by default the block of the first mask. keep_block
+        (K = 1): the canvas's keys / values stay in the cache after the committed tokens."""
         self.forwards += 1
         K, T = xs.shape
         P, B, dev = self.P, self.B, xs.device
+        self._drop_block_cache()
         if block is None:
             masked = (xs[0, P:] == self.mask_id).nonzero()
             if not len(masked):
@@ -176,13 +184,14 @@ class BlockDenoiser(Denoiser):
         vis = block_visible(q_pos, block_of(q_pos, P, B), q_grp, k_pos, block_of(k_pos, P, B), k_grp)
         if self.lean is not None:                                         # (n_p + K B, V) in one call
             logits = self.lean.forward_rows(ids, q_pos, vis)
-            self.lean.keep(lo)                                            # keep only committed tokens
+            self.lean.keep(lo + B if keep_block else lo)                  # committed tokens (+ the block cache)
             first, canv = logits[n_p - 1] if n_p else None, logits[n_p:].view(K, B, -1)[:, :-1]
         else:
             mask = additive(vis, next(self.model.parameters()).dtype).to(dev)[None, None]
             h = self.model.model(input_ids=ids[None], attention_mask=mask, position_ids=q_pos[None], use_cache=True,
                                  **cache_kw(self.model.model, self.cache)).last_hidden_state[0]   # (n_p + K B, C)
-            self.cache.crop(-(K * B))                                     # keep only committed tokens
+            if not keep_block:
+                self.cache.crop(-(K * B))                                 # keep only committed tokens
             head = self.model.lm_head
             first = head(h[n_p - 1]).float() if n_p else None
             canv = head(h[n_p:].view(K, B, -1)[:, :-1]).float()          # (K, B-1, V): slots 1..B-1
@@ -190,6 +199,72 @@ class BlockDenoiser(Denoiser):
         if first is not None:
             self.first = first                                            # (V,): predicts slot 0
         return torch.cat([self.first.expand(K, 1, -1), canv], dim=1)     # (K, B, V)
+
+    # -- Fast-dLLM v2's sub-block cache ("DualCache", reference note section 14) -----------------
+
+    def _drop_block_cache(self):
+        """Forget the block cache: the cache holds the committed tokens only again."""
+        if self.stale is not None:
+            if self.lean is not None:
+                self.lean.keep(self.n)
+            else:
+                self.cache.crop(-self.B)                                # transformers crops by a count
+            self.stale = None
+
+    def holds_block(self, block: int) -> bool:
+        """The cache holds the keys / values of the block starting at generation slot `block`."""
+        return self.stale is not None and self.stale[0] == self.P + block
+
+    @torch.inference_mode()
+    def refresh_block(self, x: torch.Tensor, block: int) -> torch.Tensor:
+        """block_logits(x, block), keeping the canvas's keys / values in the cache: the block cache
+        that sub_block_logits reads until any other forward (or the next refresh) replaces it."""
+        rows = self._forward(x[None], block, keep_block=True)[0]          # (B, V)
+        self.stale = (self.n, rows.clone())
+        return rows
+
+    @torch.inference_mode()
+    def sub_block_logits(self, x: torch.Tensor, block: int, a: int, b: int) -> torch.Tensor:
+        """ONE network call over the sub-block's slots [a, a + b) of the block at generation slot
+        `block` only, on top of the prefix cache and the block cache of the last refresh_block: the
+        sub-block's own keys / values are recomputed from x, the rest of the block's are stale
+        (what its slots held at the refresh). Nothing is written to the cache.
+        -> (B, V) float32: rows a+1 .. a+b-1 fresh (the output at slot s predicts s+1); every other
+        row as last computed. Slot a must be committed (its row needs slot a-1's output), which is
+        why Fast-dLLM v2 refreshes instead when a sub-block starts on a mask."""
+        P, B = self.P, self.B
+        lo = P + block
+        if not self.holds_block(block):
+            raise ValueError(f"no block cache for the block at slot {block}: run refresh_block on it first")
+        if not (isinstance(a, int) and isinstance(b, int) and 0 <= a and 1 <= b and a + b <= B):
+            raise ValueError(f"the sub-block [{a}, {a} + {b}) must lie inside the block of {B} slots")
+        if a and int(x[lo + a]) == self.mask_id:
+            raise ValueError(f"the sub-block's first slot ({block + a}) is masked: its row needs the slot before; "
+                             "refresh the block instead")
+        self.forwards += 1
+        dev, n_kv = x.device, lo + B                                    # the cache: prefix, then the block
+        ids, q_pos = x[lo + a:lo + a + b], torch.arange(lo + a, lo + a + b, device=dev)
+        vis = torch.ones(b, n_kv + b, dtype=torch.bool, device=dev)     # prefix, whole block, both ways
+        vis[:, lo + a:lo + a + b] = False    # the sub-block's own K/V replace its stale ones
+        if self.lean is not None:
+            logits = self.lean.forward_rows(ids, q_pos, vis)
+            self.lean.keep(n_kv)                                        # drop the sub-block's rows again
+        else:
+            mask = additive(vis, next(self.model.parameters()).dtype).to(dev)[None, None]
+            h = self.model.model(input_ids=ids[None], attention_mask=mask, position_ids=q_pos[None], use_cache=True,
+                                 **cache_kw(self.model.model, self.cache)).last_hidden_state[0]   # (b, C)
+            self.cache.crop(-b)
+            logits = self.model.lm_head(h)
+        rows = self.stale[1]
+        rows[a + 1:a + b] = logits[:-1].float()                         # output s predicts slot s+1
+        return rows.clone()
+
+    @torch.inference_mode()
+    def uncached_logits(self, x: torch.Tensor, block: int | None = None) -> torch.Tensor:
+        """block_logits with no cache at all: this forward runs the prompt, every committed block and
+        the canvas again (what a decoder without a KV cache pays each step)."""
+        self.start(self.P, self.B)
+        return self._forward(x[None], block)[0]
 
 
 def make_denoiser(model) -> Denoiser:

@@ -37,7 +37,7 @@ def zoo_models() -> dict[str, list[str]]:
     kinds = {"causal": [n for n in REAL if importlib.util.find_spec(PACKAGED[n].package)], "dag": [], "diffusion": []}
     for name in zoo_names():
         cfg = json.loads((ZOO_DIR / name / "config.json").read_text())
-        if cfg.get("speclab_adapter", {}).get("kind") in ("eagle", "medusa"):
+        if cfg.get("speclab_adapter", {}).get("kind") in ("eagle", "medusa", "clover"):
             continue            # feature heads decode nothing alone: methods pick them (registry: Method.draft.paired)
         kind = ("dag" if cfg.get("model_type") == "da-transformer"
                 else "diffusion" if cfg.get("speclab_engine") == "diffusion" or cfg.get("model_type") == "diffusion_gemma"

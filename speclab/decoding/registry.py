@@ -277,6 +277,13 @@ register(Method(name="osd", family="speculative", engine="speculative", guarante
                         "target's distributions where the verify rejected, every `interval` buffered positions; the "
                         "caller's history keeps it across requests (OSD, Liu et al. ICML 2024)",
                 drafter=OsdDrafter, inputs=DRAFT, draft=DRAFT_LM))
+from speclab.decoding.drafters.clover import CloverDrafter  # noqa: E402
+register(Method(name="clover", family="feature-head", engine="speculative", guarantee=AR,
+                summary="Medusa-style heads on the last hidden state made regressive: each head also reads the token "
+                        "the head before it drafted (an attention decoder), after an augmenting layer over the "
+                        "prefix's hidden states; a tree by cumulative head probability (Clover, Xiao et al. 2024)",
+                drafter=CloverDrafter, inputs=TARGET_AND_DRAFT, tree=True,
+                draft=Draft("clover", "Clover heads", {"smollm2-135m": "smollm2-clover", "code-target": "code-clover"})))
 
 
 DAG_SUMMARY = {

@@ -147,7 +147,12 @@ def build_medusa(base, cfg, head_ids: torch.Tensor):
     return MedusaHeads(base, cfg, head_ids)
 
 
-BUILDERS = {"draft": build_draft, "eagle": build_eagle, "medusa": build_medusa}
+def build_clover(base, cfg, head_ids: torch.Tensor):
+    from speclab.models.clover import CloverHeads      # its own file (it reads head_config from this one)
+    return CloverHeads(base, cfg, head_ids)
+
+
+BUILDERS = {"draft": build_draft, "eagle": build_eagle, "medusa": build_medusa, "clover": build_clover}
 
 
 def load_draft(where: str | Path, base, dtype: torch.dtype):

@@ -322,6 +322,7 @@ TRAIN_RECIPES = {
     "digits-dgemma": ("dgemma", False),
     "smollm2-dllm": ("smollm2_dllm", False),
     "specdecpp": ("specdecpp", False),
+    "clover": ("clover", False),
     "learn2pd": ("learn2pd", False),
     "judge": ("judge", False),
 }

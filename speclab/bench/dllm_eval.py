@@ -77,6 +77,13 @@ CHAT_POLICIES = [
     ("Fast-dLLM v2, no cache (8 / 0.9)", "dllm-fastv2", {"cache": "none"}),
 ]
 
+# dllm-learn2pd needs a filter trained for the chat target (no smollm2-dllm filter ships): --learn2pd DIR
+LEARN2PD_POLICIES = [
+    ("Learn2PD, defaults (0.9 / end 0.9)", "dllm-learn2pd", {}),
+    ("Learn2PD, threshold 0.8", "dllm-learn2pd", {"threshold": 0.8}),
+    ("Learn2PD, threshold 0.7", "dllm-learn2pd", {"threshold": 0.7}),
+]
+
 
 def only(policies: list, methods: str | None) -> list:
     """The policies whose method is in the comma-separated `methods` (None: all), one-per-step kept:
@@ -346,7 +353,11 @@ def main(argv=None):
     ap.add_argument("--base", default="smollm2-135m", help="the AR target the report scores the text with")
     ap.add_argument("--json", help="the report's rows as JSON here")
     ap.add_argument("--plot", help="the report's sweep plot: .html (offline, plotly.js inside) or .png (Chromium)")
+    ap.add_argument("--learn2pd", metavar="DIR", help="add dllm-learn2pd rows with this filter "
+                                                     "(`speclab train learn2pd --out DIR`)")
     a = ap.parse_args(argv)
+    if a.learn2pd:
+        CHAT_POLICIES.extend((label, m, dict(kw, filter=a.learn2pd)) for label, m, kw in LEARN2PD_POLICIES)
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.report:

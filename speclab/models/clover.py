@@ -39,10 +39,14 @@ from speclab.models.adapter import SubsetHead
 
 
 def clover_config(base_cfg, n_heads: int = 4, ffn: int | None = None):
-    """The base's dimensions (heads.head_config) plus the number of heads and the augmenting
-    block's MLP width (default: the hidden size; 0: attention only)."""
-    from speclab.models.heads import head_config
-    cfg = head_config(base_cfg, "clover")
+    """A Llama config of the base's dimensions (as heads.head_config writes one) plus the number of
+    heads and the augmenting block's MLP width (default: the hidden size; 0: attention only)."""
+    from transformers import LlamaConfig
+    cfg = LlamaConfig(**{k: v for k, v in base_cfg.to_dict().items()
+                         if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version",
+                                      "model_type")})
+    cfg.num_hidden_layers = 1
+    cfg.tie_word_embeddings = False
     cfg.clover_heads = n_heads
     cfg.clover_ffn = base_cfg.hidden_size if ffn is None else ffn
     return cfg

@@ -148,7 +148,7 @@ def build_medusa(base, cfg, head_ids: torch.Tensor):
 
 
 def build_clover(base, cfg, head_ids: torch.Tensor):
-    from speclab.models.clover import CloverHeads      # its own file (it reads head_config from this one)
+    from speclab.models.clover import CloverHeads      # its own file
     return CloverHeads(base, cfg, head_ids)
 
 

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import shoot
+from conftest import SHOTS, shoot
 
 from speclab.trace import SCHEMA
 
@@ -449,6 +449,27 @@ def test_real_canvas_shows_proposals_in_place(real_page):
         assert "prompt" in text
         page.locator(".speclab-mask").first.scroll_into_view_if_needed()
         shoot(page, "dashboard-mask-dllm")
+
+
+@real
+def test_real_canvas_shows_a_committed_token_rewritten(real_page):
+    """LLaDA 2.1's token editing on smollm2-dllm: stepping the player reaches a step whose canvas
+    says what it edited, the rewritten slot in its own colour (the view spec's, no per-policy code)."""
+    page = real_page
+    with screenshot_on_failure(page, "real_canvas_edits"):
+        page.goto(page.dashboard_url + "?method=dllm-llada21-edit&max_new_tokens=32&run=1")
+        wait_text(page, "speclab-status", "tokens per forward", timeout=RUN_S)
+        page.locator(".speclab-step .gtitle").first.wait_for(state="attached", timeout=60_000)
+        page.mouse.click(1390, 990)
+        for _ in range(60):
+            if ", edited" in deep_text(page, "speclab-step"):
+                break
+            page.keyboard.press("ArrowRight")
+            page.wait_for_timeout(400)
+        text = deep_text(page, "speclab-step")
+        assert ", edited" in text and "rewritten" in text, text[:400]
+        if os.environ.get("SPECLAB_SCREENSHOTS"):       # the step's canvas and its confidences
+            page.locator(".speclab-step").first.screenshot(path=str(SHOTS / "dashboard-dllm-edits.png"))
 
 
 @real

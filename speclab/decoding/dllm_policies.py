@@ -450,6 +450,7 @@ class R2:
         return Choice(commit, self.threshold, "probability", decisions=decisions,
                       info={"forced": base.info["forced"], "streak": streak, "by_rule": rules})
 
+
 @dataclass
 class Learn2PD:
     """Learn2PD ("Learning to Parallel Decode"): a filter trained on this dLLM's own one-per-step runs

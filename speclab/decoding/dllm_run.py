@@ -44,10 +44,10 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
                          f"on a mask-based dLLM {method} takes only entropy_bound")
     check_shape(gen_length, block_length)
     policy = POLICIES[method](**params)
-    if hasattr(policy, "bind"):                 # a policy that reads the run's model (dllm-learn2pd)
-        policy.bind(model, tok.eos_token_id)
     if hasattr(policy, "use_tokenizer"):        # a policy that reads token texts (dllm-adablock's delimiters)
         policy.use_tokenizer(tok)
+    if hasattr(policy, "bind"):                 # a policy that reads the run's model (dllm-learn2pd)
+        policy.bind(model, tok.eos_token_id)
     den = make_denoiser(model)
     if den.block_causal and block_length is None:  # a block-diffusion LM decodes in its trained blocks
         block_length = min(den.B, gen_length)

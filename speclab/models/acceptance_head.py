@@ -17,12 +17,13 @@ the zoo's head for its draft with `paired_head`.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from speclab.models.parts import paired_part, read_part, save_part
 
 KEY = "speclab_acceptance_head"
 CONFIG, WEIGHTS = "head.json", "head.safetensors"
@@ -65,25 +66,13 @@ def for_draft(draft, num_layers: int = 3) -> AcceptanceHead:
 
 def save_head(head: AcceptanceHead, out: str | Path, meta: dict) -> Path:
     """Write head.safetensors and head.json into `out`, each beside its name first."""
-    from safetensors.torch import save_file
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file({k: v.detach().float().contiguous() for k, v in head.state_dict().items()}, str(tmp))
-    tmp.replace(out / WEIGHTS)
-    cfg = {KEY: {"hidden_size": head.hidden_size, "num_layers": head.num_layers, "eps": head.eps, **meta}}
-    tmp = out / (CONFIG + ".tmp")
-    tmp.write_text(json.dumps(cfg, indent=2))
-    tmp.replace(out / CONFIG)
-    return out
+    return save_part(head, out, CONFIG, WEIGHTS, KEY,
+                     {"hidden_size": head.hidden_size, "num_layers": head.num_layers, "eps": head.eps, **meta})
 
 
 def head_info(where: str | Path) -> dict:
-    p = Path(where) / CONFIG
-    if not p.is_file():
-        raise ValueError(f"{where} holds no acceptance head ({CONFIG}): train one with "
-                         f"`speclab train specdecpp` (docs/training.md)")
-    return json.loads(p.read_text())[KEY]
+    return read_part(where, CONFIG, KEY, f"{where} holds no acceptance head ({CONFIG}): train one with "
+                                         "`speclab train specdecpp` (docs/training.md)")
 
 
 def load_head(where: str | Path, device=None) -> AcceptanceHead:
@@ -97,11 +86,4 @@ def load_head(where: str | Path, device=None) -> AcceptanceHead:
 
 def paired_head(draft_name: str | None) -> Path | None:
     """The zoo's head trained for the draft named `draft_name` (its zoo name), or None."""
-    from speclab.models.zoo import ZOO_DIR
-    if not draft_name or not ZOO_DIR.exists():
-        return None
-    name = Path(str(draft_name)).name
-    for p in sorted(ZOO_DIR.glob(f"*/{CONFIG}")):
-        if Path(str(head_info(p.parent).get("draft", ""))).name == name:
-            return p.parent
-    return None
+    return paired_part(CONFIG, KEY, "draft", draft_name)

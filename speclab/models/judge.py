@@ -14,17 +14,17 @@ one for log p(x): speclab's addition, so the probe starts from what a rule readi
 logits knows (the paper's head reads the embedding alone). mu and sd standardise each feature over
 the training rows (the last layer's residual stream has a few units far larger than the rest). A probe is a directory: `judge.json` (`speclab_judge`: the target
 it reads, C, how its labels were made, the threshold it was tuned for and its held-out evaluation)
-and `judge.safetensors` (fp32: w, b, mu, sd), each written beside its name and renamed into place.
-No config.json, so the zoo does not list it as a model: `paired_judge` finds the zoo's probe for a
-target.
+and `judge.safetensors` (fp32: w, b, mu, sd), kept as models/parts.py keeps a small part:
+`paired_judge` finds the zoo's probe for a target.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+from speclab.models.parts import paired_part, read_part, save_part
 
 KEY = "speclab_judge"
 CONFIG, WEIGHTS = "judge.json", "judge.safetensors"
@@ -63,24 +63,12 @@ class JudgeProbe(nn.Module):
 
 def save_judge(probe: JudgeProbe, out: str | Path, meta: dict) -> Path:
     """Write judge.safetensors and judge.json into `out`, each beside its name first."""
-    from safetensors.torch import save_file
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file({k: v.detach().float().contiguous() for k, v in probe.state_dict().items()}, str(tmp))
-    tmp.replace(out / WEIGHTS)
-    tmp = out / (CONFIG + ".tmp")
-    tmp.write_text(json.dumps({KEY: {"hidden_size": probe.hidden_size, **meta}}, indent=2))
-    tmp.replace(out / CONFIG)
-    return out
+    return save_part(probe, out, CONFIG, WEIGHTS, KEY, {"hidden_size": probe.hidden_size, **meta})
 
 
 def judge_info(where: str | Path) -> dict:
-    p = Path(where) / CONFIG
-    if not p.is_file():
-        raise ValueError(f"{where} holds no judge probe ({CONFIG}): train one with `speclab train judge` "
-                         "(docs/training.md)")
-    return json.loads(p.read_text())[KEY]
+    return read_part(where, CONFIG, KEY, f"{where} holds no judge probe ({CONFIG}): train one with "
+                                         "`speclab train judge` (docs/training.md)")
 
 
 def load_judge(where: str | Path) -> JudgeProbe:
@@ -93,14 +81,7 @@ def load_judge(where: str | Path) -> JudgeProbe:
 
 def paired_judge(target_name: str | None) -> Path | None:
     """The zoo's probe trained for the target named `target_name` (its zoo name), or None."""
-    from speclab.models.zoo import ZOO_DIR
-    if not target_name or not ZOO_DIR.exists():
-        return None
-    name = Path(str(target_name)).name
-    for p in sorted(ZOO_DIR.glob(f"*/{CONFIG}")):
-        if Path(str(judge_info(p.parent).get("target", ""))).name == name:
-            return p.parent
-    return None
+    return paired_part(CONFIG, KEY, "target", target_name)
 
 
 def resolve_judge(judge: str | None, model) -> Path:

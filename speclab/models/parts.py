@@ -43,3 +43,10 @@ def paired_part(config: str, key: str, field: str, name: str | None) -> Path | N
         if Path(str(json.loads(p.read_text())[key].get(field, ""))).name == name:
             return p.parent
     return None
+
+
+def part_dir(given) -> Path | None:
+    """`given` as a zoo name or a directory: that directory, or None where it is neither."""
+    from speclab.models.zoo import ZOO_DIR
+    where = ZOO_DIR / str(given) if (ZOO_DIR / str(given)).is_dir() else Path(str(given)).expanduser()
+    return where if where.is_dir() else None

@@ -35,6 +35,7 @@ from speclab.decoding.drafters.model import DraftModelDrafter
 from speclab.decoding.speculative import Context
 from speclab.decoding.tree import DraftTree
 from speclab.models.acceptance_head import head_info, load_head, paired_head
+from speclab.models.parts import part_dir
 from speclab.trace import Decision
 
 STOP, GO = "stop", "go"
@@ -50,7 +51,6 @@ def _eos_ids(model) -> set[int]:
 
 def resolve_head(head: str | None, draft) -> Path:
     """The head's directory: `head` (a zoo name or a directory), or the zoo's head for this draft."""
-    from speclab.models.zoo import ZOO_DIR
     name = getattr(draft, "name_or_path", None)
     if head is None:
         found = paired_head(name)
@@ -58,8 +58,8 @@ def resolve_head(head: str | None, draft) -> Path:
             raise ValueError(f"specdec++: the zoo has no acceptance head for the draft {name!r}: train one with "
                              f"`speclab train specdecpp --draft {name} --out DIR` and pass head=DIR")
         return found
-    where = ZOO_DIR / str(head) if (ZOO_DIR / str(head)).is_dir() else Path(str(head)).expanduser()
-    if not where.is_dir():
+    where = part_dir(head)
+    if where is None:
         raise ValueError(f"specdec++: head={head!r} is neither a zoo name nor a directory; pass the directory "
                          f"`speclab train specdecpp` wrote, or None for the zoo's head")
     return where

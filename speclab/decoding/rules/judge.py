@@ -57,7 +57,7 @@ def make(params: dict, model=None):
             top = argmax_at(node) if argmax_at is not None else int(greedy_ids(logits))
             P = logits.float().softmax(-1) if sampler.greedy else warp(logits, sampler)
             q = q_at.get(node)
-            p1 = logits.float().softmax(-1)                     # the probe's p(x): T = 1, unwarped
+            p1 = P if sampler.greedy else logits.float().softmax(-1)   # the probe's p(x): T = 1, unwarped
             scores = probe.score(torch.stack([h_at(c) for c in kids]),
                                  p1[[tokens[c] for c in kids]]).tolist() if kids else []
             nxt = None

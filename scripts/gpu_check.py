@@ -7,7 +7,8 @@ For three Llama-shaped models (SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B confi
 layers and an LM head that maps token t to t+1 (so greedy decoding has wide margins and every method
 can be held to `ar` token for token), it measures in bf16, batch 1, on random prompts:
 
-  ar, oracle[k=2,4,8] (a perfect draft: the ceiling a draft of length k reaches), prompt-lookup (a
+  ar (its token kept on the device, the host a step behind), ar through the engine's host loop,
+  oracle[k=2,4,8] (a perfect draft: the ceiling a draft of length k reaches), prompt-lookup (a
   prompt with nothing to find), a batch of 8 ar, transformers' generate eager and with
   cache_implementation="static" (warmed until compiled), ar with graphs off (the static runner
   eager, and the eager lean forward), the bandwidth limit (weight bytes per token over a measured
@@ -40,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import speclab  # noqa: E402
 from speclab.bench.bandwidth import BandwidthProbe, bandwidth_limit  # noqa: E402
 from speclab.bench.peers import run_peer  # noqa: E402
+from speclab.decoding.speculative import Drafter  # noqa: E402
 
 # (hidden, intermediate, layers, heads, kv heads, vocab, rope theta)
 SHAPES = {
@@ -130,6 +132,12 @@ def speclab_row(target, prompt, method, params, new, backend="auto"):
     return fn
 
 
+class HostLoop(Drafter):
+    """`ar` through the engine's host loop (a Drafter subclass that proposes nothing keeps it): the
+    row that shows what the device loop, greedy `ar`'s default on the static runner, saves."""
+    name = "ar-host-loop"
+
+
 def feature_drafts(model):
     """An EAGLE head and an EAGLE-3 draft for `model` (the t -> t+1 Llama of build()). The EAGLE head
     fuses (feature, next token) into the token's embedding alone, its layer adds nothing and it scores
@@ -212,7 +220,7 @@ def profile_ar(target, prompt, new, device, backend: str = "auto") -> dict:
                            cpu_ms_per_round=round(e.self_cpu_time_total / 1e3 / rounds, 4)) for e in host])
 
 
-ROW_LABELS = ["ar", "oracle[k=2]", "oracle[k=4]", "oracle[k=8]", "prompt-lookup", "hf-static", "ar[static-compile]",
+ROW_LABELS = ["ar", "ar[host-loop]", "oracle[k=2]", "oracle[k=4]", "oracle[k=8]", "prompt-lookup", "hf-static", "ar[static-compile]",
               "ar[static-compile-ops]",
               "ar[batch=8]", "ar[graphs=off]", "ar[lean eager]", "hf-greedy", "eagle", "eagle3"]
 
@@ -262,6 +270,7 @@ def check_shape(name, shape, device, args, labels: list[str], out_path: str | No
         return feature_row(target, p, m, drafts[m], args.new, static)
 
     make = {"ar": lambda: speclab_row(target, p, "ar", {}, args.new),
+            "ar[host-loop]": lambda: speclab_row(target, p, HostLoop(), {}, args.new),
             "prompt-lookup": lambda: speclab_row(target, p, "prompt-lookup", {}, args.new),
             "hf-static": lambda: peer_row("hf-static", model, tok, p, args.new),
             "ar[static-compile]": lambda: speclab_row(target, p, "ar", {}, args.new, backend="static-compile"),
@@ -297,8 +306,10 @@ def check_shape(name, shape, device, args, labels: list[str], out_path: str | No
             out["bandwidth"] = bandwidth_limit(model, probe.summary())
             if "error" not in rows.get("ar", {}):     # ar ran here, or in an earlier worker
                 out["profile_ar"] = profile_ar(target, p, args.new, device)
-            if "tokens_per_s" in rows.get("ar[static-compile]", {}):   # which kernels inductor's step runs
-                out["profile_ar_compiled"] = profile_ar(target, p, args.new, device, "static-compile")
+            for label, key in (("ar[static-compile]", "profile_ar_compiled"),     # which kernels inductor's
+                               ("ar[static-compile-ops]", "profile_ar_compile_ops")):     # steps run
+                if "tokens_per_s" in rows.get(label, {}):
+                    out[key] = profile_ar(target, p, args.new, device, label[3:-1])
         except Exception as e:
             out["after_rows"] = describe(e)
     out["build_and_run_s"] = round(time.perf_counter() - t0, 1)
@@ -399,7 +410,10 @@ def goals(rows: dict, limit: dict) -> dict:
     ar_limit = None if tps("ar") is None else round(tps("ar") / limit["limit_tokens_per_s"], 3)
     return dict(ar_vs_hf_static=ratio("ar", "hf-static"), ar_share_of_bandwidth_limit=ar_limit,
                 oracle4_vs_ar=ratio("oracle[k=4]", "ar"), prompt_lookup_vs_ar=ratio("prompt-lookup", "ar"),
-                graphs_on_vs_off=ratio("ar", "ar[graphs=off]"))
+                graphs_on_vs_off=ratio("ar", "ar[graphs=off]"),
+                device_loop_vs_host_loop=ratio("ar", "ar[host-loop]"),
+                compile_ops_vs_ar=ratio("ar[static-compile-ops]", "ar"),
+                compile_ops_vs_hf_static=ratio("ar[static-compile-ops]", "hf-static"))
 
 
 def check_zoo(name: str, device, dtype, new: int, smoke: bool) -> dict:
@@ -444,7 +458,8 @@ def table(report: dict) -> str:
             same = {True: "yes", False: "NO", None: "?"}[r.get("identical_to_ar")]
             lines.append(f"| {label} | {r['tokens_per_s']} | {r.get('speedup_vs_ar')} | {r.get('tau', '')} | "
                          f"{same} | {r.get('backend', '')}{', CUDA graphs' if r.get('graphs') else ''} |")
-        for key, what in (("profile_ar", "ar"), ("profile_ar_compiled", "ar[static-compile]")):
+        for key, what in (("profile_ar", "ar"), ("profile_ar_compiled", "ar[static-compile]"),
+                          ("profile_ar_compile_ops", "ar[static-compile-ops]")):
             pr = s.get(key)
             if pr:
                 lines.append(f"{what} profile: {pr['wall_ms_per_round']} ms wall / round, kernels "

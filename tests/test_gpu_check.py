@@ -29,7 +29,7 @@ def test_smoke_run_writes_every_row_and_holds_each_to_ar(gpu_check, tmp_path):
     assert rep["smoke"] and rep["device"] == "cpu" and rep["new_tokens"] == 8
     (shape,) = rep["shapes"]
     rows = shape["rows"]
-    assert set(rows) == {"ar", "oracle[k=2]", "oracle[k=4]", "oracle[k=8]", "prompt-lookup", "ar[batch=8]",
+    assert set(rows) == {"ar", "ar[host-loop]", "oracle[k=2]", "oracle[k=4]", "oracle[k=8]", "prompt-lookup", "ar[batch=8]",
                          "ar[graphs=off]", "ar[lean eager]", "hf-greedy", "hf-static", "eagle", "eagle3"}
     for label, r in rows.items():
         assert "error" not in r, (label, r)

@@ -18,6 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import speclab
+from speclab.decoding.speculative import Drafter
 from speclab.models import kernels
 from speclab.models.lean.forward import LeanLM
 from speclab.models.lean.static import BUCKETS, StaticLM, bucket, capacity_for
@@ -100,6 +101,48 @@ def test_toy_zoo_decodes_the_same_tokens_on_the_static_runner(method, params, ta
         b = speclab.generate(target, p, method, draft=draft, max_new_tokens=40, backend="static-eager", **params)
         assert a.ids == b.ids
         assert b.trace.params["backend"] == "StaticLM"
+
+
+class HostLoop(Drafter):
+    """`ar` through the host's round loop: a Drafter subclass that proposes nothing keeps it."""
+    name = "ar-host-loop"
+
+
+def test_greedy_ar_keeps_its_token_on_the_device_and_matches_the_host_loop(target, heldout_prompts, monkeypatch):
+    runs = []
+    real = StaticLM.greedy_run
+    monkeypatch.setattr(StaticLM, "greedy_run", lambda self, *a, **k: runs.append(a[1]) or real(self, *a, **k))
+    for p in heldout_prompts[:2]:
+        dev = speclab.generate(target, p, "ar", max_new_tokens=40, backend="static-eager")
+        host = speclab.generate(target, p, HostLoop(), max_new_tokens=40, backend="static-eager")
+        assert dev.ids == host.ids and len(dev.ids) == 40
+        assert dev.trace.totals.target_forwards == host.trace.totals.target_forwards == 40
+        assert [r.emitted for r in dev.trace.rounds] == dev.ids
+        shape = lambda t: [(r.kept, r.emitted_kind, r.drafted, r.accepted) for r in t.rounds]
+        assert shape(dev.trace) == shape(host.trace)
+    assert runs == [39, 39]             # the prompt's round on the host, the 39 after it on the device
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_greedy_run_stops_after_eos_and_its_cache_goes_on(lag):
+    """The device loop read `lag` steps behind: it stops at an end-of-text token, the steps already
+    queued past it are counted and leave nothing the next forward sees."""
+    m = tiny_llama(seed=2)
+    prompt = torch.randint(1, 150, (9,), generator=torch.Generator().manual_seed(5))
+    host = StaticLM(m, graphs=False)
+    ref = [int(host.forward(prompt)[-1].argmax())]
+    for _ in range(20):
+        ref.append(int(host.forward(torch.tensor([ref[-1]]))[-1].argmax()))
+    first, ref = ref[0], ref[1:]
+    k = next(i for i in range(3, 20) if ref[i] not in ref[:i])
+    lm = StaticLM(m, graphs=False)
+    lm.forward(prompt)
+    before, seen = lm.forwards, []
+    toks, times = lm.greedy_run(first, 20, eos_id=ref[k], on_token=seen.append, lag=lag)
+    assert toks == seen == ref[:k + 1] and len(times) == k + 1 and times == sorted(times)
+    assert lm.length == 9 + k + 1 and lm.forwards - before == k + 1 + lag
+    more, _ = lm.greedy_run(toks[-1], 19 - k, lag=lag)
+    assert toks + more == ref
 
 
 def test_static_batch_matches_the_lean_batch(target, heldout_prompts):

@@ -253,6 +253,9 @@ def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_to
     rounds, new = [], []
     t0 = time.perf_counter()
     while len(new) < max_new_tokens:
+        if rounds and on_device_loop(s):
+            device_loop(s, ctx, new, rounds, max_new_tokens, eos_id, progress)
+            break
         rnd, committed = speculative_round(s, ctx)
         keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id)
         if progress is not None:
@@ -268,6 +271,29 @@ def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_to
     tot.draft_forwards = drafter.forwards - d_forwards0
     tot.new_tokens = len(new)
     return new, rounds, tot
+
+
+def on_device_loop(s: RunState) -> bool:
+    """Plain greedy `ar` on a runner that keeps the token on the device (the static runner's
+    greedy_run): every round after the prompt's is one step of the device's own loop. A drafter
+    subclass, a sampler, a rule other than exact or a rule reading hidden states keep the host loop."""
+    return (type(s.drafter) is Drafter and s.sampler.greedy and s.rule == "exact" and not s.hidden_layer
+            and hasattr(s.target, "greedy_run"))
+
+
+def device_loop(s: RunState, ctx: Context, new: list[int], rounds: list[Round], max_new_tokens: int,
+                eos_id: int | None, progress=None):
+    """The rest of a greedy `ar` run as the target's greedy_run: one Round per token, as the host
+    loop records it (the token emitted by the target, nothing drafted), its verify_s the time
+    between two tokens' arrival on the host (the device runs a step ahead of the host)."""
+    assert ctx.pending == 1
+    tick = (lambda t: progress(1)) if progress is not None else None
+    t_prev = time.perf_counter()
+    toks, times = s.target.greedy_run(ctx.ids[-1], max_new_tokens - len(new), eos_id, tick)
+    for tok, t in zip(toks, times):
+        rnd = Round(accepted=[], path_tokens=[], emitted=tok, emitted_kind="target", drafted=0)
+        rnd.draft_s, rnd.verify_s, t_prev = 0.0, t - t_prev, t
+        commit_round(s, ctx, rnd, [tok], new, rounds, max_new_tokens, eos_id)
 
 
 def trace_of(tok, method: str, params: dict, models: dict, sampler: Sampler, seed: int, record: str | None,

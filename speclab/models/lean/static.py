@@ -40,6 +40,7 @@ real row).
 """
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
@@ -242,23 +243,7 @@ class StaticLM(LeanLM):
         nl = n_layers or len(self.layers)
         want = tuple(sorted({c for c in self.capture_layers if 0 < c <= nl}))   # LeanLM's rule
         self._fit(past + W)
-        s = self.staging
-        if self._staged is not None:        # the previous copy out of the pinned staging is done
-            self._staged.synchronize()
-        s.zero_()
-        on_device = isinstance(ids, torch.Tensor) and ids.device.type != "cpu"
-        if not on_device:
-            s[0, :T] = ids if isinstance(ids, torch.Tensor) else torch.tensor(ids)
-        s[1, :T] = pos
-        s[1, T:W] = past                                       # padding rows: any valid position
-        s[2, :W] = torch.arange(past, past + W)                # row r writes slot n + r
-        s[3, :K] = keep
-        self.inputs.copy_(s, non_blocking=True)
-        if on_device:                       # ids already on the device: copied there, no round trip
-            self.inputs[0, :T].copy_(ids)
-        if self.device.type == "cuda":
-            self._staged = torch.cuda.Event()
-            self._staged.record()
+        self._stage(ids, pos, keep, W)
         causal = full is None and own is None
         if not causal:
             v = self.vis
@@ -276,6 +261,114 @@ class StaticLM(LeanLM):
         self.captured = {c: self.hidden[c - 1, :T][None] for c in want}       # (1, T, C) views
         return out[:K].clone()
 
+    def _stage(self, ids, pos, keep, W: int):
+        """The staging copy of one forward's T rows padded to W: ids, positions, the slot each row
+        writes (row r writes slot n + r), the kept rows; one pinned copy to the device."""
+        T, K, past = len(ids), len(keep), self.n
+        s = self.staging
+        if self._staged is not None:        # the previous copy out of the pinned staging is done
+            self._staged.synchronize()
+        s.zero_()
+        on_device = isinstance(ids, torch.Tensor) and ids.device.type != "cpu"
+        if not on_device:
+            s[0, :T] = ids if isinstance(ids, torch.Tensor) else torch.tensor(ids)
+        s[1, :T] = pos
+        s[1, T:W] = past                                       # padding rows: any valid position
+        s[2, :W] = torch.arange(past, past + W)
+        s[3, :K] = keep
+        self.inputs.copy_(s, non_blocking=True)
+        if on_device:                       # ids already on the device: copied there, no round trip
+            self.inputs[0, :T].copy_(ids)
+        if self.device.type == "cuda":
+            self._staged = torch.cuda.Event()
+            self._staged.record()
+
+    # --- greedy decoding with the token kept on the device ---------------------------------------
+
+    @torch.inference_mode()
+    def greedy_run(self, token: int, steps: int, eos_id: int | None = None, on_token=None,
+                   lag: int | None = None) -> tuple[list[int], list[float]]:
+        """Up to `steps` greedy one-token forwards from `token` (pending: not yet in the cache), each
+        step feeding its own argmax to the next ON THE DEVICE: the step, the argmax and the advance of
+        the position and slot are one captured graph, so the host never stages a token. The host
+        reads each token `lag` steps behind the device (default: 1 under graphs, so the next step is
+        queued before the host waits for a token and the GPU does not idle between steps; 0 eager).
+        Stops after eos_id: the `lag` steps already queued past it ran (self.forwards counts them)
+        and their cache slots lie past self.n, which the next forward overwrites.
+
+        Returns the tokens (the argmax of each step, as `ar`'s host loop computes it: the same step,
+        the same greedy_ids) and the host clock when each was read. on_token(token) is called as each
+        is read. Afterwards the cache holds `token` and every returned token but the last, which is
+        pending, as after a verify."""
+        if steps < 1:
+            return [], []
+        lag = (1 if self.graphs else 0) if lag is None else lag
+        past, nl = self.n, len(self.layers)
+        want = tuple(sorted({c for c in self.capture_layers if 0 < c <= nl}))
+        self._fit(past + steps + lag + 1)
+        self._stage([token], torch.tensor([past]), torch.tensor([0]), 1)
+        if self.graphs:
+            graph, nxt = self._loop_graph(nl, want)
+            ring = torch.empty(steps + lag, dtype=torch.long, pin_memory=True)
+            events = []
+
+            def launch(i):
+                graph.replay()
+                ring[i].copy_(nxt[0], non_blocking=True)
+                events.append(torch.cuda.Event())
+                events[-1].record()
+                self.replays += 1
+
+            def read(j):
+                events[j].synchronize()
+                return int(ring[j])
+        else:
+            got = []
+
+            def launch(i):
+                got.append(int(self._loop_body(past + i, nl, want)[0]))
+
+            read = got.__getitem__
+        toks, times, end, i = [], [], steps, 0
+        while i < end + lag:
+            if i < end:
+                launch(i)
+                self.forwards += 1
+            j = i - lag
+            if 0 <= j < end:
+                t = read(j)
+                toks.append(t)
+                times.append(time.perf_counter())
+                if on_token is not None:
+                    on_token(t)
+                if t == eos_id:
+                    end = j + 1                 # queue nothing more; read nothing after it
+            i += 1
+        self.n = past + len(toks)
+        return toks, times
+
+    def _loop_body(self, past: int, nl: int, want: tuple) -> torch.Tensor:
+        """One step of greedy_run: the forward of inputs[0, 0] at slot inputs[2, 0], its argmax
+        written back as the next step's input, position and slot advanced. Returns the argmax (1,)."""
+        from speclab.decoding.acceptance import greedy_ids
+        nxt = greedy_ids(self._stepper()(1, 1, past, nl, want, True))
+        self.inputs[0, :1].copy_(nxt)
+        self.inputs[1:3, :1] += 1
+        return nxt
+
+    def _loop_graph(self, nl: int, want: tuple):
+        """greedy_run's captured step (once per layers run and capture set). The warm-up runs
+        advance the inputs; they are put back before the first replay."""
+        if want:
+            self._wide |= set(want)
+            want = tuple(sorted(c for c in self._wide if c <= nl))
+        key = ("greedy-loop", nl, want)
+        if key not in self._graphs:
+            saved = self.inputs.clone()
+            self._graphs[key] = self._capture(lambda: self._loop_body(0, nl, want))
+            self.inputs.copy_(saved)
+        return self._graphs[key]
+
     def _run_bucket(self, W: int, Kb: int, past: int, nl: int, want: tuple, causal: bool = False) -> torch.Tensor:
         if not self.graphs:
             return self._step(W, Kb, past, nl, want, causal)
@@ -284,32 +377,37 @@ class StaticLM(LeanLM):
             want = tuple(sorted(c for c in self._wide if c <= nl))
         key = (W, Kb, nl, want, causal)
         if key not in self._graphs:
-            self._graphs[key] = self._capture(*key)
+            step = self._stepper()
+            self._graphs[key] = self._capture(lambda: step(W, Kb, 0, nl, want, causal))
         graph, out = self._graphs[key]
         graph.replay()
         self.replays += 1
         return out
 
-    def _capture(self, W: int, Kb: int, nl: int, want: tuple, causal: bool):
-        """Capture one bucket once. The warm-up runs compute exactly what the replay that follows
-        computes (same buffers), so their cache writes are the replay's own."""
-        step = self._step
-        if self.graphs == "compile":
-            if self._compiled is None:
-                import torch._dynamo as _dynamo
-                # one compiled step per bucket (ints are specialised): room for every bucket a tree uses
-                _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-                self._compiled = torch.compile(self._step, fullgraph=True, dynamic=False)
-            step = self._compiled
+    def _stepper(self):
+        """The step the graphs capture: self._step, or its torch.compile'd form (graphs="compile")."""
+        if self.graphs != "compile":
+            return self._step
+        if self._compiled is None:
+            import torch._dynamo as _dynamo
+            # one compiled step per bucket (ints are specialised): room for every bucket a tree uses
+            _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
+            self._compiled = torch.compile(self._step, fullgraph=True, dynamic=False)
+        return self._compiled
+
+    def _capture(self, body):
+        """Capture body() once as a graph; returns (graph, body's output). The warm-up runs compute
+        exactly what the replay that follows computes (same buffers), so their cache writes are the
+        replay's own (graphs="compile": the first one compiles)."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):                  # (graphs="compile": the first compiles)
-                step(W, Kb, 0, nl, want, causal)
+            for _ in range(2):
+                body()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = step(W, Kb, 0, nl, want, causal)
+            out = body()
         self._pool = graph.pool()
         self._save_kit()
         return graph, out

@@ -128,8 +128,20 @@ def speclab_row(target, prompt, method, params, new, backend="auto"):
         info = r.trace.models.get("target")
         return r.ids, t.new_tokens, dict(tau=round(t.tau, 3), target_forwards=t.target_forwards,
                                          backend=r.trace.params.get("backend"),
-                                         graphs=getattr(info, "graphs", None)), t.wall_s
+                                         graphs=getattr(info, "graphs", None), **split(r.trace)), t.wall_s
     return fn
+
+
+def split(trace) -> dict:
+    """The prompt's round (the prefill: eager, wider than a bucket) apart from the decode after it:
+    a row's tokens per second mixes the two."""
+    if not trace.rounds:
+        return {}
+    first = trace.rounds[0]
+    pre = first.draft_s + first.verify_s
+    rest = trace.totals.wall_s - pre
+    n = trace.totals.new_tokens - len(first.tokens)
+    return dict(prefill_s=round(pre, 4), decode_tokens_per_s=round(n / rest, 1) if rest > 0 and n > 0 else None)
 
 
 class HostLoop(Drafter):
@@ -450,13 +462,16 @@ def table(report: dict) -> str:
                  f"{b['bandwidth_gb_s']} GB/s)") if b else "bandwidth not measured"
         params = f"{s['params'] / 1e6:.0f}M params" if "params" in s else "not built"
         lines += ["", f"## {s['shape']} ({params}): {limit}",
-                  "| row | tok/s | x ar | tau | = ar | backend |", "|---|---|---|---|---|---|"]
+                  "| row | tok/s | decode tok/s | prefill ms | x ar | tau | = ar | backend |",
+                  "|---|---|---|---|---|---|---|---|"]
         for label, r in s["rows"].items():
             if "error" in r:
-                lines.append(f"| {label} | error: {r['error'][:80]} {' < '.join(r.get('where', [])[-2:])} | | | | |")
+                lines.append(f"| {label} | error: {r['error'][:80]} {' < '.join(r.get('where', [])[-2:])} | | | | | | |")
                 continue
             same = {True: "yes", False: "NO", None: "?"}[r.get("identical_to_ar")]
-            lines.append(f"| {label} | {r['tokens_per_s']} | {r.get('speedup_vs_ar')} | {r.get('tau', '')} | "
+            pre = "" if r.get("prefill_s") is None else round(1e3 * r["prefill_s"], 1)
+            lines.append(f"| {label} | {r['tokens_per_s']} | {r.get('decode_tokens_per_s', '')} | {pre} | "
+                         f"{r.get('speedup_vs_ar')} | {r.get('tau', '')} | "
                          f"{same} | {r.get('backend', '')}{', CUDA graphs' if r.get('graphs') else ''} |")
         for key, what in (("profile_ar", "ar"), ("profile_ar_compiled", "ar[static-compile]"),
                           ("profile_ar_compile_ops", "ar[static-compile-ops]")):

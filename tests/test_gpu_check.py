@@ -36,6 +36,7 @@ def test_smoke_run_writes_every_row_and_holds_each_to_ar(gpu_check, tmp_path):
         assert r["identical_to_ar"], label          # the t -> t+1 head leaves no near-tie to round
         assert r["tokens_per_s"] > 0 and r["new_tokens"] == 8
     assert rows["ar"]["speedup_vs_ar"] == 1.0 and rows["oracle[k=4]"]["tau"] > 2
+    assert rows["ar"]["prefill_s"] > 0 and rows["ar"]["decode_tokens_per_s"] > 0
     assert rows["ar[graphs=off]"]["backend"] == "StaticLM"
     for m in ("eagle", "eagle3"):               # their targets capture hidden states in the static runner
         assert (rows[m]["backend"], rows[m]["graphs"]) == ("StaticLM", False)

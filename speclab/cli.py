@@ -302,12 +302,13 @@ def cmd_methods(a):
     for m in rows:
         print(f"{m['name']:<{w}}{m['family']:<18}{m['guarantee']:<{g}}"
               f"{'yes' if m['needs_draft'] else '':<8}{m['summary']}")
-    print(f"\n{'rule':<{w}}{'guarantee':<{g}}{'needs q':<9}{'greedy':<8}{'parameters':<22}summary")
-    for r in rules():
-        params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-"
+    table = [(r, ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-") for r in rules()]
+    pw = max(len("parameters"), *(len(p) for _, p in table)) + 2     # the widest parameters, then a gap
+    print(f"\n{'rule':<{w}}{'guarantee':<{g}}{'needs q':<9}{'greedy':<8}{'parameters':<{pw}}summary")
+    for r, params in table:
         only = f" (for {', '.join(r['only_for'])} only)" if r["only_for"] else ""
         print(f"{r['name']:<{w}}{r['guarantee']:<{g}}{'yes' if r['needs_q'] else 'no':<9}"
-              f"{'yes' if r['greedy'] else 'no':<8}{params:<22}{r['summary']}{only}")
+              f"{'yes' if r['greedy'] else 'no':<8}{params:<{pw}}{r['summary']}{only}")
     return 0
 
 

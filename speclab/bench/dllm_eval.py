@@ -384,9 +384,6 @@ def main(argv=None):
         print(chat_table(a.chat_prompts, target=a.chat_target, policies=a.policies))
 
 
-if __name__ == "__main__":
-    main()
-
 
 def save_plot(fig, path: str) -> None:
     """The figure as offline HTML (plotly.js inside), or as PNG through Debian's Chromium."""
@@ -411,3 +408,7 @@ def save_plot(fig, path: str) -> None:
         page.screenshot(path=path + ".tmp.png")
         browser.close()
         os.replace(path + ".tmp.png", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -121,3 +121,21 @@ def test_export_help_lists_its_options(capsys):
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "usage: speclab export" in out and "--html" in out
+
+
+@pytest.mark.parametrize("rule,params,temperature", [("typical", {}, 0.7), ("lantern", dict(delta=0.3), 0.0),
+                                                     ("judge", dict(judge="code-judge", threshold=0.05), 0.0)])
+def test_a_lossy_rules_export_shows_its_rescued_tokens_and_both_verdicts(rule, params, temperature, tmp_path):
+    """Issue 55: each lossy rule's trace, exported, carries per drafted node both verdicts and the
+    ring of a token the rule rescued (accepted where `exact` rejected it)."""
+    r = speclab.generate("code-target", "def parse(line):", "draft-model", draft="code-draft", k=4, rule=rule,
+                         rule_params=params, temperature=temperature, max_new_tokens=24, record="light")
+    saved = [n for rnd in r.trace.rounds for n in rnd.nodes
+             if n.verdicts.get(rule) == "accepted" and n.verdicts.get("exact") == "rejected"]
+    assert saved, f"{rule} rescued nothing here: pick a looser setting"
+    page = to_html(r.trace, tmp_path / f"{rule}.html").read_text(encoding="utf-8")
+    hovers = [t for f in frames_in(page) for d in f["data"] for t in (d.get("hovertext") or [])
+              if isinstance(t, str)]
+    both = [t for t in hovers if f"{rule}: accepted" in t and "exact: rejected" in t]
+    assert both and any("rescued" in t for t in both)
+    assert any(d.get("name", "").startswith("rescued") for f in frames_in(page) for d in f["data"])

@@ -170,6 +170,9 @@ def _draft(method: str, family: str, models, which: str):
     if kind == "clover":
         from speclab.models.clover import CloverHeads, clover_config
         head = CloverHeads(target, clover_config(target.config, n_heads=3), ids)
+    elif kind == "falcon":
+        from speclab.models.falcon import FalconHead, falcon_config
+        head = FalconHead(target, falcon_config(target.config, n_layers=2, k=2), ids)
     else:
         head = (build_eagle if kind == "eagle" else build_medusa)(target, head_config(target.config, kind, n_heads=3), ids)
     with torch.no_grad():

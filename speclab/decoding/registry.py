@@ -284,6 +284,13 @@ register(Method(name="clover", family="feature-head", engine="speculative", guar
                         "prefix's hidden states; a tree by cumulative head probability (Clover, Xiao et al. 2024)",
                 drafter=CloverDrafter, inputs=TARGET_AND_DRAFT, tree=True,
                 draft=Draft("clover", "Clover heads", {"smollm2-135m": "smollm2-clover", "code-target": "code-clover"})))
+from speclab.decoding.drafters.falcon import FalconDrafter  # noqa: E402
+register(Method(name="falcon", family="feature-head", engine="speculative", guarantee=AR,
+                summary="EAGLE's head made semi-autoregressive: each forward drafts k tokens, the last real entry "
+                        "and k-1 mask entries after it, trained by glancing distillation; a tree by cumulative "
+                        "draft probability (Falcon, Gao et al. AAAI 2025)",
+                drafter=FalconDrafter, inputs=TARGET_AND_DRAFT, tree=True,
+                draft=Draft("falcon", "a Falcon head", {"code-target": "code-falcon"})))
 
 
 DAG_SUMMARY = {

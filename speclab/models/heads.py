@@ -152,7 +152,13 @@ def build_clover(base, cfg, head_ids: torch.Tensor):
     return CloverHeads(base, cfg, head_ids)
 
 
-BUILDERS = {"draft": build_draft, "eagle": build_eagle, "medusa": build_medusa, "clover": build_clover}
+def build_falcon(base, cfg, head_ids: torch.Tensor):
+    from speclab.models.falcon import FalconHead        # its own file
+    return FalconHead(base, cfg, head_ids)
+
+
+BUILDERS = {"draft": build_draft, "eagle": build_eagle, "medusa": build_medusa, "clover": build_clover,
+            "falcon": build_falcon}
 
 
 def load_draft(where: str | Path, base, dtype: torch.dtype):

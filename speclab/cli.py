@@ -324,6 +324,7 @@ TRAIN_RECIPES = {
     "smollm2-dllm": ("smollm2_dllm", False),
     "specdecpp": ("specdecpp", False),
     "clover": ("clover", False),
+    "falcon": ("falcon", False),
     "learn2pd": ("learn2pd", False),
     "judge": ("judge", False),
 }

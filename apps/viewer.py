@@ -93,6 +93,13 @@ class Viewer:
                 pane.height = spec.pane_height(fig)
         k = len(view.step) - 1
         self.step_figs, self.summary_figs = self._pool[:k], self._pool[k:len(specs)]
+        # a pane that changes column leaves the old one first: Panel hands a pane's browser model to
+        # the column that adds it and deletes it when the other column lets the pane go, so a pane
+        # added before it is let go keeps no model, and the browser never sees it step (a run strip
+        # of the Summary tab, reused as the decisions table under a diffusion canvas, would stay put)
+        keep = lambda col, panes: [p for p in col.objects if any(p is q for q in panes)]
+        self.step_more.objects = keep(self.step_more, self.step_figs)
+        self.summary.objects = keep(self.summary, [self.summary_note] + list(self.summary_figs))
         self.step_more.objects = list(self.step_figs)
         self.summary.objects = [self.summary_note] + list(self.summary_figs)
         self.summary_note.visible = not view.whole_run

@@ -451,15 +451,35 @@ def test_real_canvas_shows_proposals_in_place(real_page):
         shoot(page, "dashboard-mask-dllm")
 
 
+def decisions_title(page) -> str:
+    """The title of the decisions table under the step figure ("decisions at step 3 of 37: 2")."""
+    return page.evaluate("""() => { let t = ""; const walk = r => r.querySelectorAll('*').forEach(e => {
+        if (!t && e.classList && e.classList.contains('gtitle') && e.textContent.startsWith('decisions at'))
+          t = e.textContent; if (e.shadowRoot) walk(e.shadowRoot); }); walk(document); return t; }""")
+
+
+def wait_decisions(page, prefix: str, timeout: int = 30_000) -> None:
+    """Wait until the decisions table's title starts with `prefix`; say what it showed if not."""
+    for _ in range(timeout // 250):
+        if decisions_title(page).startswith(prefix):
+            return
+        page.wait_for_timeout(250)
+    raise AssertionError(f"the decisions table shows {decisions_title(page)!r}, not {prefix!r}...")
+
+
 @real
 def test_real_canvas_shows_a_committed_token_rewritten(real_page):
     """LLaDA 2.1's token editing on smollm2-dllm: stepping the player reaches a step whose canvas
-    says what it edited, the rewritten slot in its own colour (the view spec's, no per-policy code)."""
+    says what it edited, the rewritten slot in its own colour (the view spec's, no per-policy code),
+    and the decisions table under it has moved to that step too."""
     page = real_page
     with screenshot_on_failure(page, "real_canvas_edits"):
         page.goto(page.dashboard_url + "?method=dllm-llada21-edit&max_new_tokens=32&run=1")
         wait_text(page, "speclab-status", "tokens per forward", timeout=RUN_S)
         page.locator(".speclab-step .gtitle").first.wait_for(state="attached", timeout=60_000)
+        # the decisions table under the canvas follows the player: the session first showed the
+        # example run, whose run strip pane the diffusion run reuses as that table
+        wait_decisions(page, "decisions at step 1 of ")
         page.mouse.click(1390, 990)
         for _ in range(60):
             if ", edited" in deep_text(page, "speclab-step"):
@@ -468,6 +488,9 @@ def test_real_canvas_shows_a_committed_token_rewritten(real_page):
             page.wait_for_timeout(400)
         text = deep_text(page, "speclab-step")
         assert ", edited" in text and "rewritten" in text, text[:400]
+        step = re.search(r"step (\d+)/(\d+)", page.locator(".speclab-step .gtitle").first.text_content())
+        assert step and int(step[1]) > 1, text[:200]
+        wait_decisions(page, f"decisions at step {step[1]} of {step[2]}: ")
         if os.environ.get("SPECLAB_SCREENSHOTS"):       # the step's canvas and its confidences
             page.locator(".speclab-step").first.screenshot(path=str(SHOTS / "dashboard-dllm-edits.png"))
 

@@ -225,6 +225,31 @@ def test_viewer_moves_the_step_figure_in_place():
     assert list(current.x) == [2, 2]                           # the round strip marks round 2 (1-based)
 
 
+def test_a_pane_moved_from_summary_to_step_column_keeps_stepping_in_the_browser():
+    """On a page already drawn, a speculative trace puts a pane in the Summary tab (its run strip);
+    a diffusion run then reuses it as the decisions table under the canvas. The pane must keep a
+    browser model there, and that model must follow the player (it once stayed at step 1)."""
+    import speclab
+    from bokeh.document import Document
+    d = Dashboard()
+    root = d.view.get_root(Document())
+    d.show_trace(tiny_trace())
+    moved = d.viewer.summary_figs[0]                           # the run strip, in the Summary tab
+    trace = speclab.run("code-dllm", "def add(a, b):", "dllm-llada21-edit", max_new_tokens=8).trace
+    assert sum(bool(s.decisions) for s in trace.denoise) >= 2
+    d.show_trace(trace)
+    assert d.viewer.step_figs[0] is moved and d.viewer.shown[0][1].name == "decisions"
+    for pane in d.viewer.step_figs + d.viewer.summary_figs:    # every pane on the page has its model
+        assert root.ref["id"] in pane._models, pane
+    model = moved._models[root.ref["id"]][0]
+    titles = []
+    for step in range(3):
+        d.viewer.player.value = step
+        titles.append(model.layout["title"]["text"])
+    assert titles == [f"decisions at step {s + 1} of {len(trace.denoise)}: {len(trace.denoise[s].decisions) or 'none'}"
+                      for s in range(3)], titles
+
+
 def test_dashboard_needs_no_ipywidgets():
     """The dashboard extra is Panel alone: the detail table is plain HTML in speclab.figures."""
     import subprocess

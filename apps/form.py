@@ -68,6 +68,11 @@ def _config(model: str, key: str) -> int:
     return json.loads(cfg.read_text()).get(key, 0) if cfg.exists() else 0
 
 
+def is_block_causal(model: str) -> bool:
+    """A block-diffusion LM (its zoo config says speclab_block_causal), which block caches need."""
+    return bool(_config(model, "speclab_block_causal"))
+
+
 def _pick(options: list[str], preferred: str) -> str | None:
     return preferred if preferred in options else (options[0] if options else None)
 

@@ -63,6 +63,8 @@ PRESETS = {
     # a list the model is sure of: several slots pass the threshold per step (an open question: about one)
     "dllm-threshold": [("a list", "List the days of the week.", True),
                        ("chat question", "Explain in two sentences why the sky is blue.", True)],
+    "dllm-fastv2": [("a list", "List the days of the week.", True),
+                    ("chat question", "Explain in two sentences why the sky is blue.", True)],
     "dllm-freedave": [("a list", "List the days of the week.", True),
                       ("chat question", "Explain in two sentences why the sky is blue.", True)],
     "dag-viterbi": [("a date", "2024-03-05", False)],

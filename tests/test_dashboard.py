@@ -337,6 +337,48 @@ def test_compare_diffusion_policies_against_one_per_step():
     assert d.compare_now() == [] and "dag-all" in d.alert.object
 
 
+def test_a_diffusion_compare_starts_with_the_threshold_policy_and_the_demo():
+    from speclab.apps.dashboard import DIFFUSION_DEMO
+    from speclab.apps.form import DLLM_PROMPTS
+    from speclab.apps.guide import presets
+    from speclab.apps.form import is_block_causal
+    d = Dashboard()
+    d.form.method.value = "dllm-threshold"
+    diffusion = runs.zoo_models()["diffusion"]
+    assert "smollm2-dllm" in diffusion and is_block_causal("smollm2-dllm") and not is_block_causal("code-dllm")
+    d.form.target.value = "smollm2-dllm"
+    assert list(d.compare_methods.value) == ["dllm-threshold", DIFFUSION_DEMO]
+    d.form.target.value = "code-dllm"            # the demo needs a block-diffusion LM: FreeDave stands in
+    assert list(d.compare_methods.value) == ["dllm-threshold", "dllm-freedave"]
+    d.compare_methods.value = ["dllm-prophet"]    # the user's choice stays when the target changes
+    d.form.target.value = "smollm2-dllm"
+    assert list(d.compare_methods.value) == ["dllm-prophet"]
+    assert DLLM_PROMPTS["smollm2-dllm"] in [p for _, p, _ in presets(DIFFUSION_DEMO)]
+
+
+DLLM_REPORT = __import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks" / "2026-11-28-dllm-report-20.json"
+
+
+@pytest.mark.skipif(not DLLM_REPORT.exists(), reason=f"{DLLM_REPORT.name} is not in benchmarks/ yet")
+def test_the_diffusion_demo_is_the_reports_best_point():
+    """Of the report's rows whose share of positions equal to one-per-step is no lower than
+    dllm-threshold's at 0.7 on every prompt set, the demo's defaults give the most content tokens
+    per forward row (mean over the sets)."""
+    from speclab.apps.dashboard import DIFFUSION_DEMO
+    rows_by_set = json.loads(DLLM_REPORT.read_text())
+    floor = {s: next(r["positions_equal"] for r in rows if r["method"] == "dllm-threshold"
+                     and r["params"] == {"threshold": 0.7}) for s, rows in rows_by_set.items()}
+    points = {}
+    for s, rows in rows_by_set.items():
+        for r in rows:
+            if r["positions_equal"] is not None:
+                points.setdefault((r["method"], json.dumps(r["params"], sort_keys=True)), []).append(
+                    (r["positions_equal"] >= floor[s], r["content_per_row"]))
+    ok = {k: sum(c for _, c in v) / len(v) for k, v in points.items()
+          if len(v) == len(rows_by_set) and all(e for e, _ in v)}
+    assert max(ok, key=ok.get) == (DIFFUSION_DEMO, "{}"), sorted(ok.items(), key=lambda kv: -kv[1])[:4]
+
+
 def test_projector_mode_enlarges_the_views():
     d = Dashboard()
     d.projector.value = True

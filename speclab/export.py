@@ -95,16 +95,31 @@ def animated(trace: Trace, spec: FigureSpec | None = None, start: int = 0) -> di
                                             transition=dict(duration=0))]
     label, names = step_label(trace), step_names(trace)
     layout = dict(base["layout"])
-    layout["height"] = layout.get("height", 400) + 90
-    layout["margin"] = dict(layout.get("margin", {}), b=140)
-    layout["sliders"] = [dict(active=start, y=0, yanchor="top", pad=dict(t=60), currentvalue=dict(prefix=f"{label} "),
+    pad = max(60, legend_below(base) + 15)          # the slider goes under a legend drawn below the plot
+    layout["height"] = layout.get("height", 400) + 30 + pad
+    layout["margin"] = dict(layout.get("margin", {}), b=80 + pad)
+    layout["sliders"] = [dict(active=start, y=0, yanchor="top", pad=dict(t=pad), currentvalue=dict(prefix=f"{label} "),
                               steps=[dict(method="animate", label=nm, args=go_to([str(k)], 0))
                                      for k, nm in enumerate(names)])]
     layout["updatemenus"] = [dict(type="buttons", direction="left", x=0, y=0, yanchor="top", xanchor="right",
-                                  pad=dict(t=60, r=10), showactive=False, buttons=[
+                                  pad=dict(t=pad, r=10), showactive=False, buttons=[
                                       dict(label="play", method="animate", args=go_to(None, 700)),
                                       dict(label="pause", method="animate", args=go_to([None], 0))])]
     return dict(data=base["data"], layout=layout, frames=frames)
+
+
+def legend_below(fig: dict) -> int:
+    """Pixels below the plot area that a horizontal legend placed under it reaches (0: none there).
+    Estimated: its offset, then a row of 24 px for every 3 entries (the export's full page width)."""
+    lay = fig["layout"]
+    leg = lay.get("legend") or {}
+    y = leg.get("y")
+    if lay.get("showlegend") is False or leg.get("orientation") != "h" or not isinstance(y, (int, float)) or y >= 0:
+        return 0
+    m = lay.get("margin") or {}
+    plot_px = lay.get("height", 400) - m.get("t", 80) - m.get("b", 80)
+    entries = sum(1 for t in fig["data"] if t is not None and t.get("name") and t.get("showlegend", True) is not False)
+    return int(-y * plot_px) + 24 * -(-entries // 3)
 
 
 def stats_table(trace: Trace) -> str:

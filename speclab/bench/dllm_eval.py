@@ -12,6 +12,12 @@ slot of the active block (d = 1 is the frontier, plain next-token prediction thr
   python -m speclab.bench.dllm_eval --n 500 --code-prompts 20 > dllm-eval.md
   python -m speclab.bench.dllm_eval --only-chat --chat-prompts 20 > smollm2-dllm-eval.md
   python -m speclab.bench.dllm_eval --report chat,code-edit --report-prompts 20 --json r.json --plot sweep.png
+
+The report on two cores, a one-thread process per prompt set, then one JSON and one plot:
+
+  python -m speclab.bench.dllm_eval --threads 1 --report chat --report-prompts 20 --json chat.json &
+  python -m speclab.bench.dllm_eval --threads 1 --report code-edit --report-prompts 20 --json code.json
+  python -m speclab.bench.dllm_eval --merge chat.json,code.json --report-prompts 20 --json r.json --plot sweep.png
 """
 from __future__ import annotations
 
@@ -343,6 +349,48 @@ def sweep_figure(rows_by_set: dict):
     return fig
 
 
+def threshold_curve(rows: list[dict]) -> list[tuple[float, float]]:
+    """dllm-threshold's rows of one set as (positions equal, content per row), by agreement."""
+    return sorted((r["positions_equal"], r["content_per_row"]) for r in rows
+                  if r["method"] == "dllm-threshold" and set(r["params"]) == {"threshold"})
+
+
+def above_curve(rows: list[dict]) -> list[str]:
+    """The policies of one set that lie above dllm-threshold's curve: more content tokens per forward
+    row than the curve (straight between its points) at the same positions equal; to the right of
+    its last point, at least that point's tokens per row (more agreement and no fewer tokens). To
+    the left of its first point nothing is above: less agreement than every threshold run."""
+    curve = threshold_curve(rows)
+    if len(curve) < 2:
+        return []
+    out = []
+    for r in rows:
+        x, y = r["positions_equal"], r["content_per_row"]
+        if x is None or r["method"] in ("dllm-threshold", "ar") or x < curve[0][0]:
+            continue
+        if x >= curve[-1][0]:
+            above = y >= curve[-1][1] and (x, y) != curve[-1]
+        else:
+            (x0, y0), (x1, y1) = next((a, b) for a, b in zip(curve, curve[1:]) if a[0] <= x <= b[0])
+            above = y > (y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+        if above:
+            out.append(r["policy"])
+    return out
+
+
+def merge(paths: list[str]) -> dict:
+    """Reports run apart (a process per prompt set, say) as one {set: rows}; a set twice is an error."""
+    import json
+    rows_by_set = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for name, rows in json.load(f).items():
+                if name in rows_by_set:
+                    raise ValueError(f"the prompt set {name!r} is in more than one of {paths}: merge each set once")
+                rows_by_set[name] = rows
+    return rows_by_set
+
+
 def _kw(kw: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in kw.items())
 
@@ -366,6 +414,8 @@ def main(argv=None):
     ap.add_argument("--base", default="smollm2-135m", help="the AR target the report scores the text with")
     ap.add_argument("--json", help="the report's rows as JSON here")
     ap.add_argument("--plot", help="the report's sweep plot: .html (offline, plotly.js inside) or .png (Chromium)")
+    ap.add_argument("--merge", metavar="JSON,JSON", help="no runs: the reports in these --json files (a process per "
+                                                         "prompt set) as one: its tables, --json and --plot")
     ap.add_argument("--learn2pd", metavar="DIR", help="add dllm-learn2pd rows with this filter "
                                                      "(`speclab train learn2pd --out DIR`)")
     a = ap.parse_args(argv)
@@ -373,11 +423,14 @@ def main(argv=None):
         CHAT_POLICIES.extend((label, m, dict(kw, filter=a.learn2pd)) for label, m, kw in LEARN2PD_POLICIES)
     if a.threads:
         torch.set_num_threads(a.threads)
-    if a.report:
+    if a.report or a.merge:
         sweep = () if a.sweep.strip().lower() in ("", "none") else tuple(float(t) for t in a.sweep.split(","))
-        rows = report(a.chat_target, a.base, a.report.split(","), a.report_prompts, policies=a.policies,
-                      sweep=sweep, on_row=(lambda r: write_json(r, a.json)) if a.json else None)
+        rows = merge(a.merge.split(",")) if a.merge else report(
+            a.chat_target, a.base, a.report.split(","), a.report_prompts, policies=a.policies, sweep=sweep,
+            on_row=(lambda r: write_json(r, a.json)) if a.json else None)
         print(report_markdown(rows, a.chat_target, a.report_prompts, 64, 32))
+        for name, set_rows in rows.items():
+            print(f"\n{name}: above dllm-threshold's curve: {', '.join(above_curve(set_rows)) or 'none'}")
         if a.json:
             write_json(rows, a.json)
         if a.plot:

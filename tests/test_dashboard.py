@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -356,7 +357,7 @@ def test_a_diffusion_compare_starts_with_the_threshold_policy_and_the_demo():
     assert DLLM_PROMPTS["smollm2-dllm"] in [p for _, p, _ in presets(DIFFUSION_DEMO)]
 
 
-DLLM_REPORT = __import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks" / "2026-11-28-dllm-report-20.json"
+DLLM_REPORT = Path(__file__).resolve().parents[1] / "benchmarks" / "2026-11-28-dllm-report-20.json"
 
 
 @pytest.mark.skipif(not DLLM_REPORT.exists(), reason=f"{DLLM_REPORT.name} is not in benchmarks/ yet")

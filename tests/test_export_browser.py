@@ -156,7 +156,8 @@ def real_edits():
 
 
 def canvas_title(page, root: str) -> str:
-    return page.evaluate(f"() => Array.from(document.querySelectorAll(\"{root} .gtitle\")).map(e => e.textContent).join(' | ')")
+    return page.evaluate(f"() => Array.from(document.querySelectorAll(\"{root} .gtitle\"))"
+                         ".map(e => e.textContent).join(' | ')")
 
 
 @real
@@ -200,7 +201,8 @@ def test_real_notebook_player_still_shows_a_committed_token_rewritten(tmp_path, 
     still = player._repr_mimebundle_()["text/html"]
     page_file = tmp_path / "player.html"
     # the kernel's renderer sends plotly.js with its first figure only: the page loads it itself
-    page_file.write_text(f"<html><head><meta charset='utf-8'></head><body style='width:980px'>{loader_html()}{still}</body></html>", encoding="utf-8")
+    page_file.write_text(f"<html><head><meta charset='utf-8'></head><body style='width:980px'>{loader_html()}{still}"
+                         "</body></html>", encoding="utf-8")
     with chromium(tmp_path) as (page, errors):
         page.set_viewport_size({"width": 1000, "height": 1000})
         blocked = []

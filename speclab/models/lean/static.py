@@ -350,8 +350,8 @@ class StaticLM(LeanLM):
     def _loop_body(self, past: int, nl: int, want: tuple) -> torch.Tensor:
         """One step of greedy_run: the forward of inputs[0, 0] at slot inputs[2, 0], its argmax
         written back as the next step's input, position and slot advanced. Returns the argmax (1,)."""
-        from speclab.decoding.acceptance import greedy_ids
-        nxt = greedy_ids(self._stepper()(1, 1, past, nl, want, True))
+        # float32 logits: argmax ties go to the lowest id, as the host loop's greedy_ids breaks them
+        nxt = self._stepper()(1, 1, past, nl, want, True).argmax(-1)
         self.inputs[0, :1].copy_(nxt)
         self.inputs[1:3, :1] += 1
         return nxt

@@ -325,6 +325,7 @@ TRAIN_RECIPES = {
     "specdecpp": ("specdecpp", False),
     "clover": ("clover", False),
     "falcon": ("falcon", False),
+    "flexdraft": ("flexdraft", False),
     "learn2pd": ("learn2pd", False),
     "judge": ("judge", False),
 }

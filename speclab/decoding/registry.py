@@ -291,6 +291,14 @@ register(Method(name="falcon", family="feature-head", engine="speculative", guar
                         "draft probability (Falcon, Gao et al. AAAI 2025)",
                 drafter=FalconDrafter, inputs=TARGET_AND_DRAFT, tree=True,
                 draft=Draft("falcon", "a Falcon head", {"code-target": "code-falcon"})))
+from speclab.decoding.drafters.flexdraft import FlexDraftDrafter  # noqa: E402
+register(Method(name="flexdraft", family="speculative", engine="speculative", guarantee=AR,
+                summary="the target drafts a block itself: one forward over the pending token and k-1 mask rows "
+                        "whose attention in the last layers is tuned (low rank), on the target's own cache; slot 1 "
+                        "is the target's next token; the block is cut where the product of confidences falls under "
+                        "theta, then verified (FlexDraft, Zhang et al. 2026, sequential form)",
+                drafter=FlexDraftDrafter, inputs=TARGET_AND_DRAFT,
+                draft=Draft("flexdraft", "a FlexDraft adapter", {"code-target": "code-flexdraft"})))
 
 
 DAG_SUMMARY = {

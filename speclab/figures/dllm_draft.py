@@ -1,4 +1,6 @@
-"""dllm-draft's block being filled, one round at a time, above what the verify made of it.
+"""A drafted block being filled, one round at a time, above what the verify made of it: dllm-draft's
+(a block-diffusion LM, one or several forwards) and flexdraft's (the target's own mask rows, one
+forward; its slot 1 is the target's own token).
 
     block_fill_figure(trace, step)  round `step`: one column a slot of the block, one row a
                                     denoising forward (the first at the top). A slot's cell in the
@@ -9,11 +11,11 @@
                                     reached (with tree=True, a slot's candidate the verify took).
                                     The title gives the run's round cost c and the tau at which it
                                     breaks even (block_cost), beside its tau.
-    has_block_fill(trace)           the trace recorded dllm-draft's per-slot decisions
+    has_block_fill(trace)           the trace recorded dllm-draft's or flexdraft's per-slot decisions
     block_cost(trace, ar_step_s)    c = a round's draft + verify seconds in ar steps, the tau at which
                                     it breaks even (tau = c) and the per-token alpha (metrics.break_even)
 
-Drawn from the rounds' `dllm-draft` Decisions (slot, confidence, step; output the token) and draft
+Drawn from the rounds' `dllm-draft` / `flexdraft` Decisions (slot, confidence, step; output the token) and draft
 nodes, so it needs record="light" or "full". Wired for the method in figures.views.
 """
 from __future__ import annotations
@@ -26,17 +28,18 @@ from speclab.figures import colors
 from speclab.figures._util import check_step, num, tok
 from speclab.trace import ACCEPTED, NOT_REACHED, Trace
 
-POLICY = "dllm-draft"
+POLICIES = ("dllm-draft", "flexdraft")
+WHO = {"dllm-draft": "the dLLM", "flexdraft": "the target (mask rows)"}
 EARLIER = "#d9d9d9"
 
 
 def has_block_fill(trace: Trace) -> bool:
-    return trace.engine == "speculative" and any(d.policy == POLICY for r in trace.rounds for d in r.decisions)
+    return trace.engine == "speculative" and any(d.policy in POLICIES for r in trace.rounds for d in r.decisions)
 
 
 def slots_of(rnd) -> list:
     """The round's per-slot decisions, by slot."""
-    return sorted((d for d in rnd.decisions if d.policy == POLICY), key=lambda d: d.at)
+    return sorted((d for d in rnd.decisions if d.policy in POLICIES), key=lambda d: d.at)
 
 
 def verdicts(rnd, k: int) -> list[tuple[str, object]]:
@@ -99,7 +102,8 @@ def block_fill_figure(trace: Trace, step: int = 0) -> go.Figure | None:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=colors.DECISION_LABEL[dec],
                                  marker=dict(symbol="square", size=11, color=colors.DECISION[dec])), row=1, col=1)
     m = block_cost(trace)
-    head = f"round {step + 1}: {k} slots filled in {S} forward{'s' if S > 1 else ''} of the dLLM, " \
+    who = WHO.get(slots[0].policy if slots else "", "the drafter")
+    head = f"round {step + 1}: {len(slots)} slots filled in {S} forward{'s' if S > 1 else ''} of {who}, " \
            f"{len(rnd.accepted)} accepted"
     if m is not None:
         head += (f"<br><sub>round cost c ≥ {m['c']:.2f} ar steps (draft {m['c_draft']:.2f}; unit: the verify "

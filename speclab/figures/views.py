@@ -205,6 +205,7 @@ add_figure("specdec++", FigureSpec("stopping rule", stopping_figure, when=has_st
 # dllm-draft's block filled forward by forward, over the verify's verdicts (figures.dllm_draft imports no view)
 from speclab.figures.dllm_draft import block_fill_figure, has_block_fill  # noqa: E402
 add_figure("dllm-draft", FigureSpec("block filling", block_fill_figure, "step", when=has_block_fill))
+add_figure("flexdraft", FigureSpec("block filling", block_fill_figure, "step", when=has_block_fill))
 # OSD's acceptance over the rounds, its draft updates marked, the draft version (figures.osd imports no view)
 from speclab.figures.osd import has_osd_versions, osd_figure  # noqa: E402
 add_figure("osd", FigureSpec("online draft", osd_figure, when=has_osd_versions, height=380))

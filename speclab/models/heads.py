@@ -157,8 +157,13 @@ def build_falcon(base, cfg, head_ids: torch.Tensor):
     return FalconHead(base, cfg, head_ids)
 
 
+def build_flexdraft(base, cfg, head_ids: torch.Tensor):
+    from speclab.models.flexdraft import FlexDraftAdapter     # its own file
+    return FlexDraftAdapter(base, cfg, head_ids)
+
+
 BUILDERS = {"draft": build_draft, "eagle": build_eagle, "medusa": build_medusa, "clover": build_clover,
-            "falcon": build_falcon}
+            "falcon": build_falcon, "flexdraft": build_flexdraft}
 
 
 def load_draft(where: str | Path, base, dtype: torch.dtype):

@@ -126,24 +126,24 @@ class DllmDrafter(Drafter):
                 if all(set_at[j] <= set_at[i] for j in range(i)) and all(set_at[j] >= set_at[i] for j in range(i, k)):
                     tree.set_q(i - 1, dists[i])
         if self.tree and self.width > 1:
-            self.add_candidates(tree, dists, tokens)
+            slot_candidates(tree, dists, tokens, self.width)
         if self.record is not None:
             tree.decisions = [Decision(self.name, {"slot": i, "confidence": round(conf[i], 5), "step": set_at[i] + 1},
                                        output=tokens[i], at=i) for i in range(k)]
         return tree
-
-    def add_candidates(self, tree: DraftTree, dists: torch.Tensor, tokens: list[int]):
-        """Each slot's next width - 1 candidates (by its q), as point-mass leaves beside the chain's
-        token there: one verify tries them where the chain's is refused."""
-        v, ids = dists.topk(self.width, dim=-1)                         # (k, width)
-        ids, v = host_read(ids, v)
-        for i in range(self.k):
-            extra = [(t, p) for t, p in zip(ids[i], v[i]) if t != tokens[i] and p > 0][: self.width - 1]
-            for t, p in extra:
-                tree.add(t, i - 1, p, "candidate")
 
     def observe(self, out):
         # nothing to undo: the dLLM's cache holds only committed text (BlockDenoiser drops each
         # canvas), and the next round runs the tokens committed since before its block
         pass
 
+
+def slot_candidates(tree: DraftTree, dists: torch.Tensor, tokens: list[int], width: int):
+    """Each slot's next width - 1 candidates (by its q, dists (k, V)), as point-mass leaves beside
+    the chain's token there: one verify tries them where the chain's is refused."""
+    v, ids = dists.topk(width, dim=-1)                                  # (k, width)
+    ids, v = host_read(ids, v)
+    for i in range(len(tokens)):
+        extra = [(t, p) for t, p in zip(ids[i], v[i]) if t != tokens[i] and p > 0][: width - 1]
+        for t, p in extra:
+            tree.add(t, i - 1, p, "candidate")

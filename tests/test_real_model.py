@@ -124,14 +124,16 @@ def fp32_ar(fp32):
     return [speclab.generate(fp32, q, "ar", max_new_tokens=32, chat=True, record=None).ids for q in QUESTIONS]
 
 
-@pytest.mark.parametrize("method", ["prompt-lookup", "recycling", "oracle", "draft-model", "eagle", "eagle-chain",
-                                    "medusa"])
+@pytest.mark.parametrize("method", ["prompt-lookup", "recycling", "oracle", "draft-model", "spectr", "tree-rsd",
+                                    "eagle", "eagle-chain", "medusa"])
 def test_fp32_lossless_methods_identical_to_ar(fp32, fp32_ar, method):
+    """Greedy: every lossless family on the real model, SpecTr's chains and RSD's tree (which
+    collapse to the draft's argmax under greedy) among them."""
     kw = {}
-    if method == "draft-model":
+    if method in ("draft-model", "spectr", "tree-rsd"):
         if "smollm2-draft" not in zoo.zoo_names():
             pytest.skip("smollm2-draft is not in the zoo")
-        kw = dict(draft=zoo.load_shared("smollm2-draft", "cpu", "fp32"), k=4)
+        kw = dict(draft=zoo.load_shared("smollm2-draft", "cpu", "fp32"), **({"k": 4} if method == "draft-model" else {}))
     elif method in ("eagle", "eagle-chain", "medusa") and \
             registry.paired_draft("smollm2-135m", "medusa" if method == "medusa" else "eagle") is None:
         pytest.skip(f"no head for {method} in the zoo")     # else the zoo's head, loaded in fp32

@@ -4,10 +4,9 @@ training forward (teacher-forced, then with the glance's predicted features), wh
 drafted each node, a wrong pairing, and a trainer that runs."""
 import pytest
 import torch
-from scipy.stats import chisquare
 
 import speclab
-from speclab.decoding.acceptance import Sampler, warp
+from conftest import first_two_sampled_follow_the_target
 from speclab.models import zoo
 from speclab.models.falcon import FalconHead
 
@@ -105,26 +104,8 @@ def test_drafting_forwards_equal_the_training_forward(target, falcon, heldout_pr
 def test_second_sampled_token_follows_target_distribution(target, falcon):
     """Round 1 has no draft, so the drafted position is the second token: its joint law with the
     first must be the target's, p(x1) p(x2 | x1), under recursive rejection over the tree."""
-    model, tok = target
-    prompt = "    def __repr__(self):\n        return"
-    sampler = Sampler(1.0, top_k=2)
-    ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    with torch.no_grad():
-        p1 = warp(model(input_ids=torch.tensor([ids])).logits[0, -1], sampler)
-        joint = {}
-        for a in p1.nonzero()[:, 0].tolist():
-            p2 = warp(model(input_ids=torch.tensor([ids + [a]])).logits[0, -1], sampler)
-            for b in p2.nonzero()[:, 0].tolist():
-                joint[(a, b)] = float(p1[a] * p2[b])
-    n, counts = 240, dict.fromkeys(joint, 0)
-    for seed in range(n):
-        r = speclab.generate(target, prompt, "falcon", draft=falcon, max_new_tokens=2, temperature=1.0, top_k=2,
-                             seed=seed, record=None, budget=4, width=2, depth=2, threshold=None)
-        counts[tuple(r.ids)] += 1                  # KeyError = a pair the target cannot produce
-    keys = list(joint)
-    exp = torch.tensor([joint[k] for k in keys], dtype=torch.float64)
-    exp = exp / exp.sum() * n
-    assert chisquare([counts[k] for k in keys], exp.numpy()).pvalue > 1e-3
+    first_two_sampled_follow_the_target(target, "falcon", draft=falcon, budget=4, width=2, depth=2,
+                                        threshold=None)
 
 
 def test_wrong_pairings_say_what_to_do(target):

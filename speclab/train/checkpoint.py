@@ -67,3 +67,15 @@ def resume_state(ckpt: Path, out: Path, model, opt, state: dict, rename: dict | 
             p.copy_(shipped[rename.get(k, k)].to(p.dtype))
     print(f"no checkpoint in {ckpt}: resuming from the weights in {out} (fresh optimizer state)")
     return state
+
+
+def load_matching(model, state: dict) -> list[str]:
+    """Copy into `model` every tensor of `state` whose name and shape it has (a head started from
+    another kind's weights: Clover from Medusa, Falcon from EAGLE). Returns the names copied."""
+    params = dict(model.named_parameters())
+    got = [k for k in state if k in params and params[k].shape == state[k].shape]
+    with torch.no_grad():
+        for k in got:
+            params[k].copy_(state[k].to(params[k].dtype))
+    return got
+

@@ -35,9 +35,8 @@ import torch.nn.functional as F
 
 from speclab.train.head_data import DATA_DIRS, batch, first_rows, load_data, set_features, target_features, windows
 from speclab.train.heads import soft_ce
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, set_lr, slot_agreement
 from speclab.train.smollm2_data import merge, split_rows
-from speclab.train.vocab import select_head_ids
 
 CACHE = "~/.cache/speclab/clover"
 
@@ -149,22 +148,22 @@ def build(base, head_ids, args):
 def evaluate(head, data, X, spans, norm, W_sub, args, autocast: bool) -> dict:
     """Held-out top-1 agreement with the target's greedy token, per head."""
     head.eval()
-    hit: dict[str, float] = {}
-    for i in range(0, len(spans), args.batch):
-        tok, xs, _, lp, m = batch(data, [X], spans[i:i + args.batch], norm, W_sub)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            _, st = clover_loss(head, xs[-1], tok, lp, m)
-        for k in range(1, head.n_heads + 1):
-            hit[f"acc{k}"] = hit.get(f"acc{k}", 0.0) + st[f"acc{k}"] * st[f"n{k}"]
-            hit[f"n{k}"] = hit.get(f"n{k}", 0) + st[f"n{k}"]
+
+    def stats():
+        for i in range(0, len(spans), args.batch):
+            tok, xs, _, lp, m = batch(data, [X], spans[i:i + args.batch], norm, W_sub)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                yield clover_loss(head, xs[-1], tok, lp, m)[1]
+    out = slot_agreement(stats(), head.n_heads)
     head.train()
-    return {f"acc{k}": round(hit[f"acc{k}"] / max(hit[f"n{k}"], 1), 4) for k in range(1, head.n_heads + 1)}
+    return out
 
 
 def main(argv=None):
     from speclab.models import zoo
     from speclab.models.adapter import save_draft
-    from speclab.train.checkpoint import resume_state, save_checkpoint, trainable
+    from speclab.train.checkpoint import load_matching, resume_state, save_checkpoint, trainable
+    from speclab.train.vocab import text_head_ids
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = get_args(argv)
@@ -180,13 +179,8 @@ def main(argv=None):
         for p in base.parameters():
             p.requires_grad_(False)
     autocast = zoo.native_bf16(torch.device("cpu"))
-    V = base.config.vocab_size
-    specials = [i for i in tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
-                if i is not None and i != tok.unk_token_id]
     train_rows, held_rows = split_rows(data, args.held_frac, args.seed)
-    pos = torch.cat([torch.arange(int(data["offsets"][r]), int(data["offsets"][r + 1])) for r in train_rows])
-    counts = torch.bincount(data["tokens"][pos].long(), minlength=V).float()
-    head_ids = select_head_ids(None, min(args.head_size, V), specials, V, counts=counts, fill=True)
+    head_ids = text_head_ids(tok, data, train_rows, args.head_size, base.config.vocab_size)
     init = None
     if args.init_from:
         from safetensors.torch import load_file
@@ -194,11 +188,7 @@ def main(argv=None):
         head_ids = init.pop("head_ids")
     head = build(base, head_ids, args)
     if init is not None:
-        params = dict(head.named_parameters())
-        got = [k for k in init if k in params and params[k].shape == init[k].shape]
-        with torch.no_grad():
-            for k in got:
-                params[k].copy_(init[k].to(params[k].dtype))
+        got = load_matching(head, init)
         print(f"started from {args.init_from}: {len(got)} of its {len(init)} tensors")
     W_sub = head.lm_head.weight.detach().float()
     nw, eps = base.model.norm.weight.detach().float(), base.config.rms_norm_eps

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from speclab.train.heads import soft_ce
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, set_lr, slot_agreement
 
 
 def falcon_loss(head, fin, f, tok, lp, m, reg_weight=0.5, hard_weight=0.1):
@@ -208,26 +208,25 @@ def batch_of(data, X, spans, head, W_sub):
 def evaluate(head, data, X, spans, W_sub, args) -> dict:
     """Held-out top-1 agreement with the target's greedy token per slot, teacher-forced."""
     head.eval()
-    hit: dict[str, float] = {}
-    for i in range(0, len(spans), args.batch):
-        tok, fin, f, lp, m = batch_of(data, X, spans[i:i + args.batch], head, W_sub)
-        _, _, st = falcon_loss(head, fin, f, tok, lp, m)
-        for s in range(1, head.k + 1):
-            hit[f"acc{s}"] = hit.get(f"acc{s}", 0.0) + st[f"acc{s}"] * st[f"n{s}"]
-            hit[f"n{s}"] = hit.get(f"n{s}", 0) + st[f"n{s}"]
+
+    def stats():
+        for i in range(0, len(spans), args.batch):
+            tok, fin, f, lp, m = batch_of(data, X, spans[i:i + args.batch], head, W_sub)
+            yield falcon_loss(head, fin, f, tok, lp, m)[2]
+    out = slot_agreement(stats(), head.k)
     head.train()
-    return {f"acc{s}": round(hit[f"acc{s}"] / max(hit[f"n{s}"], 1), 4) for s in range(1, head.k + 1)}
+    return out
 
 
 def main(argv=None):
     from speclab.models import zoo
     from speclab.models.adapter import save_draft
     from speclab.models.gguf import cache_root
-    from speclab.train.checkpoint import resume_state, save_checkpoint, trainable
+    from speclab.train.checkpoint import load_matching, resume_state, save_checkpoint, trainable
     from speclab.train.head_data import windows
     from speclab.train.heads import parse_layers
     from speclab.train.smollm2_data import split_rows
-    from speclab.train.vocab import select_head_ids
+    from speclab.train.vocab import text_head_ids
 
     argv = sys.argv[1:] if argv is None else list(argv)
     args = get_args(argv)
@@ -242,21 +241,12 @@ def main(argv=None):
     base = zoo.load(args.target, dtype="fp32")[0]                     # fp32 master weights
     for p in base.parameters():
         p.requires_grad_(False)
-    V = base.config.vocab_size
-    specials = [i for i in tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
-                if i is not None and i != tok.unk_token_id]
     train_rows, held_rows = split_rows(data, args.held_frac, args.seed)
-    pos = torch.cat([torch.arange(int(data["offsets"][r]), int(data["offsets"][r + 1])) for r in train_rows])
-    counts = torch.bincount(data["tokens"][pos].long(), minlength=V).float()
-    head_ids = init.pop("head_ids") if init else select_head_ids(None, min(args.head_size, V), specials, V,
-                                                                    counts=counts, fill=True)
+    head_ids = init.pop("head_ids") if init else text_head_ids(tok, data, train_rows, args.head_size,
+                                                               base.config.vocab_size)
     head = build(base, head_ids, args, layers)
     if init is not None:
-        params = dict(head.named_parameters())
-        got = [key for key in init if key in params and params[key].shape == init[key].shape]
-        with torch.no_grad():
-            for key in got:
-                params[key].copy_(init[key].to(params[key].dtype))
+        got = load_matching(head, init)
         print(f"started from {args.init_from}: {len(got)} of its {len(init)} tensors")
     W_sub = head.lm_head.weight.detach().float()
     params = trainable(head)

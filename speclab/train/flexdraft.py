@@ -210,6 +210,17 @@ def save_adapter(adapter: FlexDraftAdapter, out: Path, base_name: str, info: dic
         (tmp / "speclab_train.json").write_text(json.dumps(info, indent=2))
 
 
+def join_text(a: dict, b: dict) -> dict:
+    """The rows of a (--data-dirs: with token kinds) then b (--self-text: none; every token of its
+    rows counts as the target's), in the fields this trainer reads."""
+    from speclab.train.smollm2_data import ANSWER
+    kinds_b = torch.full((len(b["tokens"]),), ANSWER, dtype=a["kinds"].dtype)
+    return {"tokens": torch.cat([a["tokens"], b["tokens"].to(a["tokens"].dtype)]),
+            "offsets": torch.cat([a["offsets"], a["offsets"][-1] + b["offsets"][1:]]),
+            "is_code": torch.cat([a["is_code"], b["is_code"].to(a["is_code"].dtype)]),
+            "kinds": torch.cat([a["kinds"], kinds_b])}
+
+
 def load_text(args, model, tok) -> dict:
     from speclab.train.head_data import load_data
     dirs = [d for d in (args.data_dirs or []) if d]
@@ -217,11 +228,7 @@ def load_text(args, model, tok) -> dict:
     if args.self_text:
         from speclab.train.clover import self_text
         own = self_text(model, tok, args.target, args.self_text, args.max_new, args.seed)
-        if data is None:
-            data = own
-        else:
-            from speclab.train.smollm2_data import merge
-            data = merge(data, own)
+        data = own if data is None else join_text(data, own)
     if data is None:
         raise SystemExit("no text: give --data-dirs (written by `speclab train smollm2-draft --gen-only`) "
                          "or --self-text N")

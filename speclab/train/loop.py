@@ -97,3 +97,16 @@ class BudgetLoop:
                     last = time.time()
         finally:
             self.bar.close()
+
+
+def slot_agreement(stats, n_slots: int) -> dict:
+    """Held-out top-1 agreement per slot (head, depth) over batches: `stats` yields each batch's
+    {f"acc{s}": share, f"n{s}": positions} for s = 1..n_slots; the result weighs each batch by its
+    positions: {f"acc{s}": share}."""
+    hit: dict[str, float] = {}
+    for st in stats:
+        for s in range(1, n_slots + 1):
+            hit[f"acc{s}"] = hit.get(f"acc{s}", 0.0) + st[f"acc{s}"] * st[f"n{s}"]
+            hit[f"n{s}"] = hit.get(f"n{s}", 0) + st[f"n{s}"]
+    return {f"acc{s}": round(hit.get(f"acc{s}", 0.0) / max(hit.get(f"n{s}", 0), 1), 4) for s in range(1, n_slots + 1)}
+

@@ -38,3 +38,14 @@ def subset_index(head_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     idx = torch.full((vocab_size,), -1, dtype=torch.long)
     idx[head_ids] = torch.arange(len(head_ids))
     return idx
+
+
+def text_head_ids(tok, data: dict, rows: list[int], size: int, V: int) -> torch.Tensor:
+    """A trimmed head's ids for a head trained on `rows` of head_data's text: the chat specials,
+    then the ids the text uses most, `size` in all (at most V)."""
+    specials = [i for i in tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+                if i is not None and i != tok.unk_token_id]
+    pos = torch.cat([torch.arange(int(data["offsets"][r]), int(data["offsets"][r + 1])) for r in rows])
+    counts = torch.bincount(data["tokens"][pos].long(), minlength=V).float()
+    return select_head_ids(None, min(size, V), specials, V, counts=counts, fill=True)
+

@@ -153,3 +153,21 @@ def test_the_trainer_runs_and_saves_a_loadable_adapter(tmp_path):
     assert len(info["held_out"]["acc"]) == 2 and info["command"].startswith("speclab train flexdraft")
     r = speclab.generate("code-target", "def add(a, b):", "flexdraft", draft=str(out), max_new_tokens=8)
     assert r.trace.totals.drafted > 0
+
+
+def test_every_view_draws_the_block_over_the_verdicts(target, trained, heldout_prompts, tmp_path):
+    """The view spec gives flexdraft the block-filling figure (one row: one forward fills the
+    block), so the player, the dashboard and the export all draw it; the export holds it."""
+    from speclab.export import to_html
+    from speclab.figures.dllm_draft import block_fill_figure
+    from speclab.figures.views import view_of
+    r = speclab.generate(target, heldout_prompts[0], "flexdraft", draft=trained, max_new_tokens=16, theta=0.0)
+    t = r.trace
+    assert "block filling" in [f.name for f in view_of(t).step]
+    fig = block_fill_figure(t, 1)
+    slots = [d for d in t.rounds[1].decisions if d.policy == "flexdraft"]
+    conf = fig.data[2]
+    assert [conf.z[0][d.at] for d in slots] == [d.inputs["confidence"] for d in slots]
+    assert "of the target (mask rows)" in fig.layout.title.text
+    html = to_html(t, tmp_path / "flexdraft.html").read_text()
+    assert "block filling" in html and "of the target (mask rows)" in html

@@ -54,6 +54,12 @@ def test_report_rows_and_sweep_plot(one_thread):
     md = D.report_markdown({"code-complete": rows}, "code-dllm", 2, 16, 8)
     assert md.count("\n|") == len(rows) + 2                      # the head, its rule, a row per policy
 
+    kept = {"code-complete": [r for r in rows if r["policy"] in ("one per step", "threshold 0.9")]}
+    again = D.report("code-dllm", "code-target", ["code-complete"], 2, gen_length=16, block_length=8,
+                     policies="dllm-threshold", sweep=(0.5,), done=kept)["code-complete"]
+    assert again[:2] == kept["code-complete"]                    # kept as they were, not run again
+    assert [r["policy"] for r in again[2:]] == [r["policy"] for r in rows[2:]]      # the rest, in order
+
 
 def row(policy, method, params, eq, per_row):
     return dict(policy=policy, method=method, params=params, positions_equal=eq, content_per_row=per_row)
@@ -83,3 +89,6 @@ def test_merge_joins_reports_of_separate_sets(tmp_path):
     assert json.loads(a.read_text()) == {"chat": merged["chat"]}
     with pytest.raises(ValueError, match="more than one"):
         D.merge([str(a), str(a)])
+    c = tmp_path / "c.json"                             # a set's policies split over two runs
+    D.write_json({"chat": [row("z", "m", {}, 0.8, 1.2)]}, str(c))
+    assert [r["policy"] for r in D.merge([str(a), str(c)])["chat"]] == ["x", "z"]

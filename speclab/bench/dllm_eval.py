@@ -18,10 +18,15 @@ The report on two cores, a one-thread process per prompt set, then one JSON and 
   python -m speclab.bench.dllm_eval --threads 1 --report chat --report-prompts 20 --json chat.json &
   python -m speclab.bench.dllm_eval --threads 1 --report code-edit --report-prompts 20 --json code.json
   python -m speclab.bench.dllm_eval --merge chat.json,code.json --report-prompts 20 --json r.json --plot sweep.png
+
+A report stopped part way keeps its finished rows in its --json file; the same command with --resume
+runs only the policies the file lacks (the one-per-step reference runs again: every row is read
+against it).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -240,12 +245,13 @@ def target_nll(model, prompt_ids: list[int], answer: list[int]) -> tuple[float, 
 
 
 def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64, block_length: int = 32,
-           policies: str | None = None, sweep: tuple = SWEEP, on_row=None) -> dict:
+           policies: str | None = None, sweep: tuple = SWEEP, on_row=None, done: dict | None = None) -> dict:
     """The diffusion report per prompt set: for every policy (and a threshold sweep), content tokens
     (the one-per-step answer up to its end of text) per forward row, positions equal to one-per-step,
     the AR target's NLL per token of what it wrote, wall tokens per second; `ar` on the AR target
     beside them. Returns {set: [row, ...]} (rows as dicts); on_row(rows so far), when given, after
-    every row (main writes the JSON there, so a report stopped part way keeps its finished rows)."""
+    every row (main writes the JSON there, so a report stopped part way keeps its finished rows).
+    done: a report's rows so far ({set: rows}, `--resume`): their policies are kept, not run again."""
     from speclab.prompts import load_prompts
     model, tok = speclab.load(target)
     ar_model, ar_tok = speclab.load(base)
@@ -260,8 +266,9 @@ def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64
         refs = [speclab.run((model, tok), p, ONE_PER_STEP[0], **kw0).trace for p in tqdm(prompts, desc=f"{name}: reference")]
         eos = tok.eos_token_id
         content = [content_length(t.output_ids, eos) for t in refs]
-        rows = rows_by_set[name] = []
-        for label, method, kw in tqdm(table, desc=f"{name}: policies"):
+        rows = rows_by_set[name] = list((done or {}).get(name, []))
+        have = {r["policy"] for r in rows}
+        for label, method, kw in tqdm([t for t in table if t[0] not in have], desc=f"{name}: policies"):
             fwd = same = npos = toks = nfe = 0
             nll = nll_n = wall = 0.0
             for p, ref in zip(prompts, refs):
@@ -282,6 +289,8 @@ def report(target: str, base: str, sets: list[str], n: int, gen_length: int = 64
                              forwards=nfe, content_tokens=sum(content)))
             if on_row is not None:
                 on_row(rows_by_set)
+        if f"ar on {base}" in have:
+            continue
         ar_wall = ar_toks = 0.0
         ar_nll = ar_n = 0.0
         for p in prompts:
@@ -379,15 +388,18 @@ def above_curve(rows: list[dict]) -> list[str]:
 
 
 def merge(paths: list[str]) -> dict:
-    """Reports run apart (a process per prompt set, say) as one {set: rows}; a set twice is an error."""
+    """Reports run apart (a process per prompt set, or a set's policies split over runs) as one
+    {set: rows}; a policy of a set in two of them is an error."""
     import json
-    rows_by_set = {}
+    rows_by_set: dict = {}
     for path in paths:
         with open(path, encoding="utf-8") as f:
             for name, rows in json.load(f).items():
-                if name in rows_by_set:
-                    raise ValueError(f"the prompt set {name!r} is in more than one of {paths}: merge each set once")
-                rows_by_set[name] = rows
+                have = {r["policy"] for r in rows_by_set.get(name, [])}
+                twice = sorted(have & {r["policy"] for r in rows})
+                if twice:
+                    raise ValueError(f"{name!r}: the policies {twice} are in more than one of {paths}: merge each once")
+                rows_by_set.setdefault(name, []).extend(rows)
     return rows_by_set
 
 
@@ -416,6 +428,8 @@ def main(argv=None):
     ap.add_argument("--plot", help="the report's sweep plot: .html (offline, plotly.js inside) or .png (Chromium)")
     ap.add_argument("--merge", metavar="JSON,JSON", help="no runs: the reports in these --json files (a process per "
                                                          "prompt set) as one: its tables, --json and --plot")
+    ap.add_argument("--resume", action="store_true", help="with --report and --json: keep the rows already in the "
+                                                          "--json file and run only the policies it lacks")
     ap.add_argument("--learn2pd", metavar="DIR", help="add dllm-learn2pd rows with this filter "
                                                      "(`speclab train learn2pd --out DIR`)")
     a = ap.parse_args(argv)
@@ -425,9 +439,12 @@ def main(argv=None):
         torch.set_num_threads(a.threads)
     if a.report or a.merge:
         sweep = () if a.sweep.strip().lower() in ("", "none") else tuple(float(t) for t in a.sweep.split(","))
+        if a.resume and not (a.report and a.json):
+            raise SystemExit("--resume continues a report in its --json file: give --report SETS --json FILE")
+        done = merge([a.json]) if a.resume and os.path.exists(a.json) else None
         rows = merge(a.merge.split(",")) if a.merge else report(
             a.chat_target, a.base, a.report.split(","), a.report_prompts, policies=a.policies, sweep=sweep,
-            on_row=(lambda r: write_json(r, a.json)) if a.json else None)
+            on_row=(lambda r: write_json(r, a.json)) if a.json else None, done=done)
         print(report_markdown(rows, a.chat_target, a.report_prompts, 64, 32))
         for name, set_rows in rows.items():
             print(f"\n{name}: above dllm-threshold's curve: {', '.join(above_curve(set_rows)) or 'none'}")

@@ -155,7 +155,9 @@ def windows(data: dict, rows: list[int], L: int, k: int) -> list[tuple[int, int,
     from speclab.train.smollm2_dllm import MASKED_KINDS
     off, out = data["offsets"], []
     kinds = data.get("kinds")                   # --self-text rows have none: every token counts
-    gen_kind = torch.ones(len(data["tokens"]), dtype=torch.bool) if kinds is None else torch.zeros_like(kinds, dtype=torch.bool)
+    gen_kind = torch.ones(len(data["tokens"]), dtype=torch.bool)
+    if kinds is not None:
+        gen_kind = torch.zeros_like(kinds, dtype=torch.bool)
     for kind in MASKED_KINDS if kinds is not None else ():
         gen_kind |= kinds == kind
     for r in rows:

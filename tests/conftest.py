@@ -60,17 +60,18 @@ def toy_heads(target):
     return {"eagle": eagle.eval(), "medusa": medusa.eval()}
 
 
-def first_two_sampled_follow_the_target(target, method: str, n: int = 240, **kw) -> None:
+def first_two_sampled_follow_the_target(target, method, n: int = 240, prompt=None, top_k: int = 2, **kw) -> None:
     """Round 1 of a head method has no draft, so the drafted position is the second token: over n
-    seeds at T = 1, top-k 2, the first two tokens' law must be the target's, p(x1) p(x2 | x1)
-    (chi-square, p-value > 0.001). kw: the method's draft and parameters."""
+    seeds at T = 1, top-k `top_k`, the first two tokens' law must be the target's, p(x1) p(x2 | x1)
+    (chi-square, p-value > 0.001). method: a name or a Drafter; prompt: text or ids (default a code
+    line); kw: the method's draft and parameters."""
     from scipy.stats import chisquare
     import speclab
     from speclab.decoding.acceptance import Sampler, warp
     model, tok = target
-    prompt = "    def __repr__(self):\n        return"
-    sampler = Sampler(1.0, top_k=2)
-    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    prompt = "    def __repr__(self):\n        return" if prompt is None else prompt
+    sampler = Sampler(1.0, top_k=top_k)
+    ids = list(prompt) if isinstance(prompt, list) else tok(prompt, add_special_tokens=False)["input_ids"]
     with torch.no_grad():
         p1 = warp(model(input_ids=torch.tensor([ids])).logits[0, -1], sampler)
         joint = {}
@@ -80,7 +81,7 @@ def first_two_sampled_follow_the_target(target, method: str, n: int = 240, **kw)
                 joint[(a, b)] = float(p1[a] * p2[b])
     counts = dict.fromkeys(joint, 0)
     for seed in range(n):
-        r = speclab.generate(target, prompt, method, max_new_tokens=2, temperature=1.0, top_k=2, seed=seed,
+        r = speclab.generate(target, prompt, method, max_new_tokens=2, temperature=1.0, top_k=top_k, seed=seed,
                              record=None, **kw)
         counts[tuple(r.ids)] += 1                  # KeyError = a pair the target cannot produce
     keys = list(joint)

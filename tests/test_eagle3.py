@@ -8,10 +8,9 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from scipy.stats import chisquare
 
 import speclab
-from speclab.decoding.acceptance import Sampler, warp
+from conftest import first_two_sampled_follow_the_target
 from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
 from speclab.models import eagle3 as E
 from speclab.models.eagle3_export import export
@@ -183,25 +182,8 @@ def test_second_sampled_token_follows_target_distribution(cls, params, tiny):
     """Round 1 has no draft, so the drafted position is the second token: its joint law with the
     first must be the target's, p(x1) p(x2 | x1), under recursive rejection / speculative sampling."""
     model = tiny[0]
-    d = make_draft(model)
-    ids = list(range(40, 52))
-    sampler = Sampler(1.0, top_k=3)
-    with torch.no_grad():
-        p1 = warp(model(input_ids=torch.tensor([ids])).logits[0, -1], sampler)
-        joint = {}
-        for a in p1.nonzero()[:, 0].tolist():
-            p2 = warp(model(input_ids=torch.tensor([ids + [a]])).logits[0, -1], sampler)
-            for b in p2.nonzero()[:, 0].tolist():
-                joint[(a, b)] = float(p1[a] * p2[b])
-    n, counts = 600, dict.fromkeys(joint, 0)
-    for seed in range(n):
-        r = speclab.generate(tiny, ids, cls(model, d, **params), max_new_tokens=2, temperature=1.0, top_k=3,
-                             seed=seed, record=None)
-        counts[tuple(r.ids)] += 1                  # KeyError = a pair the target cannot produce
-    keys = list(joint)
-    exp = torch.tensor([joint[k] for k in keys], dtype=torch.float64)
-    exp = exp / exp.sum() * n
-    assert chisquare([counts[k] for k in keys], exp.numpy()).pvalue > 1e-3
+    first_two_sampled_follow_the_target(tiny, cls(model, make_draft(model), **params), n=600,
+                                        prompt=list(range(40, 52)), top_k=3)
 
 
 # what vLLM 0.32's llama_eagle3.py (Eagle3LlamaForCausalLM.load_weights) and speculators' eagle3 reader

@@ -41,10 +41,8 @@ from speclab.models.adapter import SubsetHead
 def clover_config(base_cfg, n_heads: int = 4, ffn: int | None = None):
     """A Llama config of the base's dimensions (as heads.head_config writes one) plus the number of
     heads and the augmenting block's MLP width (default: the hidden size; 0: attention only)."""
-    from transformers import LlamaConfig
-    cfg = LlamaConfig(**{k: v for k, v in base_cfg.to_dict().items()
-                         if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version",
-                                      "model_type")})
+    from speclab.models.heads import llama_config_like
+    cfg = llama_config_like(base_cfg)
     cfg.num_hidden_layers = 1
     cfg.tie_word_embeddings = False
     cfg.clover_heads = n_heads

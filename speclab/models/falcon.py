@@ -42,10 +42,8 @@ from speclab.models.clover import rope, rope_theta
 def falcon_config(base_cfg, n_layers: int = 2, k: int = 2, ffn: int | None = None, layers=None):
     """A Llama config of the base's dimensions with n_layers layers of MLP width ffn (default the
     base's), k tokens a forward, and optionally the target layers whose states it fuses."""
-    from transformers import LlamaConfig
-    cfg = LlamaConfig(**{key: v for key, v in base_cfg.to_dict().items()
-                         if key not in ("architectures", "quantization_config", "_name_or_path", "transformers_version",
-                                        "model_type")})
+    from speclab.models.heads import llama_config_like
+    cfg = llama_config_like(base_cfg)
     cfg.num_hidden_layers = n_layers
     cfg.tie_word_embeddings = False
     cfg.falcon_k = k

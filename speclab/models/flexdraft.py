@@ -38,10 +38,8 @@ from speclab.models.lean.weights import mm
 
 def flexdraft_config(base_cfg, first_layer: int, rank: int, alpha: float, k: int):
     """The target's config with the adapter's shape in `flexdraft`."""
-    from transformers import LlamaConfig
-    cfg = LlamaConfig(**{key: v for key, v in base_cfg.to_dict().items()
-                         if key not in ("architectures", "quantization_config", "_name_or_path", "transformers_version",
-                                        "model_type")})
+    from speclab.models.heads import llama_config_like
+    cfg = llama_config_like(base_cfg)
     n = cfg.num_hidden_layers
     if not 0 <= first_layer < n:
         raise ValueError(f"flexdraft: first_layer must be in 0..{n - 1} (the target has {n} layers), got {first_layer}")
@@ -72,11 +70,11 @@ class FlexDraftAdapter(nn.Module):
     def qkv_delta(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """(..., C) -> (..., (Hq + 2 Hkv) D): what the mask rows add to the fused q | k | v."""
         j = layer - self.first
-        return (h @ self.qkv_a[j].to(h.dtype)) @ self.qkv_b[j].to(h.dtype) * self.scale
+        return (h @ self.qkv_a[j].to(h)) @ self.qkv_b[j].to(h) * self.scale
 
     def o_delta(self, layer: int, a: torch.Tensor) -> torch.Tensor:
         j = layer - self.first
-        return (a @ self.o_a[j].to(a.dtype)) @ self.o_b[j].to(a.dtype) * self.scale
+        return (a @ self.o_a[j].to(a)) @ self.o_b[j].to(a) * self.scale
 
     def check_target(self, target_model, name: str = "the target"):
         got, want = target_model.config, self.config
@@ -115,7 +113,7 @@ def draft_logits(lm, adapter: FlexDraftAdapter, clean: torch.Tensor, n_masks: in
         h = lm.rms(x, w["ln1"])
         qkv = mm(h, w, "wqkv")                                                  # (T, (Hq + 2 Hkv) D)
         if i >= adapter.first:
-            qkv = torch.cat([qkv[:P], qkv[P:] + adapter.qkv_delta(i, h[P:])])
+            qkv[P:] += adapter.qkv_delta(i, h[P:])
         qk = _rope(lm.qk_heads(qkv, w), cos, sin).transpose(0, 1)
         q, k = qk[:Hq], qk[Hq:]
         v = qkv[:, (Hq + Hkv) * D:]
@@ -125,7 +123,7 @@ def draft_logits(lm, adapter: FlexDraftAdapter, clean: torch.Tensor, n_masks: in
         a = a.transpose(0, 1).reshape(T, Hq * D)
         o = mm(a, w, "wo")
         if i >= adapter.first:
-            o = torch.cat([o[:P], o[P:] + adapter.o_delta(i, a[P:])])
+            o[P:] += adapter.o_delta(i, a[P:])
         x = x + o
         h = lm.rms(x, w["ln2"])
         g, u = mm(h, w, "w13").chunk(2, -1)

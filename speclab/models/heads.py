@@ -29,14 +29,20 @@ import torch.nn.functional as F
 from speclab.models.adapter import SubsetHead, build_draft
 
 
+def llama_config_like(base_cfg):
+    """A Llama config of the base's dimensions, whatever the base's family (its model_type, its
+    architectures and its quantization are not carried over): what every head or adapter starts from."""
+    from transformers import LlamaConfig
+    return LlamaConfig(**{k: v for k, v in base_cfg.to_dict().items()
+                          if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version",
+                                       "model_type")})
+
+
 def head_config(base_cfg, kind: str, n_heads: int = 4, layers=None):
     """A one-layer Llama config with the base's dimensions (eagle, + eagle_layers if it reads
     several target layers), or the same + medusa_heads. A Llama whatever the base's family (its
     model_type is not carried over: a Qwen2 base's head has no attention biases)."""
-    from transformers import LlamaConfig
-    cfg = LlamaConfig(**{k: v for k, v in base_cfg.to_dict().items()
-                         if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version",
-                                      "model_type")})
+    cfg = llama_config_like(base_cfg)
     cfg.num_hidden_layers = 1
     cfg.tie_word_embeddings = False
     if kind == "medusa":

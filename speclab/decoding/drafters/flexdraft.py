@@ -34,14 +34,12 @@ import torch
 
 from speclab.decoding.acceptance import warp
 from speclab.decoding.drafters.dllm import slot_candidates
+from speclab.decoding.drafters.heads import _name
 from speclab.decoding.drafters.model import host_read
 from speclab.decoding.speculative import Context, Drafter
 from speclab.decoding.tree import DraftTree
 from speclab.trace import Decision
 
-
-def _name(m) -> str:
-    return str(getattr(m, "name_or_path", None) or type(m).__name__)
 
 
 class FlexDraftDrafter(Drafter):
@@ -72,16 +70,13 @@ class FlexDraftDrafter(Drafter):
         if not hasattr(target, "kv") or not hasattr(target, "layers"):
             raise ValueError("flexdraft drafts inside the target on speclab's lean forward (a plain Llama-family "
                              f"target); this target runs on {type(target).__name__}: use backend='auto' or 'lean'")
-        self.weights = self.adapter.to(device=target.device, dtype=target.dtype)
 
     @torch.inference_mode()
     def propose(self, ctx: Context) -> DraftTree:
         from speclab.models.flexdraft import draft_logits
         greedy, k = self.sampler.greedy, self.k
         clean = torch.tensor(ctx.ids[len(ctx.ids) - ctx.pending:], device=ctx.device)
-        base = self.target.length
-        rows = draft_logits(self.target, self.weights, clean, k - 1)              # (k, V): ONE forward
-        self.target.keep(base)                  # nothing committed (the slots past it are the verify's)
+        rows = draft_logits(self.target, self.adapter, clean, k - 1)   # (k, V): ONE forward, nothing committed
         self.forwards += 1
         q = rows.softmax(-1) if greedy else warp(rows, self.sampler)
         top = q.max(-1).values

@@ -173,6 +173,10 @@ def _draft(method: str, family: str, models, which: str):
     elif kind == "falcon":
         from speclab.models.falcon import FalconHead, falcon_config
         head = FalconHead(target, falcon_config(target.config, n_layers=2, k=2), ids)
+    elif kind == "flexdraft":           # the mask rows' deltas on the last layer: random, so they matter
+        from speclab.models.flexdraft import FlexDraftAdapter, flexdraft_config
+        n = target.config.num_hidden_layers
+        head = FlexDraftAdapter(target, flexdraft_config(target.config, first_layer=n - 1, rank=4, alpha=8, k=3), ids)
     else:
         head = (build_eagle if kind == "eagle" else build_medusa)(target, head_config(target.config, kind, n_heads=3), ids)
     with torch.no_grad():

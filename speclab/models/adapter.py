@@ -137,3 +137,12 @@ def apply_dllm_lora(where: str | Path, model):
     for key in ("speclab_engine", "mask_token_id", "speclab_shift", "speclab_block_causal", "speclab_block_length"):
         setattr(model.config, key, raw[key])
     return model
+
+
+def llama_config_like(base_cfg):
+    """A Llama config of the base's dimensions, whatever the base's family (its model_type, its
+    architectures and its quantization are not carried over): what every head or adapter starts from."""
+    from transformers import LlamaConfig
+    return LlamaConfig(**{k: v for k, v in base_cfg.to_dict().items()
+                          if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version",
+                                       "model_type")})

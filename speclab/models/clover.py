@@ -35,13 +35,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speclab.models.adapter import SubsetHead
+from speclab.models.adapter import SubsetHead, llama_config_like
 
 
 def clover_config(base_cfg, n_heads: int = 4, ffn: int | None = None):
     """A Llama config of the base's dimensions (as heads.head_config writes one) plus the number of
     heads and the augmenting block's MLP width (default: the hidden size; 0: attention only)."""
-    from speclab.models.heads import llama_config_like
     cfg = llama_config_like(base_cfg)
     cfg.num_hidden_layers = 1
     cfg.tie_word_embeddings = False

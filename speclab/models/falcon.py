@@ -35,14 +35,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speclab.models.adapter import SubsetHead
+from speclab.models.adapter import SubsetHead, llama_config_like
 from speclab.models.clover import rope, rope_theta
 
 
 def falcon_config(base_cfg, n_layers: int = 2, k: int = 2, ffn: int | None = None, layers=None):
     """A Llama config of the base's dimensions with n_layers layers of MLP width ffn (default the
     base's), k tokens a forward, and optionally the target layers whose states it fuses."""
-    from speclab.models.heads import llama_config_like
     cfg = llama_config_like(base_cfg)
     cfg.num_hidden_layers = n_layers
     cfg.tie_word_embeddings = False

@@ -32,13 +32,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from speclab.models.adapter import llama_config_like
 from speclab.models.lean.forward import _rope
 from speclab.models.lean.weights import mm
 
 
 def flexdraft_config(base_cfg, first_layer: int, rank: int, alpha: float, k: int):
     """The target's config with the adapter's shape in `flexdraft`."""
-    from speclab.models.heads import llama_config_like
     cfg = llama_config_like(base_cfg)
     n = cfg.num_hidden_layers
     if not 0 <= first_layer < n:

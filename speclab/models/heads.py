@@ -26,16 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from speclab.models.adapter import SubsetHead, build_draft
-
-
-def llama_config_like(base_cfg):
-    """A Llama config of the base's dimensions, whatever the base's family (its model_type, its
-    architectures and its quantization are not carried over): what every head or adapter starts from."""
-    from transformers import LlamaConfig
-    return LlamaConfig(**{k: v for k, v in base_cfg.to_dict().items()
-                          if k not in ("architectures", "quantization_config", "_name_or_path", "transformers_version",
-                                       "model_type")})
+from speclab.models.adapter import SubsetHead, build_draft, llama_config_like
 
 
 def head_config(base_cfg, kind: str, n_heads: int = 4, layers=None):

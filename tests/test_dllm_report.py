@@ -78,6 +78,13 @@ def test_above_curve_reads_each_policy_against_the_threshold_sweep():
     assert D.threshold_curve(rows) == [(0.5, 1.5), (0.9, 1.0)]
     assert D.above_curve(rows) == ["over", "right"]
     assert D.above_curve(rows[2:]) == []                       # no curve to read against
+    assert D.lift(rows)["over"] == pytest.approx(1.3 / 1.25) and "left" not in D.lift(rows)
+    # the best point: above the curve on every set, the most lifted on average
+    other = [r if r["policy"] != "over" else dict(r, content_per_row=1.26) for r in rows]    # barely over
+    other = [r if r["policy"] != "right" else dict(r, content_per_row=1.2) for r in other]   # 1.2 over 1.0
+    assert D.best_point({"a": rows, "b": other}) == ("dllm-freedave", {})
+    with pytest.raises(ValueError, match="above dllm-threshold's curve on every"):
+        D.best_point({"a": rows, "b": rows[:2]})
 
 
 def test_merge_joins_reports_of_separate_sets(tmp_path):

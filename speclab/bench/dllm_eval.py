@@ -364,27 +364,55 @@ def threshold_curve(rows: list[dict]) -> list[tuple[float, float]]:
                   if r["method"] == "dllm-threshold" and set(r["params"]) == {"threshold"})
 
 
-def above_curve(rows: list[dict]) -> list[str]:
-    """The policies of one set that lie above dllm-threshold's curve: more content tokens per forward
-    row than the curve (straight between its points) at the same positions equal; to the right of
-    its last point, at least that point's tokens per row (more agreement and no fewer tokens). To
-    the left of its first point nothing is above: less agreement than every threshold run."""
+def curve_at(curve: list[tuple[float, float]], x: float) -> float | None:
+    """dllm-threshold's content per row at positions equal x: straight between the curve's points;
+    to the right of its last point, that point's (more agreement for no fewer tokens); None to the
+    left of its first point (less agreement than every threshold run: nothing to compare with)."""
+    if len(curve) < 2 or x < curve[0][0]:
+        return None
+    if x >= curve[-1][0]:
+        return curve[-1][1]
+    (x0, y0), (x1, y1) = next((a, b) for a, b in zip(curve, curve[1:]) if a[0] <= x <= b[0])
+    return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def lift(rows: list[dict]) -> dict[str, float]:
+    """Each policy of one set (dllm-threshold's own and ar aside) against dllm-threshold's curve:
+    its content per row over the curve's at its positions equal (above 1: more tokens per forward
+    row for the same agreement); policies left of the curve are left out."""
     curve = threshold_curve(rows)
-    if len(curve) < 2:
-        return []
-    out = []
+    out = {}
     for r in rows:
-        x, y = r["positions_equal"], r["content_per_row"]
-        if x is None or r["method"] in ("dllm-threshold", "ar") or x < curve[0][0]:
+        x = r["positions_equal"]
+        if x is None or r["method"] in ("dllm-threshold", "ar"):
             continue
-        if x >= curve[-1][0]:
-            above = y >= curve[-1][1] and (x, y) != curve[-1]
-        else:
-            (x0, y0), (x1, y1) = next((a, b) for a, b in zip(curve, curve[1:]) if a[0] <= x <= b[0])
-            above = y > (y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0))
-        if above:
-            out.append(r["policy"])
+        y0 = curve_at(curve, x)
+        if y0 is not None:
+            out[r["policy"]] = r["content_per_row"] / y0
     return out
+
+
+def above_curve(rows: list[dict]) -> list[str]:
+    """The policies of one set that lie above dllm-threshold's curve (lift): more content tokens per
+    forward row than the curve at the same positions equal; to the right of its last point, at least
+    that point's tokens per row and not the point itself."""
+    last = max(threshold_curve(rows), default=None)
+    return [p for p, v in lift(rows).items()
+            if v > 1 or (v == 1 and next(r for r in rows if r["policy"] == p)["positions_equal"] > last[0])]
+
+
+def best_point(rows_by_set: dict) -> tuple[str, dict]:
+    """The report's best point: of the policies above dllm-threshold's curve on every set, the one
+    lifted most above it (mean lift over the sets), as (method, params). The dashboard's diffusion
+    demo is this point."""
+    lifts = [(lift(rows), {r["policy"]: r for r in rows}) for rows in rows_by_set.values()]
+    above = [set(above_curve(rows)) for rows in rows_by_set.values()]
+    ok = set.intersection(*above) if above else set()
+    if not ok:
+        raise ValueError("no policy lies above dllm-threshold's curve on every prompt set")
+    best = max(sorted(ok), key=lambda p: sum(lf[p] for lf, _ in lifts) / len(lifts))
+    row = lifts[0][1][best]
+    return row["method"], row["params"]
 
 
 def merge(paths: list[str]) -> dict:

@@ -330,31 +330,60 @@ def report_markdown(rows_by_set: dict, target: str, n: int, gen_length: int, blo
     return "\n".join(out)
 
 
+SWEEP_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+                 "#bcbd22", "#e6a100", "#393b79", "#637939", "#843c39", "#7b4173")
+SWEEP_SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star")
+
+
 def sweep_figure(rows_by_set: dict):
     """Content tokens per forward row against positions equal to one-per-step, a panel per set:
-    dllm-threshold's sweep as a line, every other policy as a point."""
+    dllm-threshold's sweep as a line, every other policy as a point. A method keeps its colour in
+    every panel (its variants their own marker), one legend entry per policy toggles it in all
+    panels, and only the points above the curve are labelled on the plot (hover gives the rest)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
     names = list(rows_by_set)
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, shared_yaxes=True)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, shared_yaxes=True, horizontal_spacing=0.06)
+    methods, variants = {}, {}
+    for rows in rows_by_set.values():
+        for r in rows:
+            if r["method"] not in ("dllm-threshold", "ar") or "threshold" not in r["params"]:
+                methods.setdefault(r["method"], SWEEP_COLOURS[len(methods) % len(SWEEP_COLOURS)])
+                same = [p for p, m in variants.items() if m[0] == r["method"]]
+                variants.setdefault(r["policy"], (r["method"], SWEEP_SYMBOLS[len(same) % len(SWEEP_SYMBOLS)]))
     for i, name in enumerate(names, 1):
         rows = [r for r in rows_by_set[name] if r["positions_equal"] is not None]
         th = sorted((r for r in rows if r["method"] == "dllm-threshold" and "threshold" in r["params"]),
                     key=lambda r: r["params"]["threshold"])
         fig.add_trace(go.Scatter(x=[r["positions_equal"] for r in th], y=[r["content_per_row"] for r in th],
                                  mode="lines+markers+text", text=[str(r["params"]["threshold"]) for r in th],
-                                 textposition="top center", name="threshold sweep", line=dict(color="#888"),
-                                 showlegend=i == 1), row=1, col=i)
+                                 textposition="top center", textfont=dict(size=10, color="#666"),
+                                 name="dllm-threshold sweep", legendgroup="sweep", line=dict(color="#999", width=2),
+                                 marker=dict(size=6), showlegend=i == 1), row=1, col=i)
+        above = set(above_curve(rows))
         for r in rows:
             if r in th:
                 continue
-            fig.add_trace(go.Scatter(x=[r["positions_equal"]], y=[r["content_per_row"]], mode="markers+text",
-                                     text=[r["policy"][:28]], textposition="bottom center", textfont=dict(size=9),
-                                     marker=dict(size=9), name=r["policy"], showlegend=False), row=1, col=i)
+            method, symbol = variants[r["policy"]]
+            fig.add_trace(go.Scatter(
+                x=[r["positions_equal"]], y=[r["content_per_row"]],
+                mode="markers+text" if r["policy"] in above else "markers",
+                text=[r["policy"].split(",")[0] + " (above the curve)"], textposition="top center",
+                textfont=dict(size=11, color=methods[method]),
+                marker=dict(size=11 if r["policy"] in above else 9, symbol=symbol, color=methods[method],
+                            line=dict(width=1.5, color="black") if r["policy"] in above else dict(width=0)),
+                name=r["policy"], legendgroup=r["policy"], showlegend=i == 1,
+                hovertemplate=(f"<b>{r['policy']}</b><br>{r['method']} {_kw(r['params'])}<br>content tokens per "
+                               "forward row %{y:.3f}<br>positions equal %{x:.3f}<br>AR target NLL / token "
+                               f"{r['nll_per_token']:.3f}<extra>{name}</extra>")), row=1, col=i)
         fig.update_xaxes(title_text="positions equal to one-per-step", range=[0, 1.05], row=1, col=i)
-    fig.update_yaxes(title_text="content tokens per forward row", row=1, col=1)
-    fig.update_layout(height=520, width=640 * len(names), plot_bgcolor="white",
-                      title="diffusion policies: parallelism against agreement (up and right is better)")
+    fig.update_yaxes(title_text="content tokens per forward row", rangemode="tozero", row=1, col=1)
+    fig.update_layout(height=560, width=560 * len(names) + 330, plot_bgcolor="white",
+                      legend=dict(font=dict(size=10), tracegroupgap=2),
+                      title="diffusion policies: parallelism against agreement (up and right is better; "
+                            "outlined: above the threshold sweep)")
+    fig.update_xaxes(showgrid=True, gridcolor="#eee")
+    fig.update_yaxes(showgrid=True, gridcolor="#eee")
     return fig
 
 

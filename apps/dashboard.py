@@ -43,9 +43,11 @@ PROJECTOR_FIGURE = 1.15     # the step figure's own scale in projector mode: str
 # every run reads its prompt first, so "0 of 64 tokens" would look like a hang
 LOADING = "loading the model and reading the prompt (a model's first run loads it: a few seconds)"
 # the diffusion demo: the best point of the report's trade-off (BENCHMARKS.md, the diffusion
-# policies on smollm2-dllm): the most content tokens per forward row at a share of positions equal
-# to one-per-step no lower than dllm-threshold's at 0.7. Its registry defaults are that point (the
-# sub-block cache, sub-blocks of 8, threshold 0.9), so the demo passes no parameters of its own.
+# policies on smollm2-dllm, 20 chat and 20 code-edit prompts): of the policies above dllm-threshold's
+# curve on both sets, the one lifted most above it (speclab.bench.dllm_eval.best_point: 2.14x and
+# 1.77x the curve's content tokens per forward row at its agreement). Its registry defaults are
+# that point (the sub-block cache, sub-blocks of 8, threshold 0.9), so the demo passes no
+# parameters of its own.
 # It needs a block-diffusion LM; on the toy masked-diffusion models FreeDave stands in.
 DIFFUSION_DEMO, DIFFUSION_DEMO_MASKED = "dllm-fastv2", "dllm-freedave"
 # the methods a comparison starts with, per family (the baseline always runs too): for diffusion,

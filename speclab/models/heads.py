@@ -22,6 +22,8 @@ model.safetensors holds only what the head adds (bf16) plus `head_ids`.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -166,7 +168,6 @@ BUILDERS = {"draft": build_draft, "eagle": build_eagle, "medusa": build_medusa, 
 def load_draft(where: str | Path, base, dtype: torch.dtype):
     """The draft in `where` on top of an already loaded base model (same device and dtype)."""
     import json
-    from pathlib import Path
     from safetensors.torch import load_file
     from transformers import LlamaConfig
     from speclab.models.adapter import ADAPTER_KEY

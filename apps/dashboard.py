@@ -42,13 +42,10 @@ PROJECTOR_FIGURE = 1.15     # the step figure's own scale in projector mode: str
 # what the progress line says before the first token: a model's first run loads it (seconds), and
 # every run reads its prompt first, so "0 of 64 tokens" would look like a hang
 LOADING = "loading the model and reading the prompt (a model's first run loads it: a few seconds)"
-# the diffusion demo: the best point of the report's trade-off (BENCHMARKS.md, the diffusion
-# policies on smollm2-dllm, 20 chat and 20 code-edit prompts): of the policies above dllm-threshold's
-# curve on both sets, the one lifted most above it (speclab.bench.dllm_eval.best_point: 2.14x and
-# 1.77x the curve's content tokens per forward row at its agreement). Its registry defaults are
-# that point (the sub-block cache, sub-blocks of 8, threshold 0.9), so the demo passes no
-# parameters of its own.
-# It needs a block-diffusion LM; on the toy masked-diffusion models FreeDave stands in.
+# the diffusion demo: the report's best point (BENCHMARKS.md, smollm2-dllm; speclab.bench.dllm_curve.
+# best_point): above dllm-threshold's curve on every prompt set, lifted most above it. Its registry
+# defaults are that point, so the demo passes no parameters; on the toy masked-diffusion models
+# (not block-diffusion LMs) FreeDave stands in.
 DIFFUSION_DEMO, DIFFUSION_DEMO_MASKED = "dllm-fastv2", "dllm-freedave"
 # the methods a comparison starts with, per family (the baseline always runs too): for diffusion,
 # the threshold policy beside the demo, so the first Compare shows the trade-off's best point

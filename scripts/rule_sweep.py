@@ -97,7 +97,7 @@ def main(argv=None):
     rows = [r for f in a.json for r in json.loads(Path(f).read_text())["rows"]]
     print(table(rows))
     if a.plot:
-        from speclab.bench.dllm_eval import save_plot
+        from speclab.bench.plotfile import save_plot
         save_plot(figure(rows), a.plot)
 
 

@@ -365,7 +365,7 @@ def test_the_diffusion_demo_is_the_reports_best_point():
     """The dashboard's diffusion demo, with its defaults, is the report's best point: above
     dllm-threshold's curve on every prompt set and lifted most above it (speclab.bench.dllm_eval)."""
     from speclab.apps.dashboard import DIFFUSION_DEMO
-    from speclab.bench.dllm_eval import above_curve, best_point
+    from speclab.bench.dllm_curve import above_curve, best_point
     rows_by_set = json.loads(DLLM_REPORT.read_text())
     assert set(rows_by_set) == {"chat", "code-edit"} and all(len(rows) >= 20 for rows in rows_by_set.values())
     method, params = best_point(rows_by_set)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import speclab
+from speclab.bench import dllm_curve as C
 from speclab.bench import dllm_eval as D
 
 
@@ -48,7 +49,7 @@ def test_report_rows_and_sweep_plot(one_thread):
     assert by["one per step"]["positions_equal"] == 1.0 and by["one per step"]["content_per_row"] <= 1.0
     assert "threshold 0.5 (sweep)" in by and by["ar on code-target"]["method"] == "ar"
     assert all(r["nll_per_token"] > 0 and r["tokens_per_s"] > 0 for r in rows)
-    fig = D.sweep_figure({"code-complete": rows})
+    fig = C.sweep_figure({"code-complete": rows})
     assert [round(x, 3) for x in fig.data[0].x] == [by[k]["positions_equal"] for k in (
         "threshold 0.5 (sweep)", "threshold 0.7", "threshold 0.9")]             # the sweep's line, by threshold
     md = D.report_markdown({"code-complete": rows}, "code-dllm", 2, 16, 8)
@@ -75,16 +76,16 @@ def test_above_curve_reads_each_policy_against_the_threshold_sweep():
             row("right, fewer", "dllm-lowconf", {}, 1.0, 0.98),
             row("left", "dllm-ete", {}, 0.1, 2.5),              # less agreement than every threshold run
             row("ar on base", "ar", {}, None, 1.0)]
-    assert D.threshold_curve(rows) == [(0.5, 1.5), (0.9, 1.0)]
-    assert D.above_curve(rows) == ["over", "right"]
-    assert D.above_curve(rows[2:]) == []                       # no curve to read against
-    assert D.lift(rows)["over"] == pytest.approx(1.3 / 1.25) and "left" not in D.lift(rows)
+    assert C.threshold_curve(rows) == [(0.5, 1.5), (0.9, 1.0)]
+    assert C.above_curve(rows) == ["over", "right"]
+    assert C.above_curve(rows[2:]) == []                       # no curve to read against
+    assert C.lift(rows)["over"] == pytest.approx(1.3 / 1.25) and "left" not in C.lift(rows)
     # the best point: above the curve on every set, the most lifted on average
     other = [r if r["policy"] != "over" else dict(r, content_per_row=1.26) for r in rows]    # barely over
     other = [r if r["policy"] != "right" else dict(r, content_per_row=1.2) for r in other]   # 1.2 over 1.0
-    assert D.best_point({"a": rows, "b": other}) == ("dllm-freedave", {})
+    assert C.best_point({"a": rows, "b": other}) == ("dllm-freedave", {})
     with pytest.raises(ValueError, match="above dllm-threshold's curve on every"):
-        D.best_point({"a": rows, "b": rows[:2]})
+        C.best_point({"a": rows, "b": rows[:2]})
 
 
 def test_merge_joins_reports_of_separate_sets(tmp_path):

@@ -11,6 +11,11 @@ def _kw(kw: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in kw.items())
 
 
+def on_sweep(r: dict) -> bool:
+    """A row of dllm-threshold's sweep: the threshold policy with only its threshold set."""
+    return r["method"] == "dllm-threshold" and set(r["params"]) == {"threshold"}
+
+
 SWEEP_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
                  "#bcbd22", "#e6a100", "#393b79", "#637939", "#843c39", "#7b4173")
 SWEEP_SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star")
@@ -28,14 +33,13 @@ def sweep_figure(rows_by_set: dict):
     methods, variants = {}, {}
     for rows in rows_by_set.values():
         for r in rows:
-            if r["method"] not in ("dllm-threshold", "ar") or "threshold" not in r["params"]:
+            if not on_sweep(r) and r["method"] != "ar":
                 methods.setdefault(r["method"], SWEEP_COLOURS[len(methods) % len(SWEEP_COLOURS)])
                 same = [p for p, m in variants.items() if m[0] == r["method"]]
                 variants.setdefault(r["policy"], (r["method"], SWEEP_SYMBOLS[len(same) % len(SWEEP_SYMBOLS)]))
     for i, name in enumerate(names, 1):
         rows = [r for r in rows_by_set[name] if r["positions_equal"] is not None]
-        th = sorted((r for r in rows if r["method"] == "dllm-threshold" and "threshold" in r["params"]),
-                    key=lambda r: r["params"]["threshold"])
+        th = sorted(filter(on_sweep, rows), key=lambda r: r["params"]["threshold"])
         fig.add_trace(go.Scatter(x=[r["positions_equal"] for r in th], y=[r["content_per_row"] for r in th],
                                  mode="lines+markers+text", text=[str(r["params"]["threshold"]) for r in th],
                                  textposition="top center", textfont=dict(size=10, color="#666"),
@@ -70,8 +74,7 @@ def sweep_figure(rows_by_set: dict):
 
 def threshold_curve(rows: list[dict]) -> list[tuple[float, float]]:
     """dllm-threshold's rows of one set as (positions equal, content per row), by agreement."""
-    return sorted((r["positions_equal"], r["content_per_row"]) for r in rows
-                  if r["method"] == "dllm-threshold" and set(r["params"]) == {"threshold"})
+    return sorted((r["positions_equal"], r["content_per_row"]) for r in rows if on_sweep(r))
 
 
 def curve_at(curve: list[tuple[float, float]], x: float) -> float | None:
@@ -106,20 +109,19 @@ def above_curve(rows: list[dict]) -> list[str]:
     """The policies of one set that lie above dllm-threshold's curve (lift): more content tokens per
     forward row than the curve at the same positions equal; to the right of its last point, at least
     that point's tokens per row and not the point itself."""
-    last = max(threshold_curve(rows), default=None)
-    return [p for p, v in lift(rows).items()
-            if v > 1 or (v == 1 and next(r for r in rows if r["policy"] == p)["positions_equal"] > last[0])]
+    lifted, curve = lift(rows), threshold_curve(rows)
+    return [r["policy"] for r in rows if r["policy"] in lifted
+            and (lifted[r["policy"]] > 1 or (lifted[r["policy"]] == 1 and r["positions_equal"] > curve[-1][0]))]
 
 
 def best_point(rows_by_set: dict) -> tuple[str, dict]:
     """The report's best point: of the policies above dllm-threshold's curve on every set, the one
     lifted most above it (mean lift over the sets), as (method, params). The dashboard's diffusion
     demo is this point."""
-    lifts = [(lift(rows), {r["policy"]: r for r in rows}) for rows in rows_by_set.values()]
-    above = [set(above_curve(rows)) for rows in rows_by_set.values()]
-    ok = set.intersection(*above) if above else set()
+    lifts = [lift(rows) for rows in rows_by_set.values()]
+    ok = set.intersection(*(set(above_curve(rows)) for rows in rows_by_set.values())) if rows_by_set else set()
     if not ok:
         raise ValueError("no policy lies above dllm-threshold's curve on every prompt set")
-    best = max(sorted(ok), key=lambda p: sum(lf[p] for lf, _ in lifts) / len(lifts))
-    row = lifts[0][1][best]
+    best = max(sorted(ok), key=lambda p: sum(lf[p] for lf in lifts) / len(lifts))
+    row = next(r for r in next(iter(rows_by_set.values())) if r["policy"] == best)
     return row["method"], row["params"]

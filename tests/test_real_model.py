@@ -124,18 +124,19 @@ def fp32_ar(fp32):
     return [speclab.generate(fp32, q, "ar", max_new_tokens=32, chat=True, record=None).ids for q in QUESTIONS]
 
 
-@pytest.mark.parametrize("method", ["prompt-lookup", "recycling", "oracle", "draft-model", "spectr", "tree-rsd",
-                                    "eagle", "eagle-chain", "medusa"])
+@pytest.mark.parametrize("method", ["prompt-lookup", "recycling", "aded", "oracle", "draft-model", "spectr",
+                                    "tree-rsd", "eagle", "eagle-chain", "medusa", "clover", "dllm-draft"])
 def test_fp32_lossless_methods_identical_to_ar(fp32, fp32_ar, method):
     """Greedy: every lossless family on the real model, SpecTr's chains and RSD's tree (which
-    collapse to the draft's argmax under greedy) among them."""
+    collapse to the draft's argmax under greedy), ADED's tri-grams, Clover's heads and the
+    block-diffusion drafter (smollm2-dllm) among them."""
     kw = {}
     if method in ("draft-model", "spectr", "tree-rsd"):
         if "smollm2-draft" not in zoo.zoo_names():
             pytest.skip("smollm2-draft is not in the zoo")
         kw = dict(draft=zoo.load_shared("smollm2-draft", "cpu", "fp32"), **({"k": 4} if method == "draft-model" else {}))
-    elif method in ("eagle", "eagle-chain", "medusa") and \
-            registry.paired_draft("smollm2-135m", "medusa" if method == "medusa" else "eagle") is None:
+    elif method in ("eagle", "eagle-chain", "medusa", "clover", "dllm-draft") and \
+            registry.paired_draft("smollm2-135m", "eagle" if method == "eagle-chain" else method) is None:
         pytest.skip(f"no head for {method} in the zoo")     # else the zoo's head, loaded in fp32
     for q, ref in zip(QUESTIONS, fp32_ar):
         r = speclab.generate(fp32, q, method, max_new_tokens=32, chat=True, record=None, **kw)

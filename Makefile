@@ -87,8 +87,13 @@ demo: setup
 	@echo "== the dashboard (Ctrl-C to stop)"
 	$(VENV)/bin/speclab serve --port $(PORT)
 
+# two workers (pytest-xdist), a test file each at a time: the module fixtures (a model, a server,
+# a browser) stay in one process; tests/conftest.py gives each worker its share of the cores.
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: setup-dev
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 train-zoo-ar: setup
 	$(VENV)/bin/speclab train zoo-ar --out zoo-retrained --minutes 100

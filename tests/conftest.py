@@ -16,6 +16,15 @@ def shoot(page, name: str) -> None:
         page.wait_for_timeout(500)                  # let plotly finish drawing
         page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
+# Under pytest-xdist (`make test` runs two workers) each worker gets its share of the cores, and so
+# do the kernels, servers and Chromium pages it starts: OpenMP teams larger than the cores spin
+# against each other. Set before any test imports speclab's kernel or starts a subprocess.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _SHARE = max(1, (os.cpu_count() or 1) // _WORKERS)
+    os.environ["OMP_NUM_THREADS"] = str(_SHARE)
+    torch.set_num_threads(_SHARE)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the dashboard opens on the tiny code zoo in tests (its default is the real model when installed)
 os.environ.setdefault("SPECLAB_DASHBOARD_TARGET", "code-target")

@@ -39,4 +39,4 @@ def test_the_figure_draws_a_line_per_rule_and_judge_only_against_nll():
     assert sorted(t.name for t in tv) == ["exact", "lantern"]          # judge has no induced law: no TV
     assert sorted(t.name for t in nll) == ["exact", "judge", "lantern"]
     line = next(t for t in tv if t.name == "lantern")
-    assert list(line.x) == [0.05, 0.08, 0.13] and list(line.text) == ["0.05", "0.1*", "0.4"]
+    assert list(line.x) == [0.05, 0.08, 0.13] and list(line.text) == ["delta=0.05", "delta=0.1*", "delta=0.4"]

@@ -68,14 +68,12 @@ def table(rows: list[dict]) -> str:
 
 
 def _label(p: dict) -> str:
-    if not p["setting"]:
-        return ""
-    return ", ".join(s.split("=", 1)[1].replace(" (default)", "*") for s in p["setting"].split(", "))
+    return p["setting"].replace(" (default)", "*")
 
 
 def figure(rows: list[dict]):
     """Per prompt set, tau against TV per step (left) and against NLL per token (right), a line per
-    rule through its settings (labelled by value; * marks the default)."""
+    rule through its settings (labelled by them; * marks a default)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
     pts = points(rows)

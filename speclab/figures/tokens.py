@@ -79,6 +79,19 @@ def layout_cells(widths: list[int], line: int) -> list[tuple[int, int]]:
     return pos
 
 
+def prompt_start(trace: Trace, tail: int) -> int:
+    """Where the strip's prompt cells begin: the prompt's last `tail` tokens, but never before the
+    last user turn of a chat prompt (a turn marker, such as <|im_start|> or <start_of_turn>, then
+    `user`), so a short question does not pull the chat template's system prompt into the strip."""
+    ids = trace.prompt_ids
+    start = max(0, len(ids) - tail)
+    for i in range(len(ids) - 2, start - 1, -1):
+        marker, role = trace.text_of(ids[i]), trace.text_of(ids[i + 1])
+        if role.strip() == "user" and marker.startswith("<") and marker.endswith(">"):
+            return i
+    return start
+
+
 def strip_parts(trace: Trace, step: int | None = None, line: int = 64, prompt_tail: int = 24,
                 static: bool = True) -> dict:
     """The strip as plain dicts (data, xaxis, yaxis, title, height): cheap to build per frame.
@@ -86,7 +99,7 @@ def strip_parts(trace: Trace, step: int | None = None, line: int = 64, prompt_ta
     legend entries), which is what a player or an animation needs on every step after the first.
     Traces: 0 the cells, 1 the outline, 2.. legend entries, last the cover over later rounds."""
     step = check_step(trace, step, len(trace.rounds)) if trace.rounds else None
-    prompt = [Cell(t, "prompt", -1) for t in trace.prompt_ids[max(0, len(trace.prompt_ids) - prompt_tail):]]
+    prompt = [Cell(t, "prompt", -1) for t in trace.prompt_ids[prompt_start(trace, prompt_tail):]]
     cs = prompt + cells(trace)
     labels = [show_token(trace.text_of(c.token)) for c in cs]
     widths = [max(len(s), 1) + 1 for s in labels]          # +1: a gap between cells

@@ -21,7 +21,7 @@ def shoot(page, name: str) -> None:
 # against each other. Set before any test imports speclab's kernel or starts a subprocess.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
-    _SHARE = max(1, (os.cpu_count() or 1) // _WORKERS)
+    _SHARE = max(1, torch.get_num_threads() // _WORKERS)    # torch's own count: what one process would use
     os.environ["OMP_NUM_THREADS"] = str(_SHARE)
     torch.set_num_threads(_SHARE)
 

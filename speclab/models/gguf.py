@@ -155,11 +155,11 @@ def _convert(src: Path, out: Path):
 @contextmanager
 def _parse_once():
     """transformers reads the GGUF file once for the tokenizer, once for the config and once for the
-    weights, and builds gguf's tensor-name table anew for each of the 272 tensors: about 20 of the
-    conversion's 25 s on a 2-core CPU. For the conversion's duration, one reader per file and one table
-    per (architecture, layers): the same objects, read-only, so the same result. Both names are looked
-    up in the gguf package when called; should a transformers release stop doing so, this only stops
-    saving time."""
+    weights, and builds gguf's tensor-name table anew for each of the 272 tensors: the repeats cost
+    about 10 of the conversion's 25 s on a 2-core CPU. For the conversion's duration, one reader per
+    file and one table per (architecture, layers): the same objects, read-only, so the same result.
+    Both names are looked up in the gguf package when called; should a transformers release stop
+    doing so, this only stops saving time."""
     import functools
     import gguf as g
     reader, name_map = g.GGUFReader, g.get_tensor_name_map

@@ -363,7 +363,7 @@ DLLM_REPORT = Path(__file__).resolve().parents[1] / "benchmarks" / "2026-11-28-d
 @pytest.mark.skipif(not DLLM_REPORT.exists(), reason=f"{DLLM_REPORT.name} is not in benchmarks/ yet")
 def test_the_diffusion_demo_is_the_reports_best_point():
     """The dashboard's diffusion demo, with its defaults, is the report's best point: above
-    dllm-threshold's curve on every prompt set and lifted most above it (speclab.bench.dllm_eval)."""
+    dllm-threshold's curve on every prompt set and lifted most above it (speclab.bench.dllm_curve)."""
     from speclab.apps.dashboard import DIFFUSION_DEMO
     from speclab.bench.dllm_curve import above_curve, best_point
     rows_by_set = json.loads(DLLM_REPORT.read_text())

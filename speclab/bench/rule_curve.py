@@ -41,7 +41,7 @@ def points(rows: list[dict]) -> list[dict]:
         parsed.append((r, rule, {k: v for k, v in params.items() if k not in SKIP}))
     swept = {}
     for _, rule, params in parsed:
-        swept.setdefault(rule, dict.fromkeys(())).update(dict.fromkeys(params))
+        swept.setdefault(rule, {}).update(dict.fromkeys(params))      # in first-seen order
     out = []
     for r, rule, params in parsed:
         full = rule_params(rule, None)

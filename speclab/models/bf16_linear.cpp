@@ -1,21 +1,36 @@
-// A bf16 matrix-vector (and few-row matrix) product for CPUs with AVX512-BF16.
+// speclab's CPU kernel: bf16 products and whole Llama layers for batch-1 decoding, on every x86 CPU
+// with AVX2 (one source, built once per instruction set; speclab/models/kernels.py picks the path).
 //
 // Why: batch-1 decoding reads every weight once per token, so it runs at the speed weights stream
 // from memory. oneDNN's bf16 F.linear reads a one-row product's weight at about half the rate a
-// plain streaming read reaches on this kind of CPU, and its per-call cost for the small matrices of
-// a 135M model is several times the bytes' worth. This kernel streams a pre-packed weight once per
-// call and applies it to all T input rows (T = 1 for `ar`, a handful for a verify), so a verify of
-// a few tokens costs little more than one token.
+// plain streaming read reaches, and on CPUs without AVX512-BF16 it converts whole blocks to fp32
+// first, so a verify of 6 rows costs about 3 one-row forwards there. This kernel streams a pre-packed
+// weight once per call and applies it to all T input rows (T = 1 for `ar`, a handful for a verify),
+// so a verify of a few tokens costs little more than one token.
 //
 // Layout: W (N, K) is packed once into (N/64, K/2, 64, 2): for each block of 64 output rows, the
 // pairs (k, k+1) of all 64 rows side by side. One VDPBF16PS then adds w[n, k] x[k] + w[n, k+1]
 // x[k+1] to 16 fp32 lanes = 16 output rows, with x's pair broadcast: no horizontal sums, and each
-// block is one sequential stream.
+// block is one sequential stream. Without AVX512-BF16 the same 64 bytes hold 16 rows' pairs: a shift
+// and a mask widen them to two fp32 vectors, and two FMAs do VDPBF16PS's work.
 //
 // Numerics: every output is one fp32 sum over k pairs in a fixed order, rounded once to bf16
 // (round to nearest even). A row's result therefore does not depend on how many rows are in the
 // call, which is what makes a multi-token verify agree with one-token forwards.
-#include <torch/extension.h>
+//
+// Instruction sets (the macro each build defines; kernels.py builds one module per path):
+//   avx512bf16  -mavx512f -mavx512bw -mavx512bf16   VDPBF16PS; AMX tiles where the CPU has them
+//   avx512      -mavx512f -mavx512bw                 two FMAs a pair, VCVTNEPS2BF16's rounding in integers
+//   avx2        -mavx2 -mfma                         the same on two 8-lane halves
+// Every path computes the same arithmetic in the same order (one 16-lane vector type, F16, whose
+// sums across lanes and roundings are spelled out below), so the three give the same bits: a trace
+// recorded on one CPU replays bit for bit on another (tests/test_kernels.py checks the paths
+// against each other on a CPU that runs several). AMX sums in its own order (see blocks_amx).
+// A NEON path for ARM is one more F16 section and one more row in kernels.py's ISAS.
+#include <ATen/core/Tensor.h>   // the light headers, not torch/extension.h: a third of the build time
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -32,19 +47,195 @@
 #include <numeric>
 #include <vector>
 
+#if defined(__AVX512BF16__)
+#define ISA_NAME "avx512bf16"
+#define HAS_DPBF16 1           // VDPBF16PS, VCVTNEPS2BF16, and AMX (by target attributes) where granted
+#elif defined(__AVX512F__)
+#define ISA_NAME "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define ISA_NAME "avx2"
+#else
+#error "speclab's kernel needs AVX2 and FMA at least: build with -mavx2 -mfma (or -mavx512f -mavx512bw)"
+#endif
+
 constexpr int64_t B = 64;      // output rows per packed block: 4 vectors of 16 fp32 lanes
-constexpr int TMAX = 6;        // input rows per pass: 4 x TMAX accumulators stay in registers
+#ifdef __AVX512F__
+constexpr int TMAX = 6;        // input rows per pass: 4 x TMAX accumulators stay in 32 registers
+#else
+constexpr int TMAX = 6;        // AVX2: rows in passes of 16 outputs (2 x TMAX accumulators of 16 registers)
+#endif
 #ifndef PREFETCH
 #define PREFETCH 4096          // bytes ahead of the weight stream
 #endif
 
-torch::Tensor pack(torch::Tensor W) {
+using bf16 = at::BFloat16;
+
+static inline float f32(bf16 v) { return static_cast<float>(v); }
+
+// ---------------------------------------------------------------------------------------------
+// F16: 16 fp32 lanes. One __m512 with AVX-512, two __m256 halves with AVX2. Lane-wise operations are
+// IEEE and the same on both; the two that are not lane-wise (a sum and a max across lanes) are
+// written out as one tree, _mm512_reduce_add_ps's in GCC: halves of 8, then of 4, then (0+2) + (1+3).
+#ifdef __AVX512F__
+struct F16 { __m512 v; };
+static inline F16 fzero() { return {_mm512_setzero_ps()}; }
+static inline F16 fset(float a) { return {_mm512_set1_ps(a)}; }
+static inline F16 fload(const float* p) { return {_mm512_loadu_ps(p)}; }
+static inline void fstore(float* p, F16 a) { _mm512_storeu_ps(p, a.v); }
+static inline F16 operator+(F16 a, F16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+static inline F16 operator-(F16 a, F16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+static inline F16 operator*(F16 a, F16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+static inline F16 operator/(F16 a, F16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+static inline F16 vmax(F16 a, F16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+static inline F16 vmin(F16 a, F16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+static inline F16 mul_add(F16 a, F16 b, F16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }   // a b + c
+static inline F16 neg_mul_add(F16 a, F16 b, F16 c) { return {_mm512_fnmadd_ps(a.v, b.v, c.v)}; }  // c - a b
+static inline F16 round_even(F16 a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+static inline F16 times_2_to(F16 p, F16 n) { return {_mm512_scalef_ps(p.v, n.v)}; }        // p 2^n, one rounding
+static inline __mmask16 first(int64_t n) { return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
+static inline F16 load_first(const float* p, int64_t n, float fill) { return {_mm512_mask_loadu_ps(_mm512_set1_ps(fill), first(n), p)}; }
+static inline void store_first(float* p, int64_t n, F16 a) { _mm512_mask_storeu_ps(p, first(n), a.v); }
+static inline F16 keep_first(F16 a, int64_t n) { return {_mm512_maskz_mov_ps(first(n), a.v)}; }
+static inline __m256 halves_add(F16 a) {
+  return _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1)), _mm512_castps512_ps256(a.v));
+}
+static inline __m256 halves_max(F16 a) {
+  return _mm256_max_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1)), _mm512_castps512_ps256(a.v));
+}
+// 16 bf16 bit patterns -> 16 fp32 (exact: a bf16 is the top half of an fp32)
+static inline F16 widen16(__m256i v) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))}; }
+static inline F16 load16(const bf16* p) { return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+#ifdef HAS_DPBF16
+static inline __m256i narrow16(F16 v) { return (__m256i)_mm512_cvtneps_pbh(v.v); }
+#else
+// VCVTNEPS2BF16 in integers: round to nearest even; zero and denormal inputs -> a signed zero (the
+// instruction treats denormals as zero); NaN -> the same NaN, quiet
+static inline __m256i narrow16(F16 v) {
+  const __m512i u = _mm512_castps_si512(v.v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  const __mmask16 tiny = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7F800000)), _mm512_setzero_si512());
+  r = _mm512_mask_mov_epi32(r, tiny, _mm512_srli_epi32(_mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u)), 16));
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+#endif
+// the 64 bytes of 16 rows' (k, k+1) pairs at w -> w[., k] and w[., k+1] as fp32
+struct Pair { F16 even, odd; };
+static inline Pair widen_pairs(const bf16* w) {
+  const __m512i r = _mm512_loadu_si512(w);
+  return {{_mm512_castsi512_ps(_mm512_slli_epi32(r, 16))},
+          {_mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)))}};
+}
+#else   // AVX2: F16 as two halves, lanes 0-7 and 8-15
+struct F16 { __m256 lo, hi; };
+static inline F16 fzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+static inline F16 fset(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+static inline F16 fload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+static inline void fstore(float* p, F16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+static inline F16 operator+(F16 a, F16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+static inline F16 operator-(F16 a, F16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+static inline F16 operator*(F16 a, F16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+static inline F16 operator/(F16 a, F16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+static inline F16 vmax(F16 a, F16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+static inline F16 vmin(F16 a, F16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+static inline F16 mul_add(F16 a, F16 b, F16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+static inline F16 neg_mul_add(F16 a, F16 b, F16 c) { return {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)}; }
+static inline F16 round_even(F16 a) {
+  constexpr int m = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(a.lo, m), _mm256_round_ps(a.hi, m)};
+}
+// p 2^n for integral n, as VSCALEFPS: 2^n is not always a float (n reaches 300 here), so two powers
+// of two: p (in [0.5, 2) here) times 2^k1, k1 = n clamped to [-125, 127], is exact and normal, and
+// times 2^(n - k1) rounds once. n is clamped to [-251, 254] first: past those the result is 0 or inf
+// either way.
+static inline __m256 scale8(__m256 p, __m256 n) {
+  const __m256i k = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-251.f)), _mm256_set1_ps(254.f)));
+  const __m256i k1 = _mm256_min_epi32(_mm256_max_epi32(k, _mm256_set1_epi32(-125)), _mm256_set1_epi32(127));
+  const __m256i k2 = _mm256_sub_epi32(k, k1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+  const __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+static inline F16 times_2_to(F16 p, F16 n) { return {scale8(p.lo, n.lo), scale8(p.hi, n.hi)}; }
+static inline __m256i first8(int64_t n) {           // lanes i < n all ones
+  const int64_t c = std::max<int64_t>(-1, std::min<int64_t>(n, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline F16 load_first(const float* p, int64_t n, float fill) {
+  const __m256i a = first8(n), b = first8(n - 8);
+  const __m256 f = _mm256_set1_ps(fill);
+  return {_mm256_blendv_ps(f, _mm256_maskload_ps(p, a), _mm256_castsi256_ps(a)),
+          _mm256_blendv_ps(f, _mm256_maskload_ps(p + 8, b), _mm256_castsi256_ps(b))};
+}
+static inline void store_first(float* p, int64_t n, F16 a) {
+  _mm256_maskstore_ps(p, first8(n), a.lo);
+  _mm256_maskstore_ps(p + 8, first8(n - 8), a.hi);
+}
+static inline F16 keep_first(F16 a, int64_t n) {
+  return {_mm256_and_ps(a.lo, _mm256_castsi256_ps(first8(n))), _mm256_and_ps(a.hi, _mm256_castsi256_ps(first8(n - 8)))};
+}
+static inline __m256 halves_add(F16 a) { return _mm256_add_ps(a.hi, a.lo); }
+static inline __m256 halves_max(F16 a) { return _mm256_max_ps(a.hi, a.lo); }
+static inline __m256 widen8(__m128i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)); }
+static inline F16 widen16(__m256i v) { return {widen8(_mm256_castsi256_si128(v)), widen8(_mm256_extracti128_si256(v, 1))}; }
+static inline F16 load16(const bf16* p) { return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+// VCVTNEPS2BF16 in integers, 8 lanes (see the AVX-512 narrow16): 8 results in the low 16 bits of each lane
+static inline __m256i narrow8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7F800000)), _mm256_setzero_si256());
+  const __m256i zero = _mm256_srli_epi32(_mm256_and_si256(u, _mm256_set1_epi32((int)0x80000000u)), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(_mm256_blendv_epi8(r, zero, tiny), quiet, nan);
+}
+static inline __m256i narrow16(F16 v) {             // 16 bf16 in order (packus interleaves 128-bit lanes)
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(narrow8(v.lo), narrow8(v.hi)), 0xD8);
+}
+struct Pair { F16 even, odd; };
+static inline Pair widen_pairs(const bf16* w) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
+  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+  return {{_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))},
+          {_mm256_castsi256_ps(_mm256_and_si256(a, hi)), _mm256_castsi256_ps(_mm256_and_si256(b, hi))}};
+}
+#endif
+
+// the sum and the max across 16 lanes, one tree on every path: 8 + 8, 4 + 4, then (0 + 2) + (1 + 3)
+static inline float hsum(F16 a) {
+  const __m256 h = halves_add(a);
+  const __m128 q = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+  const __m128 r = _mm_add_ps(q, _mm_shuffle_ps(q, q, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(r) + _mm_cvtss_f32(_mm_shuffle_ps(r, r, _MM_SHUFFLE(1, 1, 1, 1)));
+}
+static inline float hmax(F16 a) {
+  const __m256 h = halves_max(a);
+  const __m128 q = _mm_max_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+  const __m128 r = _mm_max_ps(q, _mm_shuffle_ps(q, q, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(_mm_max_ps(r, _mm_shuffle_ps(r, r, _MM_SHUFFLE(0, 1, 0, 1))));
+}
+
+// 16 fp32 -> 16 bf16, rounded to nearest even as torch rounds
+static inline void store16(bf16* p, F16 v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow16(v)); }
+
+// fp32 -> bf16 -> fp32: the rounding torch applies between two bf16 ops
+static inline F16 round16(F16 v) { return widen16(narrow16(v)); }
+
+at::Tensor pack(at::Tensor W) {
   TORCH_CHECK(W.dim() == 2 && W.scalar_type() == at::kBFloat16, "pack: W must be a 2-D bf16 tensor");
   const int64_t N = W.size(0), K = W.size(1);
   TORCH_CHECK(N % B == 0 && K % 2 == 0, "pack: rows must be a multiple of 64 and columns even");
   return W.contiguous().view({N / B, B, K / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
+std::string isa() { return ISA_NAME; }
+
+#ifdef HAS_DPBF16
 template <int TT>
 static inline void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* Wb, int64_t K2,
                          at::BFloat16* y, int64_t ldy) {
@@ -163,20 +354,17 @@ static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BF
   _tile_release();
 }
 
-// y[:, 16 g0 : 16 g1] for the columns [g0, g1) of 16 outputs of packed W: y (T, N) = x (T, K) @ W^T.
-// The AVX-512 loop takes whole blocks (g0, g1 multiples of 4: cols() shares them so).
-static void blocks(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat16* wp, int64_t K2, int64_t g0,
-                   int64_t g1, at::BFloat16* y, int64_t N) {
-  if (on_tiles(K)) return blocks_amx(x, T, K, wp, K2, g0, g1, y, N);
-  const int64_t b0 = g0 / 4, b1 = g1 / 4;
+
+static inline void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t b0,
+                                 int64_t b1, bf16* y, int64_t N) {
   // rows in passes of at most TMAX, balanced (8 rows: 4 + 4, not 6 + 2: a pass of few rows
   // leaves the dot-product units waiting on too few accumulators)
   const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
   for (int64_t b = b0; b < b1; ++b) {
-    const at::BFloat16* Wb = wp + b * K2 * 2 * B;
+    const bf16* Wb = wp + b * K2 * 2 * B;
     for (int64_t t0 = 0; t0 < T; t0 += per) {
-      const at::BFloat16* xt = x + t0 * K;
-      at::BFloat16* yt = y + t0 * N + b * B;
+      const bf16* xt = x + t0 * K;
+      bf16* yt = y + t0 * N + b * B;
       switch (std::min<int64_t>(per, T - t0)) {
         case 6: block<6>(xt, K, Wb, K2, yt, N); break;
         case 5: block<5>(xt, K, Wb, K2, yt, N); break;
@@ -189,13 +377,116 @@ static void blocks(const at::BFloat16* x, int64_t T, int64_t K, const at::BFloat
   }
 }
 
-// y (T, N) = x (T, K) @ W^T, W packed by pack(); bf16 in and out.
-torch::Tensor packed_linear(torch::Tensor x, torch::Tensor Wp) {
+#else   // no AVX512-BF16: VDPBF16PS's arithmetic in FMAs, and no AMX
+
+// VDPBF16PS adds w[n, k+1] x[k+1] to an output's fp32 sum, then w[n, k] x[k] (Intel's pseudocode:
+// the odd element first), each product exact in fp32 and each add rounded to nearest even, with
+// denormals read as zero and results flushed to zero. Here each pair is widened to two fp32 vectors
+// (widen_pairs: a shift and a mask) and added by FMA(odd), then FMA(even): an FMA of an exact
+// product is that add. MXCSR's DAZ and FTZ bits, set for the product, do the flushing. So the sums
+// are VDPBF16PS's, bit for bit.
+struct FlushDenormals {
+  unsigned int csr;
+  FlushDenormals() : csr(_mm_getcsr()) { _mm_setcsr(csr | 0x8040); }   // FTZ | DAZ
+  ~FlushDenormals() { _mm_setcsr(csr); }
+};
+
+// One pass over k-pairs [k2a, k2b) of a 64-row block for TT rows of x (widened to fp32, xw (TT, K))
+// and the G groups of 16 outputs from g0: the running sums in part (TT, 64) fp32, started at zero
+// when `start` (storing and reloading an fp32 sum is exact, so a pass may stop anywhere).
+template <int TT, int G>
+static inline void fma_pass(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, int g0,
+                            float* part, bool start, bool fetch) {
+  F16 acc[TT][G];
+  for (int t = 0; t < TT; ++t)
+    for (int g = 0; g < G; ++g) acc[t][g] = start ? fzero() : fload(part + t * B + 16 * (g0 + g));
+  for (int64_t k2 = k2a; k2 < k2b; ++k2) {
+    const bf16* w = Wb + k2 * 2 * B;
+    if (fetch) {                     // the first pass over a chunk brings in all of its 4 lines a pair
+      const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      _mm_prefetch(ahead + 128, _MM_HINT_T0);
+      _mm_prefetch(ahead + 192, _MM_HINT_T0);
+    }
+    for (int g = 0; g < G; ++g) {
+      const Pair p = widen_pairs(w + 32 * (g0 + g));
+      for (int t = 0; t < TT; ++t) {
+        acc[t][g] = mul_add(p.odd, fset(xw[t * K + 2 * k2 + 1]), acc[t][g]);
+        acc[t][g] = mul_add(p.even, fset(xw[t * K + 2 * k2]), acc[t][g]);
+      }
+    }
+  }
+  for (int t = 0; t < TT; ++t)
+    for (int g = 0; g < G; ++g) fstore(part + t * B + 16 * (g0 + g), acc[t][g]);
+}
+
+// Groups of 16 outputs per pass: all 4 of a block with AVX-512 (4 x TMAX accumulators in 32
+// registers); with AVX2 an F16 is 2 of 16 registers, so fewer groups as the rows grow.
+template <int TT>
+static inline void fma_rows(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, float* part,
+                            bool start) {
+#ifdef __AVX512F__
+  fma_pass<TT, 4>(xw, K, Wb, k2a, k2b, 0, part, start, true);
+#else
+  constexpr int G = TT == 1 ? 4 : TT == 2 ? 2 : 1;
+  for (int g0 = 0; g0 < 4; g0 += G) fma_pass<TT, G>(xw, K, Wb, k2a, k2b, g0, part, start, g0 == 0);
+#endif
+}
+
+// A block is read in chunks of CHUNK k-pairs (16 KB): every pass over a chunk after the first (the
+// other rows, the other groups) reads it from L1, and memory sees one sequential stream.
+constexpr int64_t CHUNK = 64;
+
+static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t b0,
+                          int64_t b1, bf16* y, int64_t N) {
+  thread_local std::vector<float> xw, part;
+  if ((int64_t)xw.size() < T * K) xw.resize(T * K);
+  if ((int64_t)part.size() < T * B) part.resize(T * B);
+  for (int64_t i = 0; i < T * K; ++i) xw[i] = f32(x[i]);
+  const FlushDenormals ftz;
+  const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
+  for (int64_t b = b0; b < b1; ++b) {
+    const bf16* Wb = wp + b * K2 * 2 * B;
+    for (int64_t k2a = 0; k2a < K2; k2a += CHUNK) {
+      const int64_t k2b = std::min(K2, k2a + CHUNK);
+      for (int64_t t0 = 0; t0 < T; t0 += per) {
+        const float* xt = xw.data() + t0 * K;
+        float* pt = part.data() + t0 * B;
+        switch (std::min<int64_t>(per, T - t0)) {
+          case 6: fma_rows<6>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
+          case 5: fma_rows<5>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
+          case 4: fma_rows<4>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
+          case 3: fma_rows<3>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
+          case 2: fma_rows<2>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
+          default: fma_rows<1>(xt, K, Wb, k2a, k2b, pt, k2a == 0);
+        }
+      }
+    }
+    for (int64_t t = 0; t < T; ++t)
+      for (int g = 0; g < 4; ++g) store16(y + t * N + b * B + 16 * g, fload(part.data() + t * B + 16 * g));
+  }
+}
+
+static bool amx_on = false;
+bool use_amx(bool on) { return amx_on = false; }      // no tiles without AVX512-BF16's build
+static inline bool on_tiles(int64_t) { return false; }
+static void blocks_amx(const bf16*, int64_t, int64_t, const bf16*, int64_t, int64_t, int64_t, bf16*, int64_t) {}
+#endif
+
+// y[:, 16 g0 : 16 g1] for the columns [g0, g1) of 16 outputs of packed W: y (T, N) = x (T, K) @ W^T.
+// The loops take whole blocks (g0, g1 multiples of 4: cols() shares them so).
+static void blocks(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t g0,
+                   int64_t g1, bf16* y, int64_t N) {
+  if (on_tiles(K)) return blocks_amx(x, T, K, wp, K2, g0, g1, y, N);
+  blocks_loop(x, T, K, wp, K2, g0 / 4, g1 / 4, y, N);
+}
+at::Tensor packed_linear(at::Tensor x, at::Tensor Wp) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "linear: x must be a contiguous (T, K) bf16 tensor");
   const int64_t T = x.size(0), K = x.size(1), NB = Wp.size(0), K2 = Wp.size(1), N = NB * B;
   TORCH_CHECK(K == 2 * K2, "linear: x has ", K, " columns, the packed weight ", 2 * K2);
-  auto y = torch::empty({T, N}, x.options());
+  auto y = at::empty({T, N}, x.options());
   const auto* xp = x.data_ptr<at::BFloat16>();
   const auto* wp = Wp.data_ptr<at::BFloat16>();
   auto* yp = y.data_ptr<at::BFloat16>();
@@ -215,31 +506,11 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor Wp) {
 // the row-invariant linear above, a verify gives each position bit for bit the hidden states a
 // one-token forward gives it.
 
-using bf16 = at::BFloat16;
-
-static inline float f32(bf16 v) { return static_cast<float>(v); }
-
-// 16 bf16 bit patterns -> 16 fp32 (exact: a bf16 is the top half of an fp32)
-static inline __m512 widen16(__m256i v) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-}
-
-static inline __m512 load16(const bf16* p) {
-  return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// 16 fp32 -> 16 bf16, rounded to nearest even as torch rounds
-static inline void store16(bf16* p, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-// fp32 -> bf16 -> fp32: the rounding torch applies between two bf16 ops
-static inline __m512 round16(__m512 v) { return widen16((__m256i)_mm512_cvtneps_pbh(v)); }
 
 // out[i] = bf16(a[i] + b[i]) for n values (a residual add)
 static void add_rows(const bf16* a, const bf16* b, bf16* out, int64_t n) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) store16(out + i, _mm512_add_ps(load16(a + i), load16(b + i)));
+  for (; i + 16 <= n; i += 16) store16(out + i, load16(a + i) + load16(b + i));
   for (; i < n; ++i) out[i] = bf16(f32(a[i]) + f32(b[i]));
 }
 
@@ -250,26 +521,26 @@ static void rms_rows(const bf16* x, const bf16* w, bf16* out, int64_t T, int64_t
     // the sum of squares in 16 lanes (one chain of C dependent adds waits on each add's latency,
     // and every thread runs 2 norms x T rows a layer), lanes summed in a fixed tree, the tail
     // after them
-    __m512 acc = _mm512_setzero_ps();
+    F16 acc = fzero();
     int64_t c0 = 0;
     for (; c0 + 16 <= C; c0 += 16) {
-      const __m512 v = load16(xr + c0);
-      acc = _mm512_fmadd_ps(v, v, acc);
+      const F16 v = load16(xr + c0);
+      acc = mul_add(v, v, acc);
     }
-    float ss = _mm512_reduce_add_ps(acc);
+    float ss = hsum(acc);
     for (; c0 < C; ++c0) ss += f32(xr[c0]) * f32(xr[c0]);
     const float r = 1.f / std::sqrt(ss / C + eps);
-    const __m512 vr = _mm512_set1_ps(r);
+    const F16 vr = fset(r);
     int64_t c = 0;
     for (; c + 16 <= C; c += 16)
-      store16(out + t * C + c, _mm512_mul_ps(load16(w + c), round16(_mm512_mul_ps(load16(xr + c), vr))));
+      store16(out + t * C + c, load16(w + c) * round16(load16(xr + c) * vr));
     for (; c < C; ++c) out[t * C + c] = bf16(f32(w[c]) * f32(bf16(f32(xr[c]) * r)));
   }
 }
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor w, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.is_contiguous() && w.is_contiguous(), "rms_norm: bf16, contiguous");
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   rms_rows(x.data_ptr<bf16>(), w.data_ptr<bf16>(), out.data_ptr<bf16>(), x.numel() / x.size(-1), x.size(-1), (float)eps);
   return out;
 }
@@ -278,8 +549,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 static inline void rope(const bf16* x, const bf16* cs, const bf16* sn, bf16* out, int64_t D) {
   if (D % 32 == 0) {                        // 16 lanes at a time, the same roundings
     for (int64_t d = 0; d < D; d += 16)
-      store16(out + d, _mm512_add_ps(round16(_mm512_mul_ps(load16(x + d), load16(cs + d))),
-                                     round16(_mm512_mul_ps(load16(x + (d + D / 2) % D), load16(sn + d)))));
+      store16(out + d, round16(load16(x + d) * load16(cs + d)) + round16(load16(x + (d + D / 2) % D) * load16(sn + d)));
     return;
   }
   for (int64_t d = 0; d < D; ++d)
@@ -287,21 +557,21 @@ static inline void rope(const bf16* x, const bf16* cs, const bf16* sn, bf16* out
 }
 
 // exp of 16 floats: exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln 2 / 2, exp(r) by its
-// degree-6 Taylor polynomial (relative error ~2e-7, about 2 ulp); exp(-inf) = 0 exactly.
-static inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+// degree-6 Taylor polynomial (relative error ~2e-7, about 2 ulp); exp(-inf) = 0 and exp(inf) = inf
+// exactly (x clamped to [-104, 104]: past those exp is 0 or inf in fp32 either way).
+static inline F16 exp16(F16 x) {
+  x = vmin(vmax(x, fset(-104.f)), fset(104.f));
+  const F16 n = round_even(x * fset(1.44269504088896341f));
+  F16 r = neg_mul_add(n, fset(0.693145751953125f), x);
+  r = neg_mul_add(n, fset(1.428606765330187045e-06f), r);
+  F16 p = fset(1.f / 720);
+  p = mul_add(p, r, fset(1.f / 120));
+  p = mul_add(p, r, fset(1.f / 24));
+  p = mul_add(p, r, fset(1.f / 6));
+  p = mul_add(p, r, fset(0.5f));
+  p = mul_add(p, r, fset(1.f));
+  p = mul_add(p, r, fset(1.f));
+  return times_2_to(p, n);
 }
 
 // One row's attention for GG query heads sharing one key/value head, in two parts.
@@ -315,17 +585,17 @@ template <int NCH, int GG>
 static void scores(const float* q, const bf16* Kc, int64_t ss, const int64_t* keys, int64_t n, int64_t S,
                    float scale, float* p) {
   constexpr int D = 16 * NCH;
-  __m512 qh[GG][NCH];
+  F16 qh[GG][NCH];
   for (int h = 0; h < GG; ++h)
-    for (int c = 0; c < NCH; ++c) qh[h][c] = _mm512_loadu_ps(q + h * D + 16 * c);
+    for (int c = 0; c < NCH; ++c) qh[h][c] = fload(q + h * D + 16 * c);
   for (int64_t j = 0; j < n; ++j) {                          // scores (GG, n)
     const bf16* k = Kc + keys[j] * ss;
-    __m512 kf[NCH];
+    F16 kf[NCH];
     for (int c = 0; c < NCH; ++c) kf[c] = load16(k + 16 * c);
     for (int h = 0; h < GG; ++h) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int c = 0; c < NCH; ++c) acc = _mm512_fmadd_ps(qh[h][c], kf[c], acc);
-      p[h * S + j] = _mm512_reduce_add_ps(acc) * scale;
+      F16 acc = fzero();
+      for (int c = 0; c < NCH; ++c) acc = mul_add(qh[h][c], kf[c], acc);
+      p[h * S + j] = hsum(acc) * scale;
     }
   }
 }
@@ -335,60 +605,59 @@ static void scores(const float* q, const bf16* Kc, int64_t ss, const int64_t* ke
 static float softmax_exp(float* ph, int64_t n) {
   // the max 16 lanes at a time (exact in any order; a scalar chain of maxes waits a dependent
   // max per key, a large share of attention)
-  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  F16 vmx = fset(-INFINITY);
+  for (int64_t j = 0; j < n; j += 16) vmx = vmax(vmx, load_first(ph + j, n - j, -INFINITY));
+  const F16 vm = fset(hmax(vmx));
+  F16 vs = fzero();
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-    vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k16, ph + j));
+    const F16 e = exp16(load_first(ph + j, n - j, 0.f) - vm);
+    store_first(ph + j, n - j, e);
+    vs = vs + keep_first(e, n - j);
   }
-  const float m = _mm512_reduce_max_ps(vmax);
-  __m512 vs = _mm512_setzero_ps();
-  const __m512 vm = _mm512_set1_ps(m);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k16, ph + j), vm));
-    _mm512_mask_storeu_ps(ph + j, k16, e);
-    vs = _mm512_add_ps(vs, _mm512_maskz_mov_ps(k16, e));
-  }
-  return _mm512_reduce_add_ps(vs);
+  return hsum(vs);
 }
 
 // p[0..n) scores -> softmax weights, in place: softmax_exp, then each divided by the sum
 static void softmax_row(float* ph, int64_t n) {
-  const __m512 total = _mm512_set1_ps(softmax_exp(ph, n));
-  for (int64_t j = 0; j < n; j += 16) {        // IEEE division, 16 at a time: the scalar one's results
-    const __mmask16 k16 = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-    _mm512_mask_storeu_ps(ph + j, k16, _mm512_div_ps(_mm512_maskz_loadu_ps(k16, ph + j), total));
-  }
+  const F16 total = fset(softmax_exp(ph, n));
+  for (int64_t j = 0; j < n; j += 16)          // IEEE division, 16 at a time: the scalar one's results
+    store_first(ph + j, n - j, load_first(ph + j, n - j, 0.f) / total);
 }
 
 template <int NCH, int GG>
 static void softmax_pv(const bf16* Vc, int64_t ss, const int64_t* keys, int64_t n, int64_t S, float* p, bf16* a) {
   constexpr int D = 16 * NCH;
   for (int h = 0; h < GG; ++h) softmax_row(p + h * S, n);
-  __m512 o[GG][NCH];                                         // o (GG, D) = softmax(p) @ V
+  F16 o[GG][NCH];                                            // o (GG, D) = softmax(p) @ V
   for (int h = 0; h < GG; ++h)
-    for (int c = 0; c < NCH; ++c) o[h][c] = _mm512_setzero_ps();
+    for (int c = 0; c < NCH; ++c) o[h][c] = fzero();
   for (int64_t j = 0; j < n; ++j) {
     const bf16* v = Vc + keys[j] * ss;
-    __m512 vf[NCH];
+    F16 vf[NCH];
     for (int c = 0; c < NCH; ++c) vf[c] = load16(v + 16 * c);
     for (int h = 0; h < GG; ++h) {
-      const __m512 pj = _mm512_set1_ps(p[h * S + j]);
-      for (int c = 0; c < NCH; ++c) o[h][c] = _mm512_fmadd_ps(pj, vf[c], o[h][c]);
+      const F16 pj = fset(p[h * S + j]);
+      for (int c = 0; c < NCH; ++c) o[h][c] = mul_add(pj, vf[c], o[h][c]);
     }
   }
   for (int h = 0; h < GG; ++h)
     for (int c = 0; c < NCH; ++c) store16(a + h * D + 16 * c, o[h][c]);
 }
 
-// the g query heads of one key/value head, in groups of at most 4 (their vectors stay in registers)
+// the g query heads of one key/value head, in groups of at most HEADS (their vectors stay in
+// registers: 4 with AVX-512's 32, 2 with AVX2's 16); a head's arithmetic is the same in any group
+#ifdef __AVX512F__
+constexpr int HEADS = 4;
+#else
+constexpr int HEADS = 2;
+#endif
 template <int NCH>
 static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t ss, const int64_t* keys,
                          int64_t n, int64_t g, int64_t S, float scale, float* p, bf16* a) {
-  for (int64_t h0 = 0; h0 < g; h0 += 4) {
+  for (int64_t h0 = 0; h0 < g; h0 += HEADS) {
     const float* qq = q + h0 * 16 * NCH;
     bf16* aa = a + h0 * 16 * NCH;
-    switch (std::min<int64_t>(4, g - h0)) {
+    switch (std::min<int64_t>(HEADS, g - h0)) {
       case 4: scores<NCH, 4>(qq, Kc, ss, keys, n, S, scale, p); softmax_pv<NCH, 4>(Vc, ss, keys, n, S, p, aa); break;
       case 3: scores<NCH, 3>(qq, Kc, ss, keys, n, S, scale, p); softmax_pv<NCH, 3>(Vc, ss, keys, n, S, p, aa); break;
       case 2: scores<NCH, 2>(qq, Kc, ss, keys, n, S, scale, p); softmax_pv<NCH, 2>(Vc, ss, keys, n, S, p, aa); break;
@@ -396,7 +665,6 @@ static void attend_heads(const float* q, const bf16* Kc, const bf16* Vc, int64_t
     }
   }
 }
-
 // The same attention on AMX tiles, a group of rows at a time: the g query heads of one key/value
 // head for R = 16 / g rows fill a tile's 16 rows.
 // Why: the loop above spends a horizontal sum on every (query, key) score and 4 FMAs on every
@@ -453,6 +721,7 @@ struct KeyLists {
   int64_t common(int64_t t, int64_t u) const { return M ? lcp[t * R + u % R] : std::min(n[t], n[u]); }
 };
 
+#ifdef HAS_DPBF16
 struct TileScratch {                 // one thread's buffers for attend_amx
   std::vector<float> sc;             // (16, ld) the group's scores, then each query's weights
   std::vector<bf16> qa, phi, plo;    // (16, D) the queries; (16, ld) weights, hi and lo parts
@@ -579,7 +848,7 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
       const __m256i hi = (__m256i)_mm512_cvtneps_pbh(v);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.phi.data() + q * ld + j), hi);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.plo.data() + q * ld + j),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, widen16(hi))));
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, widen16(hi).v)));
     }
   }
 
@@ -631,10 +900,18 @@ static void attend_amx(const bf16* Qb, int64_t Hq, int64_t g, int64_t kvh, int64
     if (NT > 3) _tile_stored(3, w.cb + 48, 256);
     for (int64_t q = 0; q < nq; ++q) {
       bf16* a = A + (t0 + q / g) * Hq * D + (kvh * g + q % g) * D + d0;
-      for (int j = 0; j < NT; ++j) store16(a + 16 * j, _mm512_load_ps(w.cb + q * 64 + 16 * j));
+      for (int j = 0; j < NT; ++j) store16(a + 16 * j, F16{_mm512_load_ps(w.cb + q * 64 + 16 * j)});
     }
   }
 }
+#else   // no tiles: never called (on_tiles() is false), declared for layers()
+struct TileScratch { TileScratch(int64_t, int64_t) {} };
+static void tiles_on() {}
+static void tiles_off() {}
+enum Part { ALL, SCORES, REST };
+static void attend_amx(const bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const bf16*, const bf16*,
+                       int64_t, const KeyLists&, float, int64_t, TileScratch&, bf16*, Part = ALL, float* = nullptr) {}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // All the layers of a forward in ONE parallel region. Why: a layer called as 5 parallel regions with
@@ -762,11 +1039,11 @@ static inline std::pair<int64_t, int64_t> cols(int64_t nb, int64_t K, int me, in
   return {4 * b0, 4 * b1};
 }
 
-torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vector<torch::Tensor> wqkv,
-                     std::vector<torch::Tensor> wo, std::vector<torch::Tensor> ln2,
-                     std::vector<torch::Tensor> w13, std::vector<torch::Tensor> w2, torch::Tensor kv,
-                     int64_t l0, torch::Tensor cos, torch::Tensor sin, torch::Tensor pos, int64_t past,
-                     torch::Tensor vis, int64_t Hq, int64_t Hkv, double eps) {
+at::Tensor layers(at::Tensor x, std::vector<at::Tensor> ln1, std::vector<at::Tensor> wqkv,
+                     std::vector<at::Tensor> wo, std::vector<at::Tensor> ln2,
+                     std::vector<at::Tensor> w13, std::vector<at::Tensor> w2, at::Tensor kv,
+                     int64_t l0, at::Tensor cos, at::Tensor sin, at::Tensor pos, int64_t past,
+                     at::Tensor vis, int64_t Hq, int64_t Hkv, double eps) {
   const int64_t L = (int64_t)wqkv.size(), T = x.size(0), C = x.size(1), D = kv.size(4), g = Hq / Hkv;
   const int64_t S = past + T, W3 = (Hq + 2 * Hkv) * D, I = w13[0].size(0) * B / 2;
   // every check before the parallel region: a thread must never leave it while the others wait
@@ -792,17 +1069,17 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
 
   const int64_t NT = std::max(1, at::get_num_threads());
   auto bf = x.options();
-  torch::Tensor out[2] = {torch::empty_like(x), torch::empty_like(x)};
-  auto hbuf = torch::empty({NT, T, C}, bf);       // each thread's normed rows (each norms all rows itself)
-  auto x1buf = torch::empty({NT, T, C}, bf);      // each thread's x + attention output
-  auto qkv = torch::empty({T, W3}, bf);
-  auto qf = torch::empty({T, Hq, D}, bf.dtype(at::kFloat));
-  auto qb = torch::empty({T, Hq, D}, bf);          // the same queries in bf16 (exact), for AMX tiles
-  auto attn = torch::empty({T, Hq * D}, bf);
-  auto o = torch::empty({T, C}, bf);
-  auto gu = torch::empty({T, 2 * I}, bf);
-  auto mid = torch::empty({T, I}, bf);
-  auto dn = torch::empty({T, C}, bf);
+  at::Tensor out[2] = {at::empty_like(x), at::empty_like(x)};
+  auto hbuf = at::empty({NT, T, C}, bf);       // each thread's normed rows (each norms all rows itself)
+  auto x1buf = at::empty({NT, T, C}, bf);      // each thread's x + attention output
+  auto qkv = at::empty({T, W3}, bf);
+  auto qf = at::empty({T, Hq, D}, bf.dtype(at::kFloat));
+  auto qb = at::empty({T, Hq, D}, bf);          // the same queries in bf16 (exact), for AMX tiles
+  auto attn = at::empty({T, Hq * D}, bf);
+  auto o = at::empty({T, C}, bf);
+  auto gu = at::empty({T, 2 * I}, bf);
+  auto mid = at::empty({T, I}, bf);
+  auto dn = at::empty({T, C}, bf);
   bf16 *QKV = qkv.data_ptr<bf16>(), *A = attn.data_ptr<bf16>(), *O = o.data_ptr<bf16>();
   bf16 *GU = gu.data_ptr<bf16>(), *Mi = mid.data_ptr<bf16>(), *DN = dn.data_ptr<bf16>();
   float* Q = qf.data_ptr<float>();
@@ -908,9 +1185,9 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
       auto [c0, c1] = share(I / 16, me, W);     // bf16(bf16(silu(gate)) * up), as torch rounds it
       for (int64_t t = 0; t < T; ++t)
         for (int64_t c = 16 * c0; c < 16 * c1; c += 16) {
-          const __m512 gv = load16(GU + t * 2 * I + c);
-          const __m512 sg = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
-          store16(Mi + t * I + c, _mm512_mul_ps(round16(sg), load16(GU + t * 2 * I + I + c)));
+          const F16 gv = load16(GU + t * 2 * I + c);
+          const F16 sg = gv / (fset(1.f) + exp16(fzero() - gv));
+          store16(Mi + t * I + c, round16(sg) * load16(GU + t * 2 * I + I + c));
         }
       team.wait(W);
 
@@ -928,34 +1205,54 @@ torch::Tensor layers(torch::Tensor x, std::vector<torch::Tensor> ln1, std::vecto
 // split over the threads: the rate the memory system gives a reader, for the bench's bandwidth
 // limit (torch's reductions can be bound by their own arithmetic, and then read below the memory's
 // rate).
-int64_t stream_read(torch::Tensor buf) {
+int64_t stream_read(at::Tensor buf) {
   TORCH_CHECK(buf.is_contiguous() && buf.nbytes() % 256 == 0, "stream_read: a contiguous buffer of a multiple of 256 bytes");
   const char* p = static_cast<const char*>(buf.data_ptr());
   const int64_t n = buf.nbytes() / 256;
   std::atomic<int64_t> sink{0};
   at::parallel_for(0, n, 1024, [&](int64_t i0, int64_t i1) {
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t i = i0; i < i1; ++i) {
-      const char* q = p + i * 256;
-      a0 = _mm512_or_si512(a0, _mm512_loadu_si512(q));
-      a1 = _mm512_or_si512(a1, _mm512_loadu_si512(q + 64));
-      a2 = _mm512_or_si512(a2, _mm512_loadu_si512(q + 128));
-      a3 = _mm512_or_si512(a3, _mm512_loadu_si512(q + 192));
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = i0; i < i1; ++i) {         // 256 bytes a step, in 32-byte loads on every path
+      const __m256i* q = reinterpret_cast<const __m256i*>(p + i * 256);
+      a0 = _mm256_or_si256(a0, _mm256_or_si256(_mm256_loadu_si256(q), _mm256_loadu_si256(q + 1)));
+      a1 = _mm256_or_si256(a1, _mm256_or_si256(_mm256_loadu_si256(q + 2), _mm256_loadu_si256(q + 3)));
+      a2 = _mm256_or_si256(a2, _mm256_or_si256(_mm256_loadu_si256(q + 4), _mm256_loadu_si256(q + 5)));
+      a3 = _mm256_or_si256(a3, _mm256_or_si256(_mm256_loadu_si256(q + 6), _mm256_loadu_si256(q + 7)));
     }
-    sink += _mm512_reduce_or_epi64(_mm512_or_si512(_mm512_or_si512(a0, a1), _mm512_or_si512(a2, a3)));
+    const __m256i a = _mm256_or_si256(_mm256_or_si256(a0, a1), _mm256_or_si256(a2, a3));
+    sink += _mm256_extract_epi64(a, 0) | _mm256_extract_epi64(a, 1) | _mm256_extract_epi64(a, 2) | _mm256_extract_epi64(a, 3);
   });
   return sink.load();
+}
+
+// The kernel's own exp and bf16 rounding on fp32 values (flat), for the tests that check every path
+// against the others at the edges (denormals, infinities, NaN, exponents past a float's)
+at::Tensor exp_f32(at::Tensor x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() % 16 == 0, "exp_f32: contiguous fp32, a multiple of 16");
+  auto y = at::empty_like(x);
+  for (int64_t i = 0; i < x.numel(); i += 16) fstore(y.data_ptr<float>() + i, exp16(fload(x.data_ptr<float>() + i)));
+  return y;
+}
+
+at::Tensor to_bf16(at::Tensor x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.numel() % 16 == 0, "to_bf16: contiguous fp32, a multiple of 16");
+  auto y = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+  for (int64_t i = 0; i < x.numel(); i += 16) store16(y.data_ptr<bf16>() + i, fload(x.data_ptr<float>() + i));
+  return y;
 }
 
 // The compute calls release the GIL (they touch no Python object between their arguments and their
 // result), so another Python thread runs meanwhile: PEARL's draft lane beside its target lane.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("isa", &isa, "the instruction set this build runs: avx512bf16, avx512 or avx2");
   m.def("stream_read", &stream_read, "read a buffer once, as fast as the memory system gives it (the bench's bandwidth probe)", no_gil);
   m.def("rms_norm", &rms_norm, "LlamaRMSNorm of bf16 rows", no_gil);
   m.def("layers", &layers, "Llama decoder layers l0.. over T bf16 rows in one parallel region, the KV cache written in place", no_gil);
   m.def("set_barrier", &set_barrier, "how threads wait for each other: mode 0 spins spin_us then sleeps (futex), 1 spins then yields");
-  m.def("use_amx", &use_amx, "the product on AMX tiles from now on (True if the OS granted them)");
+  m.def("use_amx", &use_amx, "the product on AMX tiles from now on (True if the OS granted them; always False off avx512bf16)");
   m.def("pack", &pack, "W (N, K) bf16 -> the kernel's packed layout (N/64, K/2, 64, 2)");
   m.def("linear", &packed_linear, "x (T, K) bf16 @ W^T with W packed -> (T, N) bf16", no_gil);
+  m.def("exp_f32", &exp_f32, "the kernel's exp of fp32 values (tests)");
+  m.def("to_bf16", &to_bf16, "the kernel's rounding of fp32 values to bf16 (tests)");
 }

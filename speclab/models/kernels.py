@@ -1,20 +1,28 @@
-"""speclab's one native kernel: a bf16 linear layer for CPUs with AVX512-BF16 (bf16_linear.cpp).
+"""speclab's one native kernel (bf16_linear.cpp): bf16 products and whole Llama layers, on every x86
+CPU with AVX2, one build per instruction set.
 
 Batch-1 decoding is bound by how fast weights stream from memory. oneDNN's bf16 F.linear reads a
 one-row product's weight well below a plain streaming read's rate and pays a per-call cost on small
-matrices; this kernel streams a packed weight at the streaming-read rate and costs little more for
-5 rows than for 1 (docs/performance.md has the measured rates).
+matrices (and without AVX512-BF16 it converts whole blocks to fp32: a 6-row verify costs about three
+one-row forwards); this kernel streams a packed weight at the streaming-read rate and costs little
+more for 5 rows than for 1 (docs/performance.md has the measured rates).
 
-It is built on first use with torch's C++ extension loader (g++ and ninja, once, cached in
-torch's extensions directory) and used only on CPUs that report avx512_bf16. Anywhere else, or if
-the build fails, `available()` is False and the lean forward keeps F.linear. SPECLAB_KERNELS=0 turns
-it off.
+The path (`path()`), best first, chosen once per process from the CPU's flags:
 
-On CPUs with AMX (Intel Sapphire Rapids and later) the product runs on AMX tiles instead: the
-AVX-512 loop is bound by its dot-product instructions from 2 rows on, so its cost grows with the
-rows; a tile's product costs the same for up to 16 rows, so a verify of up to 16 tokens costs little
-more than one token's weight stream (docs/performance.md). Attention's scores and weighted sum of V
-run on the tiles too, which matters after a long context. SPECLAB_AMX=0 keeps the loops.
+    amx          AMX tiles (Sapphire Rapids on): a verify of up to 16 rows costs about one row
+    avx512bf16   VDPBF16PS, the pair of bf16 products in one instruction
+    avx512       AVX-512F without BF16 (Skylake to Ice Lake): two FMAs a pair
+    avx2         AVX2 + FMA (most laptops and desktops, AMD Zen): the same on 8-lane halves
+    torch        anything else (ARM, no compiler): torch's F.linear and ops
+
+avx512bf16, avx512 and avx2 compute the same sums in the same order, so they give the same bits; AMX
+sums in its own order (a few outputs one bf16 step apart). SPECLAB_ISA forces a path ("auto", the
+default, or one of the names above; a path this CPU cannot run is refused in one line);
+SPECLAB_KERNELS=0 is SPECLAB_ISA=torch, SPECLAB_AMX=0 keeps AMX off under auto. Each path is built on
+first use with torch's C++ extension loader (g++ and ninja, once, cached in torch's extensions
+directory as speclab_kernel_<path>); if the build fails the process falls back to torch with a
+warning. `info()` (and `speclab doctor`) says which path runs and why. `using(path)` switches the
+process to another path for a with-block (tests and measurements).
 
 How the kernel's threads wait for each other (between the steps of a layer): each spins for a
 bounded time, then sleeps in the kernel until the last thread wakes it, so that when the machine is
@@ -36,6 +44,8 @@ so the outputs are the same bits at any team size (tests/test_kernel_barrier.py)
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import statistics
 import sys
 import threading
@@ -48,11 +58,22 @@ import torch
 import torch.nn.functional as F
 
 BLOCK = 64                    # output rows per packed block (bf16_linear.cpp's B)
-NAME = "speclab_bf16_linear"
 _SOURCE = Path(__file__).with_name("bf16_linear.cpp")
-_lock = threading.Lock()
-_module = None                # the built extension, False once a build failed
-_amx = False                  # its products run on AMX tiles (chosen once, when it is built)
+_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]   # no contraction: every path rounds where the source says
+# path -> (the CPU flags it needs, torch.cpu.get_capabilities' names; the build it runs; its compiler flags)
+ISAS = {
+    "amx": (("avx512_f", "avx512_bw", "avx512_bf16", "amx_bf16", "amx_tile"), "avx512bf16", None),
+    "avx512bf16": (("avx512_f", "avx512_bw", "avx512_bf16"), "avx512bf16", ["-mavx512f", "-mavx512bw", "-mavx512bf16"]),
+    "avx512": (("avx512_f", "avx512_bw"), "avx512", ["-mavx512f", "-mavx512bw"]),
+    "avx2": (("avx2", "fma3"), "avx2", ["-mavx2", "-mfma"]),
+}
+PATHS = tuple(ISAS) + ("torch",)
+_lock = threading.RLock()
+_modules: dict[str, object] = {}   # build -> its extension, or False once its build failed
+_module = None                # the process's path's extension, False where none runs
+_amx = False                  # its products run on AMX tiles
+_path: str | None = None      # the path running ("torch" where no kernel does)
+_why = ""                     # why that path
 BARRIERS = {"sleep": 0, "spin": 1}  # bf16_linear.cpp's BARRIER_SLEEP / BARRIER_SPIN
 SPIN_US = 50                  # a step's threads normally meet within microseconds; past this, sleep
 
@@ -62,59 +83,183 @@ def _caps() -> dict:
 
 
 def cpu_has_bf16() -> bool:
-    """The CPU has the AVX512-BF16 instructions the kernel is written in (torch's own report)."""
+    """The CPU has the AVX512-BF16 instructions (torch's own report)."""
     return bool(_caps().get("avx512_bf16"))
 
 
-def _build():
-    from torch.utils.cpp_extension import load
+def supported() -> list[str]:
+    """The kernel paths this CPU can run, best first (x86 only: ARM has none yet)."""
+    caps = _caps()
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
+        return []
+    return [p for p, (need, _, _) in ISAS.items() if all(caps.get(f) for f in need)]
+
+
+def requested() -> str:
+    """SPECLAB_ISA (or SPECLAB_KERNELS=0: "torch"), checked: "auto" or a path name."""
+    if os.environ.get("SPECLAB_KERNELS", "1") == "0":
+        return "torch"
+    want = os.environ.get("SPECLAB_ISA", "auto").strip().lower() or "auto"
+    if want not in PATHS + ("auto",):
+        raise ValueError(f"SPECLAB_ISA={want!r}: use auto (the default) or one of {', '.join(PATHS)}")
+    return want
+
+
+def planned() -> tuple[str, str]:
+    """(path, why): the path this process will run, from the CPU's flags and the environment alone
+    (no build: a failed build still falls back to torch, with a warning)."""
+    want, ok = requested(), supported()
+    if want == "torch":
+        return "torch", "turned off (SPECLAB_ISA=torch or SPECLAB_KERNELS=0)"
+    if want != "auto":
+        if want not in ok:
+            raise ValueError(f"SPECLAB_ISA={want}: this CPU cannot run it (it runs: {', '.join(ok) or 'none'}); "
+                             "use auto or one of those")
+        return want, "forced (SPECLAB_ISA)"
+    if not ok:
+        return "torch", f"no kernel path for this CPU ({platform.machine()}: torch's ops run instead)"
+    if ok[0] == "amx" and os.environ.get("SPECLAB_AMX", "1") == "0":
+        ok = ok[1:]
+        return ok[0], "the best this CPU runs (AMX off: SPECLAB_AMX=0)"
+    return ok[0], "the best this CPU runs"
+
+
+def _build(build: str):
+    from torch.utils.cpp_extension import _get_build_directory, load
     # torch finds ninja on PATH: add this interpreter's bin directory, where `pip install ninja` puts it
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    from torch.utils.cpp_extension import _get_build_directory
-    if not list(Path(_get_build_directory(NAME, False)).glob("*.so")):
-        print("speclab: building the bf16 CPU kernel (once, ~30 s)", file=sys.stderr, flush=True)
-    return load(NAME, [str(_SOURCE)], verbose=False,
-                extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp"])
+    name = f"speclab_kernel_{build}"
+    if not list(Path(_get_build_directory(name, False)).glob("*.so")):
+        print(f"speclab: building the CPU kernel for {build} (once, ~30 s)", file=sys.stderr, flush=True)
+    flags = next(f for _, b, f in ISAS.values() if b == build and f)
+    return load(name, [str(_SOURCE)], verbose=False, extra_cflags=_FLAGS + flags)
+
+
+def build(path: str):
+    """The extension of `path`'s build (built once per process), or None if it did not build."""
+    b = ISAS[path][1]
+    if b not in _modules:
+        with _lock:
+            if b not in _modules:
+                try:
+                    _modules[b] = _build(b)
+                    _configure_barrier(_modules[b])
+                except ValueError:
+                    raise
+                except Exception as e:     # no compiler, no ninja, an old toolchain: fall back
+                    warnings.warn(f"speclab's CPU kernel ({b}) did not build ({str(e).splitlines()[0][:200]}); "
+                                  "using torch's ops (slower). Install g++ and ninja to get it.")
+                    _modules[b] = False
+    return _modules[b] or None
+
+
+def _select(path: str):
+    """Make `path` the process's path; returns its module (None: torch)."""
+    global _module, _amx, _path
+    mod = build(path) if path != "torch" else None
+    # AMX: chosen once per process: every product of a run must take the same loop, or a verify
+    # would not match one-token forwards
+    _amx = bool(mod.use_amx(path == "amx")) if mod is not None and ISAS[path][1] == "avx512bf16" else False
+    if path == "amx" and not _amx:            # the OS did not grant the tiles: the loops
+        path = "avx512bf16"
+    _module, _path = (mod or False), (path if mod is not None else "torch")
+    return mod
 
 
 def module():
-    """The built extension, or None where it cannot run here."""
-    global _module, _amx
+    """The built extension of this process's path, or None where none runs here."""
+    global _why
     if _module is None:
         with _lock:
             if _module is None:
-                if os.environ.get("SPECLAB_KERNELS", "1") == "0" or not cpu_has_bf16():
-                    _module = False
-                else:
-                    try:
-                        _module = _build()
-                        # AMX tiles where the CPU has them (Sapphire Rapids on): a verify of up to 16
-                        # rows then costs about one row. Chosen once per process: every product of a
-                        # run must take the same loop, or a verify would not match one-token forwards.
-                        amx = bool(_caps().get("amx_bf16")) and os.environ.get("SPECLAB_AMX", "1") != "0"
-                        _amx = _module.use_amx(amx)
-                        _configure_barrier(_module)
-                    except Exception as e:     # no compiler, no ninja, an old toolchain: fall back
-                        warnings.warn(f"speclab's bf16 CPU kernel did not build ({str(e).splitlines()[0][:200]}); "
-                                      "using F.linear (slower). Install g++ and ninja to get it.")
-                        _module = False
+                path, why = planned()
+                if _select(path) is None and path != "torch":
+                    why = f"{path} did not build (a warning said why): torch's ops run instead"
+                elif path == "amx" and _path != "amx":
+                    why = "AMX not granted by the OS: the AVX512-BF16 loops"
+                _why = why
     return _module or None
 
 
+def path() -> str:
+    """The path this process runs: amx, avx512bf16, avx512, avx2 or torch."""
+    module()
+    return _path or "torch"
+
+
+@contextmanager
+def using(name: str):
+    """Run the with-block on path `name` (one the CPU supports), then restore the process's path.
+    For tests and measurements: the path is the process's, not a thread's."""
+    global _why
+    if name != "torch" and name not in supported():
+        raise ValueError(f"kernel path {name!r}: this CPU runs {', '.join(supported()) or 'none'}")
+    module()
+    before, why = _path, _why
+    try:
+        if _select(name) is None and name != "torch":
+            raise RuntimeError(f"the {name} kernel did not build")
+        _why = "forced (kernels.using)"
+        yield _module or None
+    finally:
+        _select(before)
+        _why = why
+
+
+def info() -> dict:
+    """What runs here and why: the path, the CPU's flags that decide it, the paths it supports, the
+    compiler, and which builds are cached (for `speclab doctor`, the bench header, the dashboard)."""
+    from torch.utils.cpp_extension import _get_build_directory
+    caps = _caps()
+    try:
+        planned_path, why = planned()
+    except ValueError as e:
+        planned_path, why = "torch", str(e)
+    cached = {}
+    for b in sorted({b for _, b, _ in ISAS.values()}):
+        try:
+            cached[b] = bool(list(Path(_get_build_directory(f"speclab_kernel_{b}", False)).glob("*.so")))
+        except Exception:
+            cached[b] = False
+    running = _path if _module is not None else None
+    return {
+        "path": running or planned_path, "why": _why if running else why, "built": running is not None,
+        "cpu": caps.get("cpu_name") or platform.processor() or platform.machine(),
+        "machine": platform.machine(),
+        "flags": {f: bool(caps.get(f)) for f in ("avx2", "fma3", "avx512_f", "avx512_bw", "avx512_bf16", "amx_bf16")},
+        "supported": supported(), "cached": cached,
+        "compiler": shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++"),
+        "ninja": shutil.which("ninja") or shutil.which("ninja", path=str(Path(sys.executable).parent)),
+        "env": {k: os.environ[k] for k in ("SPECLAB_ISA", "SPECLAB_KERNELS", "SPECLAB_AMX") if k in os.environ},
+    }
+
+
+def describe() -> str:
+    """One line: the path and why (the bench header, `speclab run --check`, the dashboard)."""
+    d = info()
+    return f"kernel {d['path']} ({d['why']}; CPU {d['cpu']})"
+
+
+_barrier: tuple[str, int] | None = None   # set_barrier's last setting (None: the environment's)
+
+
 def _configure_barrier(mod) -> None:
-    mode = os.environ.get("SPECLAB_BARRIER", "sleep")
+    mode, spin = _barrier or (os.environ.get("SPECLAB_BARRIER", "sleep"), int(os.environ.get("SPECLAB_SPIN_US", SPIN_US)))
     if mode not in BARRIERS:
         raise ValueError(f"SPECLAB_BARRIER={mode!r}: use 'sleep' (spin, then sleep: the default) or 'spin'")
-    mod.set_barrier(BARRIERS[mode], int(os.environ.get("SPECLAB_SPIN_US", SPIN_US)))
+    mod.set_barrier(BARRIERS[mode], spin)
 
 
 def set_barrier(mode: str = "sleep", spin_us: int = SPIN_US) -> None:
     """How the kernel's threads wait at a step's barrier, for the whole process: "sleep" (spin up to
     spin_us, then sleep until woken) or "spin" (spin, then yield in a loop). Outputs do not change."""
+    global _barrier
     if mode not in BARRIERS:
         raise ValueError(f"barrier mode {mode!r}: use 'sleep' or 'spin'")
-    if module() is not None:
-        module().set_barrier(BARRIERS[mode], int(spin_us))
+    _barrier = (mode, int(spin_us))
+    for mod in list(_modules.values()):      # every build in this process, and any built later
+        if mod:
+            mod.set_barrier(BARRIERS[mode], int(spin_us))
 
 
 def uses_amx() -> bool:

@@ -62,7 +62,12 @@ constexpr int64_t B = 64;      // output rows per packed block: 4 vectors of 16 
 #ifdef __AVX512F__
 constexpr int TMAX = 6;        // input rows per pass: 4 x TMAX accumulators stay in 32 registers
 #else
-constexpr int TMAX = 6;        // AVX2: rows in passes of 16 outputs (2 x TMAX accumulators of 16 registers)
+#ifndef AVX2_TMAX
+#define AVX2_TMAX 3
+#endif
+// AVX2: rows in passes of 3 (2 passes for a 6-row verify): 3 rows x 4 groups of 8 outputs keep 12
+// sums in 16 registers, and the FMAs of a pass hide each other's latency (docs/performance.md)
+constexpr int TMAX = AVX2_TMAX;
 #endif
 #ifndef PREFETCH
 #define PREFETCH 4096          // bytes ahead of the weight stream
@@ -391,52 +396,116 @@ struct FlushDenormals {
   ~FlushDenormals() { _mm_setcsr(csr); }
 };
 
+// What a pass prefetches: lines [from, to) of 64 bytes from base (the next chunk), `per` a k-pair.
+// Every pass over a chunk takes its share of the next chunk's lines, so the memory stays busy while
+// the passes that read from L1 run (were it the first pass alone, memory would idle through the others).
+struct Fetch {
+  const char* base;
+  int64_t from, to, per;
+  inline void at(int64_t i) const {
+    for (int64_t l = from + i * per, e = std::min(to, l + per); l < e; ++l) _mm_prefetch(base + 64 * l, _MM_HINT_T0);
+  }
+};
+
 // One pass over k-pairs [k2a, k2b) of a 64-row block for TT rows of x (widened to fp32, xw (TT, K))
 // and the G groups of 16 outputs from g0: the running sums in part (TT, 64) fp32, started at zero
 // when `start` (storing and reloading an fp32 sum is exact, so a pass may stop anywhere).
+#ifdef __AVX512F__
 template <int TT, int G>
 static inline void fma_pass(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, int g0,
-                            float* part, bool start, bool fetch) {
+                            float* part, bool start, const Fetch& fetch) {
   F16 acc[TT][G];
+#pragma GCC unroll 8
   for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 4
     for (int g = 0; g < G; ++g) acc[t][g] = start ? fzero() : fload(part + t * B + 16 * (g0 + g));
   for (int64_t k2 = k2a; k2 < k2b; ++k2) {
     const bf16* w = Wb + k2 * 2 * B;
-    if (fetch) {                     // the first pass over a chunk brings in all of its 4 lines a pair
-      const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
-      _mm_prefetch(ahead, _MM_HINT_T0);
-      _mm_prefetch(ahead + 64, _MM_HINT_T0);
-      _mm_prefetch(ahead + 128, _MM_HINT_T0);
-      _mm_prefetch(ahead + 192, _MM_HINT_T0);
-    }
+    fetch.at(k2 - k2a);
+#pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       const Pair p = widen_pairs(w + 32 * (g0 + g));
+#pragma GCC unroll 8
       for (int t = 0; t < TT; ++t) {
         acc[t][g] = mul_add(p.odd, fset(xw[t * K + 2 * k2 + 1]), acc[t][g]);
         acc[t][g] = mul_add(p.even, fset(xw[t * K + 2 * k2]), acc[t][g]);
       }
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 4
     for (int g = 0; g < G; ++g) fstore(part + t * B + 16 * (g0 + g), acc[t][g]);
 }
+#endif
 
-// Groups of 16 outputs per pass: all 4 of a block with AVX-512 (4 x TMAX accumulators in 32
-// registers); with AVX2 an F16 is 2 of 16 registers, so fewer groups as the rows grow.
+#ifndef __AVX512F__
+// AVX2: groups of 8 outputs (one __m256 of sums each), G8 of them per pass. A sum waits on its two
+// FMAs a pair (odd, then even: VDPBF16PS's order), so the FMA units need about 10 independent sums
+// in flight: TT x G8 of them, in 16 registers with the pair's two weight vectors and a broadcast.
+template <int TT, int G8>
+static inline void fma_pass8(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, int j0,
+                             float* part, bool start, const Fetch& fetch) {
+  __m256 acc[TT][G8];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 8
+    for (int j = 0; j < G8; ++j) acc[t][j] = start ? _mm256_setzero_ps() : _mm256_loadu_ps(part + t * B + 8 * (j0 + j));
+  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+  for (int64_t k2 = k2a; k2 < k2b; ++k2) {
+    const __m256i* w = reinterpret_cast<const __m256i*>(Wb + k2 * 2 * B) + j0;
+    fetch.at(k2 - k2a);
+#pragma GCC unroll 8
+    for (int j = 0; j < G8; ++j) {
+      const __m256i r = _mm256_loadu_si256(w + j);
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(r, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(r, hi));
+#pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) {
+        acc[t][j] = _mm256_fmadd_ps(wo, _mm256_broadcast_ss(xw + t * K + 2 * k2 + 1), acc[t][j]);
+        acc[t][j] = _mm256_fmadd_ps(we, _mm256_broadcast_ss(xw + t * K + 2 * k2), acc[t][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 8
+    for (int j = 0; j < G8; ++j) _mm256_storeu_ps(part + t * B + 8 * (j0 + j), acc[t][j]);
+}
+#endif
+
+// All 4 groups of 16 of a block per pass with AVX-512 (4 x TMAX sums in 32 registers); with AVX2,
+// G8 groups of 8 (of a block's 8) per pass, fewer as the rows grow.
+#ifdef __AVX512F__
+template <int TT> constexpr int group_passes() { return 1; }
+#else
+template <int TT> constexpr int groups8() { return TT == 1 ? 8 : TT <= 3 ? 4 : 2; }   // <= 12 sums
+template <int TT> constexpr int group_passes() { return 8 / groups8<TT>(); }
+#endif
+
+// One chunk for TT rows: all 4 groups of 16 of a block in one pass with AVX-512 (4 x TMAX sums in 32
+// registers); with AVX2, groups8 groups of 8 (of a block's 8) a pass, fewer as the rows grow. Pass
+// p0 + i (of P over this chunk) prefetches its share of the next chunk (next, L lines).
 template <int TT>
 static inline void fma_rows(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, float* part,
-                            bool start) {
+                            bool start, const char* next, int64_t L, int64_t p0, int64_t P) {
+  // one pass a chunk: the lines PREFETCH bytes ahead of the stream, 4 a pair (as the VDPBF16PS loop)
+  if (P == 1) next = reinterpret_cast<const char*>(Wb + k2a * 2 * B) + PREFETCH, L = 4 * (k2b - k2a);
+  const int64_t share = (L + P - 1) / P, n = k2b - k2a, per = (share + n - 1) / n;
 #ifdef __AVX512F__
-  fma_pass<TT, 4>(xw, K, Wb, k2a, k2b, 0, part, start, true);
+  fma_pass<TT, 4>(xw, K, Wb, k2a, k2b, 0, part, start, Fetch{next, p0 * share, std::min(L, (p0 + 1) * share), per});
 #else
-  constexpr int G = TT == 1 ? 4 : TT == 2 ? 2 : 1;
-  for (int g0 = 0; g0 < 4; g0 += G) fma_pass<TT, G>(xw, K, Wb, k2a, k2b, g0, part, start, g0 == 0);
+  constexpr int G8 = groups8<TT>();
+  for (int j0 = 0, p = (int)p0; j0 < 8; j0 += G8, ++p)
+    fma_pass8<TT, G8>(xw, K, Wb, k2a, k2b, j0, part, start, Fetch{next, p * share, std::min(L, (p + 1) * share), per});
 #endif
 }
 
 // A block is read in chunks of CHUNK k-pairs (16 KB): every pass over a chunk after the first (the
 // other rows, the other groups) reads it from L1, and memory sees one sequential stream.
-constexpr int64_t CHUNK = 64;
+#ifndef CHUNK_PAIRS
+#define CHUNK_PAIRS 64
+#endif
+constexpr int64_t CHUNK = CHUNK_PAIRS;
 
 static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t b0,
                           int64_t b1, bf16* y, int64_t N) {
@@ -446,21 +515,35 @@ static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int
   for (int64_t i = 0; i < T * K; ++i) xw[i] = f32(x[i]);
   const FlushDenormals ftz;
   const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
+  auto gp = [](int64_t rows) -> int64_t {
+    switch (rows) {
+      case 6: return group_passes<6>(); case 5: return group_passes<5>(); case 4: return group_passes<4>();
+      case 3: return group_passes<3>(); case 2: return group_passes<2>(); default: return group_passes<1>();
+    }
+  };
+  int64_t P = 0;                               // passes over a chunk: row passes x group passes
+  for (int64_t t0 = 0; t0 < T; t0 += per) P += gp(std::min<int64_t>(per, T - t0));
   for (int64_t b = b0; b < b1; ++b) {
     const bf16* Wb = wp + b * K2 * 2 * B;
     for (int64_t k2a = 0; k2a < K2; k2a += CHUNK) {
       const int64_t k2b = std::min(K2, k2a + CHUNK);
+      // the next chunk: this block's, or the next block's first (blocks lie back to back)
+      const char* next = reinterpret_cast<const char*>(Wb + k2b * 2 * B);
+      const int64_t L = (k2b < K2 ? std::min(CHUNK, K2 - k2b) : b + 1 < b1 ? std::min(CHUNK, K2) : 0) * 4;
+      int64_t p0 = 0;
       for (int64_t t0 = 0; t0 < T; t0 += per) {
         const float* xt = xw.data() + t0 * K;
         float* pt = part.data() + t0 * B;
-        switch (std::min<int64_t>(per, T - t0)) {
-          case 6: fma_rows<6>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
-          case 5: fma_rows<5>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
-          case 4: fma_rows<4>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
-          case 3: fma_rows<3>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
-          case 2: fma_rows<2>(xt, K, Wb, k2a, k2b, pt, k2a == 0); break;
-          default: fma_rows<1>(xt, K, Wb, k2a, k2b, pt, k2a == 0);
+        const int64_t rows = std::min<int64_t>(per, T - t0);
+        switch (rows) {
+          case 6: fma_rows<6>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          case 5: fma_rows<5>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          case 4: fma_rows<4>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          case 3: fma_rows<3>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          case 2: fma_rows<2>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          default: fma_rows<1>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P);
         }
+        p0 += gp(rows);
       }
     }
     for (int64_t t = 0; t < T; ++t)

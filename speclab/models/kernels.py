@@ -189,15 +189,17 @@ def path() -> str:
 
 @contextmanager
 def using(name: str):
-    """Run the with-block on path `name` (one the CPU supports), then restore the process's path.
-    For tests and measurements: the path is the process's, not a thread's."""
+    """Run the with-block on kernel path `name` (one the CPU supports), then restore the process's
+    path. For tests and measurements: the path is the process's, not a thread's. Models loaded on a
+    kernel path run on any other (one packed layout); "torch" is a process's choice (SPECLAB_ISA),
+    made before its models load."""
     global _why
-    if name != "torch" and name not in supported():
+    if name not in supported():
         raise ValueError(f"kernel path {name!r}: this CPU runs {', '.join(supported()) or 'none'}")
     module()
     before, why = _path, _why
     try:
-        if _select(name) is None and name != "torch":
+        if _select(name) is None:
             raise RuntimeError(f"the {name} kernel did not build")
         _why = "forced (kernels.using)"
         yield _module or None

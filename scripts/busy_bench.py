@@ -16,7 +16,7 @@ phase and killed by its PID after it. Each cell: the median ms of --runs forward
 quartiles and the 90th percentile (a descheduled thread shows in the tail first); `busy` is other
 processes' share of the CPUs during the phase (speclab.bench.timing.CpuMeter), the hog included: a
 quiet machine reads near 0, a one-core hog on two cores near 0.5. On a machine that others share,
-say so beside the numbers. Needs a CPU with avx512_bf16 (where the kernel runs).
+say so beside the numbers. Needs an x86 CPU with AVX2 (where the kernel runs; SPECLAB_ISA picks its path).
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def main():
     torch.set_num_threads(a.threads)
     model, _ = zoo.load("smollm2-135m", dtype="bf16")
     if kernels.module() is None:
-        raise SystemExit("speclab's bf16 kernel does not run here (it needs a CPU with avx512_bf16)")
+        raise SystemExit("speclab's CPU kernel does not run here (it needs an x86 CPU with AVX2: `speclab doctor` says why)")
     lm = lean_lm(model)
     ids = torch.randint(0, model.config.vocab_size - 1, (a.context + a.rows,), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():

@@ -4,7 +4,7 @@
 
 Prints ms per token in the fused call of all the decoder layers and in the LM head, the rest (outside the
 kernels), and each call's weight-read rate, beside the rates the bench's BandwidthProbe measures.
-Needs a CPU with avx512_bf16 (where the kernel runs). How to read it: docs/performance.md.
+Needs an x86 CPU with AVX2 (where the kernel runs; SPECLAB_ISA picks its path). How to read it: docs/performance.md.
 """
 import argparse
 import time
@@ -45,7 +45,7 @@ def main():
     torch.set_num_threads(args.threads)
     base, tok = zoo.load("smollm2-135m", dtype="bf16")
     if kernels.module() is None:
-        raise SystemExit("speclab's bf16 kernel does not run here (it needs a CPU with avx512_bf16)")
+        raise SystemExit("speclab's CPU kernel does not run here (it needs an x86 CPU with AVX2: `speclab doctor` says why)")
     timed = kernels._module = Timed(kernels.module())
     items = load_prompts("chat", args.prompts)
     speclab.generate((base, tok), encode(tok, items[0], 16, None), "ar", max_new_tokens=16, record=None)  # warm-up

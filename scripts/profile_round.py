@@ -86,7 +86,7 @@ def main():
     target = zoo.load_shared("smollm2-135m", dtype="bf16")
     draft = zoo.load_shared(DRAFTS[spec.method], dtype="bf16") if spec.method in DRAFTS else None
     if kernels.module() is None:
-        raise SystemExit("speclab's bf16 kernel does not run here (it needs a CPU with avx512_bf16)")
+        raise SystemExit("speclab's CPU kernel does not run here (it needs an x86 CPU with AVX2: `speclab doctor` says why)")
     items = load_prompts(args.prompts, args.limit)
 
     def run():

@@ -30,7 +30,7 @@ def add_run(sub):
     g.add_argument("--chat", metavar="QUESTION",
                    help="a user message, wrapped in the model's chat template (stops at its end-of-turn token)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
-                   help="auto: bf16 where the hardware runs it natively (CUDA, CPUs with avx512_bf16 / AMX), else fp32")
+                   help="auto: bf16 where it decodes at full speed (CUDA; x86 CPUs with AVX2, speclab's kernel), else fp32")
     p.add_argument("--max-new-tokens", type=int,
                    help="new tokens (default 128); dllm-*: the canvas slots (default 64) unless --gen-length")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -168,6 +168,9 @@ def _show_speculative(a, prompt, r) -> dict:
         up = out["ar_wall_s"] / s["wall_s"] if s["wall_s"] else float("nan")
         print(f"[ar] {len(ref.ids)} tokens in {out['ar_wall_s']:.2f} s: {a.method} {up:.2f}x as fast (one run "
               f"each, first-run costs included; `speclab bench` times methods interleaved and repeated)")
+        if out["dtype"] == "bfloat16" and r.trace.models["target"].device == "cpu":
+            from speclab.models import kernels
+            print(f"[check] {kernels.describe()}")
     if a.check and not out["identical"]:
         print(f"[check] {out['why']}")
     if color:
@@ -387,9 +390,43 @@ def add_serve(sub):
     _add(sub)
 
 
+def add_doctor(sub):
+    p = sub.add_parser("doctor", help="which CPU kernel path runs here and why: the CPU's flags, the compiler, "
+                       "the cached builds")
+    p.add_argument("--build", action="store_true", help="build this machine's path now (once, ~20 s) and check "
+                   "its products against torch")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(a):
+    from speclab.models import kernels, zoo
+    check = None
+    if a.build:
+        kernels.module()
+        check = kernels.self_check() if kernels.module() is not None else None
+    d = kernels.info()
+    d["dtype_auto"] = str(zoo.pick_dtype("auto", zoo.torch.device("cpu"))).removeprefix("torch.")
+    if check is not None:
+        d["self_check"] = check
+    if a.json:
+        print(json.dumps(d))
+        return 0
+    print(f"kernel path: {d['path']} ({d['why']})" + ("" if d["built"] or not a.build else ", not built"))
+    print(f"CPU: {d['cpu']} ({d['machine']}); flags: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in d["flags"].items()))
+    print(f"paths this CPU runs, best first: {', '.join(d['supported']) or 'none (torch)'}")
+    cached = ", ".join(f"{b} {'yes' if c else 'no'}" for b, c in d["cached"].items())
+    print(f"builds cached: {cached}")
+    print(f"compiler: {d['compiler'] or 'none found (install g++)'}; ninja: {d['ninja'] or 'none found (pip install ninja)'}")
+    print(f"dtype='auto' on the CPU: {d['dtype_auto']}" + (f"; environment: {d['env']}" if d["env"] else ""))
+    if check is not None:
+        print(f"self-check ({d['path']}): {check}")
+    return 0
+
+
 def _extra_commands():
     from speclab.bench.cli import add_bench
-    return [add_bench, add_export, add_export_drafter, add_serve]
+    return [add_bench, add_export, add_export_drafter, add_serve, add_doctor]
 
 
 EXTRA_COMMANDS = _extra_commands()

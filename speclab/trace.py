@@ -53,11 +53,12 @@ class ModelInfo:
     device: str
     backend: str | None = None      # the forward that ran it (LeanLM, StaticLM, CausalLM, ...); None: not recorded
     graphs: bool | None = None      # its forwards replayed captured CUDA graphs
+    kernel: str | None = None       # the CPU kernel path it ran on (avx2, avx512, avx512bf16, amx); None: none
 
     def runs_on(self) -> str:
         """Where and how it ran, for a view: "bfloat16 on cuda, StaticLM, CUDA graphs"."""
         return ", ".join([f"{self.dtype} on {self.device}"] + ([self.backend] if self.backend else [])
-                         + (["CUDA graphs"] if self.graphs else []))
+                         + ([f"kernel {self.kernel}"] if self.kernel else []) + (["CUDA graphs"] if self.graphs else []))
 
 
 @dataclass

@@ -140,7 +140,7 @@ def test_batch_cache_rows_see_only_their_own_keys(tiny_llamas):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shared_slot_cache_rows_see_only_their_own_keys(tiny_llamas, dtype):
     """LeanBatchLM (one lean-forward slot space for every sequence) against the lean forward alone.
-    In bf16 on a CPU with AVX512-BF16 (the fused kernel) each sequence's logits are bit for bit its
+    In bf16 on an x86 CPU with AVX2 (the fused kernel) each sequence's logits are bit for bit its
     logits alone, whatever the other sequences hold."""
     import copy as _copy
     from speclab.models import kernels

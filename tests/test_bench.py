@@ -103,7 +103,7 @@ def test_probe_reads_the_models_own_packed_weights():
     from speclab.models.lean.forward import LeanLM
     from speclab.models.lean.weights import packed_matrices
     if not kernels.available("cpu", torch.bfloat16):
-        pytest.skip("needs speclab's bf16 kernel (a CPU with AVX512-BF16)")
+        pytest.skip("needs speclab's bf16 kernel (an x86 CPU with AVX2)")
     model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2)).to(torch.bfloat16)
     assert packed_matrices(model) == []                     # nothing built yet: nothing to read

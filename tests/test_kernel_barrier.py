@@ -11,7 +11,7 @@ import torch
 from speclab.models import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available("cpu", torch.bfloat16),
-                                reason="needs a CPU with AVX512-BF16 and the built kernel")
+                                reason="needs an x86 CPU with AVX2 and the built kernel")
 
 
 def _lean():

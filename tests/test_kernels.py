@@ -1,19 +1,26 @@
-"""speclab's bf16 CPU kernel (speclab/models/bf16_linear.cpp): the packed linear layer and the fused
-Llama layer, on random matrices and on a real transformers Llama built from a config.
+"""speclab's CPU kernel (speclab/models/bf16_linear.cpp): the packed linear layer and the fused
+Llama layer, on random matrices and on a real transformers Llama built from a config, once for
+EVERY path this CPU runs (amx, avx512bf16, avx512, avx2: kernels.supported()), each forced in turn.
 
-What is pinned: results within bf16 rounding of an fp32 reference; every row's result independent
-of how many rows share the call (the property that makes a verify equal one-token forwards); odd
-shapes padded; the fused layer close to the torch-op layer it replaces, and its verify of a chain
-or a tree bitwise equal to one-token forwards.
+What is pinned: each path's product is VDPBF16PS's arithmetic bit for bit (a torch reference of
+its order of adds; AMX within a bf16 step of it); every row's result independent of how many rows
+share the call (the property that makes a verify equal one-token forwards); the paths without AMX
+give the same bits as each other, down to exp and the bf16 rounding at the edges (denormals, inf,
+NaN); odd shapes padded; the fused layer close to the torch-op layer it replaces, and its verify of
+a chain or a tree bitwise equal to one-token forwards. On an x86 CPU with AVX2 none of this skips:
+a CPU that gets no kernel path fails test_an_x86_cpu_with_avx2_runs_a_kernel_path.
 """
+import platform
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from speclab.models import kernels
 
-pytestmark = pytest.mark.skipif(not kernels.available("cpu", torch.bfloat16),
-                                reason="needs a CPU with AVX512-BF16 and a C++ toolchain")
+PATHS = kernels.supported()              # best first; empty off x86 (ARM keeps torch's ops)
+pytestmark = pytest.mark.skipif(not PATHS, reason=f"no kernel path for a {platform.machine()} CPU")
+LOOPS = [p for p in PATHS if p != "amx"]    # the paths that sum in VDPBF16PS's order
 
 
 def _bf16_close(y, ref):
@@ -22,25 +29,62 @@ def _bf16_close(y, ref):
     return bool(((y.float() - ref).abs() <= tol).all())
 
 
-HAS_AMX = bool(kernels._caps().get("amx_bf16"))
+@pytest.fixture(params=PATHS)
+def path(request):
+    """Each path this CPU runs in turn, the process's own restored after."""
+    with kernels.using(request.param):
+        yield request.param
 
 
-@pytest.fixture(params=["avx512", "amx"])
-def loop(request):
-    """Each of the kernel's two loops in turn (AMX only where the CPU has it); the process's own
-    choice restored after."""
-    if request.param == "amx" and not HAS_AMX:
-        pytest.skip("this CPU has no AMX")
-    mod = kernels.module()
-    assert mod.use_amx(request.param == "amx") == (request.param == "amx")
-    yield request.param
-    mod.use_amx(kernels._amx)
+def test_an_x86_cpu_with_avx2_runs_a_kernel_path():
+    """Fails, not skips, where an x86 CPU with AVX2 and FMA gets no kernel (no compiler, a build
+    error): every number speclab reports there would silently come from torch's slower ops."""
+    caps = kernels._caps()
+    assert caps.get("avx2") and caps.get("fma3"), "an x86 CPU without AVX2: speclab's kernel needs AVX2 and FMA"
+    assert "avx2" in PATHS
+    assert kernels.module() is not None, f"no kernel path runs on this CPU: {kernels.info()}"
+    assert kernels.path() == kernels.planned()[0]
+    assert kernels.module().isa() == kernels.ISAS[kernels.path()][1]
+
+
+def test_speclab_isa_chooses_and_refuses_in_one_line(monkeypatch):
+    monkeypatch.setenv("SPECLAB_ISA", "avx2")
+    assert kernels.planned() == ("avx2", "forced (SPECLAB_ISA)")
+    monkeypatch.setenv("SPECLAB_ISA", "neon")
+    with pytest.raises(ValueError, match="use auto .* or one of amx, avx512bf16, avx512, avx2, torch"):
+        kernels.planned()
+    missing = next((p for p in kernels.ISAS if p not in PATHS), None)
+    if missing:                                  # a path this CPU lacks (amx on most)
+        monkeypatch.setenv("SPECLAB_ISA", missing)
+        with pytest.raises(ValueError, match="this CPU cannot run it"):
+            kernels.planned()
+    monkeypatch.setenv("SPECLAB_ISA", "torch")
+    assert kernels.planned()[0] == "torch"
+    monkeypatch.delenv("SPECLAB_ISA")
+    assert kernels.planned() == (PATHS[0], "the best this CPU runs") or kernels.requested() != "auto"
+    with pytest.raises(ValueError, match="this CPU runs"):
+        with kernels.using("neon"):
+            pass
+
+
+def _vdpbf16ps(x, W):
+    """y = x @ W^T as VDPBF16PS sums it: per output, over k-pairs in order, add w[k+1] x[k+1] then
+    w[k] x[k], each an fp32 add of an exact product; rounded to bf16 once (data with no denormals)."""
+    if W.shape[1] % 2:                     # odd K: padded with a zero column, as Packed pads it
+        x, W = F.pad(x, (0, 1)), F.pad(W, (0, 1))
+    xf, Wf = x.float(), W.float()
+    acc = torch.zeros(x.shape[0], W.shape[0])
+    for k in range(0, W.shape[1], 2):
+        acc = acc + xf[:, k + 1:k + 2] * Wf[:, k + 1][None]
+        acc = acc + xf[:, k:k + 1] * Wf[:, k][None]
+    return acc.to(torch.bfloat16)
 
 
 @pytest.mark.parametrize("N,K", [(64, 32), (960, 576), (576, 1536), (100, 33), (128, 40)])
-def test_packed_linear_is_accurate_and_row_count_invariant(N, K, loop):
-    """17 rows: the AMX loop's passes are 16 rows, the AVX-512 loop's 6 (K = 33 and 40 are not
-    multiples of 32: those take the AVX-512 loop on either setting)."""
+def test_packed_linear_is_vdpbf16ps_and_row_count_invariant(N, K, path):
+    """17 rows: the AMX loop's passes are 16 rows, the AVX-512 loops' 6, AVX2's 3. Every path but
+    AMX is VDPBF16PS bit for bit; AMX sums in the tiles' order, a few outputs a bf16 step apart (and
+    K = 33 and 40 are not multiples of 32: those take the loop on an AMX setting too)."""
     g = torch.Generator().manual_seed(N + K)
     W = torch.randn(N, K, generator=g).to(torch.bfloat16)
     x = torch.randn(17, K, generator=g).to(torch.bfloat16)
@@ -48,27 +92,54 @@ def test_packed_linear_is_accurate_and_row_count_invariant(N, K, loop):
     y = lin(x)
     assert y.shape == (17, N) and y.dtype == torch.bfloat16
     assert _bf16_close(y, x.float() @ W.float().t())
+    ref = _vdpbf16ps(x, W)
+    if path == "amx" and K % 32 == 0:
+        a, b = y.float(), ref.float()
+        assert ((a - b).abs() <= a.abs() * 2 ** -7 + 1e-2).all() and (a != b).float().mean() < 0.01
+    else:
+        assert torch.equal(y, ref), f"{path}: {(y != ref).sum().item()} outputs differ from VDPBF16PS's sums"
     for t in range(17):                                    # one row alone == that row in the batch
         assert torch.equal(lin(x[t:t + 1]), y[t:t + 1])
     assert torch.equal(lin(x[2:9]), y[2:9]) and torch.equal(lin(x[1:17]), y[1:17])
 
 
-@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX")
-def test_the_two_loops_agree_to_rounding():
-    """The tiles sum in their own order: the same products, a few outputs one bf16 step apart."""
-    g = torch.Generator().manual_seed(3)
-    W = torch.randn(3072, 576, generator=g).to(torch.bfloat16)
-    x = torch.randn(6, 576, generator=g).to(torch.bfloat16)
-    lin, mod = kernels.Packed(W), kernels.module()
-    try:
-        mod.use_amx(False)
-        a = lin(x).float()
-        mod.use_amx(True)
-        b = lin(x).float()
-    finally:
-        mod.use_amx(kernels._amx)
-    step = a.abs() * 2 ** -7 + 1e-2
-    assert ((a - b).abs() <= step).all() and (a != b).float().mean() < 0.01
+# edges: zeros, denormals, infinities, NaN, exp's clamps, past a float's exponent, ties of the rounding
+EDGES = [0., -0., 1e-40, -1e-40, float("inf"), -float("inf"), float("nan"), 88.7, 89., -103., -104., -200., 300.,
+         1e-30, 3.4e38, -87., 1.00390625, 1.01171875, -1.00390625, 1.1754942e-38, -1.1754942e-38, 0.5, -0.5, 2.5]
+
+
+def _edges():
+    g = torch.Generator().manual_seed(5)
+    x = torch.cat([torch.tensor(EDGES), torch.randn(4096 - len(EDGES), generator=g) * 30])
+    return x.contiguous()
+
+
+def _rne_daz(x):
+    """VCVTNEPS2BF16 in torch: round to nearest even; zero or denormal -> signed zero; NaN quiet."""
+    u = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    r = torch.where((u & 0x7F800000) == 0, (u >> 16) & 0x8000, r)
+    r = torch.where((u & 0x7FFFFFFF) > 0x7F800000, ((u >> 16) | 0x40) & 0xFFFF, r)
+    return r
+
+
+def test_rounding_and_exp_are_the_same_bits_on_every_path():
+    """The bf16 rounding is VCVTNEPS2BF16's on every path (AVX2 and AVX-512F do it in integers), and
+    exp (softmax, SiLU) gives the same bits on every path, within a few ulp of torch's."""
+    x = _edges()
+    ref_exp = None
+    for p in LOOPS:
+        with kernels.using(p) as mod:
+            got = mod.to_bf16(x).view(torch.int16).to(torch.int64) & 0xFFFF
+            assert torch.equal(got, _rne_daz(x)), p
+            e = mod.exp_f32(x)
+            ref_exp = e if ref_exp is None else ref_exp
+            assert torch.equal(e.view(torch.int32), ref_exp.view(torch.int32)), p
+    fin = x.nan_to_num(0.0).clamp(-80, 80)
+    with kernels.using(LOOPS[-1]) as mod:
+        e, t = mod.exp_f32(fin).double(), torch.exp(fin.double())
+    assert ((e - t).abs() / t <= 4e-7).all()
+    assert ref_exp[4] == float("inf") and ref_exp[5] == 0 and ref_exp[10] == 0 < ref_exp[9]
 
 
 def test_packed_linear_matches_f_linear_to_rounding():
@@ -115,12 +186,31 @@ def test_fused_layers_agree_with_the_torch_op_layers(llama):
     assert (a - b).abs().mean() < 0.05 and (a - ref).abs().mean() < 0.05
 
 
-def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama, loop):
+@pytest.fixture(scope="module")
+def reference_logits(llama):
+    """ar's logits, token by token, on the plainest path (avx2): every path but AMX must match them."""
+    from speclab.models.lean.forward import LeanLM
+    with kernels.using(LOOPS[-1]):
+        return _one_token_logits(LeanLM(llama))
+
+
+IDS = torch.randint(0, 512, (20,), generator=torch.Generator().manual_seed(2))
+CONT = [5, 77, 300, 12, 9, 41, 8, 250, 3, 19, 400, 66, 7, 180, 2, 90, 501, 33]   # 18: three groups of AMX rows
+
+
+def _one_token_logits(lm):
+    return [lm.forward(IDS)[-1]] + [lm.forward(torch.tensor([t]))[-1] for t in CONT]   # ar, token by token
+
+
+def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama, path, reference_logits):
+    """On each path: a verify of a chain or a tree gives every row the bits of a one-token forward;
+    and every path but AMX gives the plainest path's bits (a trace replays on any x86 CPU)."""
     from speclab.models.lean.forward import LeanLM
     lm = LeanLM(llama)
-    ids = torch.randint(0, 512, (20,), generator=torch.Generator().manual_seed(2))
-    cont = [5, 77, 300, 12, 9, 41, 8, 250, 3, 19, 400, 66, 7, 180, 2, 90, 501, 33]   # 18: three groups of AMX rows
-    one = [lm.forward(ids)[-1]] + [lm.forward(torch.tensor([t]))[-1] for t in cont]   # ar, token by token
+    ids, cont = IDS, CONT
+    one = _one_token_logits(lm)
+    if path != "amx":
+        assert all(torch.equal(a, b) for a, b in zip(one, reference_logits)), path
     lm.keep(len(ids))
     chain = lm.forward(torch.tensor(cont))
     assert all(torch.equal(chain[r], one[r + 1]) for r in range(len(cont)))

@@ -85,7 +85,7 @@ def test_missing_package_is_a_one_line_error(monkeypatch):
 
 def test_dtype_auto_follows_the_hardware():
     cpu = torch.device("cpu")
-    assert zoo.pick_dtype("auto", cpu) == (torch.bfloat16 if zoo.native_bf16(cpu) else torch.float32)
+    assert zoo.pick_dtype("auto", cpu) == (torch.bfloat16 if zoo.fast_bf16(cpu) else torch.float32)
     assert zoo.pick_dtype("auto", cpu, toy=True) == torch.float32
     assert zoo.pick_dtype("fp32", cpu) == torch.float32 and zoo.pick_dtype("bf16", cpu) == torch.bfloat16
     with pytest.raises(ValueError, match="auto, bf16 or fp32"):
@@ -229,10 +229,10 @@ def test_bf16_exact_backend_is_bitwise_identical_to_ar(bf16, method, kw):
 
 
 @pytest.mark.skipif(not __import__("speclab.models.kernels").models.kernels.available("cpu", torch.bfloat16),
-                    reason="the fused bf16 kernel needs a CPU with AVX512-BF16")
+                    reason="the fused bf16 kernel needs an x86 CPU with AVX2")
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft-model", "eagle"])
 def test_bf16_default_backend_is_bitwise_identical_where_the_kernel_runs(bf16, method):
-    """On a CPU with AVX512-BF16 the lean forward runs speclab's fused kernel, whose rows do not
+    """On an x86 CPU with AVX2 the lean forward runs speclab's fused kernel, whose rows do not
     depend on the rows beside them: the DEFAULT backend's bf16 output equals bf16 ar token for token."""
     from speclab.prompts import encode, load_prompts
     kw = {}

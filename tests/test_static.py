@@ -169,7 +169,7 @@ def test_batch_traces_record_each_roles_forward_and_graphs(target, draft, heldou
 
 def test_static_runner_is_bitwise_the_native_kernel_forward():
     if not kernels.available("cpu", torch.bfloat16):
-        pytest.skip("needs speclab's bf16 kernel (a CPU with AVX512-BF16)")
+        pytest.skip("needs speclab's bf16 kernel (an x86 CPU with AVX2)")
     m = tiny_llama(torch.bfloat16)
     static = StaticLM(m, graphs=False)
     assert static.fused
@@ -246,7 +246,7 @@ def test_captured_states_and_early_exits_match_the_lean_forward(layers):
 
 def test_captured_states_are_bitwise_the_native_kernel_forward():
     if not kernels.available("cpu", torch.bfloat16):
-        pytest.skip("needs speclab's bf16 kernel (a CPU with AVX512-BF16)")
+        pytest.skip("needs speclab's bf16 kernel (an x86 CPU with AVX2)")
     m = tiny_llama(torch.bfloat16, layers=3)
     static = StaticLM(m, graphs=False)
     assert static.fused

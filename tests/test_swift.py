@@ -69,7 +69,7 @@ def test_a_skipped_attention_writes_no_cache_and_a_draft_leaves_the_committed_ca
 
 
 def test_the_native_kernel_runs_the_kept_layers_as_spans(monkeypatch):
-    """bf16 on a CPU with AVX512-BF16 runs layers as native calls over spans of consecutive
+    """bf16 on an x86 CPU with AVX2 runs layers as native calls over spans of consecutive
     layers: a skipped layer splits the span and is not run, a capture after it still sees the state.
     The kernel is stood in for by one that records its spans (this path needs that CPU)."""
     from types import SimpleNamespace

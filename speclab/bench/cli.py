@@ -123,6 +123,9 @@ def cmd_bench(a):
     res = results[0] if len(results) == 1 else dict(results[0], rows=[r for x in results for r in x["rows"]],
                                                     prompt_set=",".join(x["prompt_set"] for x in results))
     res["dtype"] = str(next(target[0].parameters()).dtype).removeprefix("torch.")
+    if next(target[0].parameters()).device.type == "cpu":      # which kernel path made these numbers, and why
+        from speclab.models import kernels
+        res["kernel"] = {k: v for k, v in kernels.info().items() if k in ("path", "why", "cpu", "flags")}
     res["verdict_thresholds"] = {"max_disagree": thresholds.max_disagree, "max_busy": thresholds.max_busy}
     if a.batch_size == 1:           # both measure against batch-1 forwards
         add_efficiency(res, target[0], draft[0] if draft else None, a.k)
@@ -177,6 +180,9 @@ def print_report(res: dict):
     """The results on stdout: the table, the spread of each speed-up, and the measured limits."""
     from speclab.bench.report import markdown
     from speclab.bench.timing import print_spread
+    if "kernel" in res:
+        k = res["kernel"]
+        print(f"kernel {k['path']} ({k['why']}; CPU {k['cpu']})")
     print(markdown(res))
     print_spread(res)
     for r in res["rows"] if res["batch_size"] > 1 else []:

@@ -330,5 +330,14 @@ def with_runners(models: dict, target, draft_lm=None) -> dict:
     out = dict(models)
     for role, lm in (("target", target), ("draft", draft_lm)):
         if lm is not None and role in out:
-            out[role] = replace(out[role], backend=type(lm).__name__, graphs=getattr(lm, "replays", 0) > 0)
+            out[role] = replace(out[role], backend=type(lm).__name__, graphs=getattr(lm, "replays", 0) > 0,
+                                kernel=kernel_of(lm))
     return out
+
+
+def kernel_of(lm) -> str | None:
+    """The CPU kernel path a lean forward ran on (models.kernels: avx2, avx512, ...), None off it."""
+    if getattr(lm, "layout", None) != "packed":
+        return None
+    from speclab.models import kernels
+    return kernels.path()

@@ -236,6 +236,22 @@ def info() -> dict:
     }
 
 
+def self_check() -> str:
+    """A product on this process's path against torch's fp32 product, and each row alone against the
+    rows together: "ok (...)" or what failed. For `speclab doctor --build`."""
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(320, 576, generator=g).to(torch.bfloat16)
+    x = torch.randn(7, 576, generator=g).to(torch.bfloat16)
+    lin = Packed(W)
+    y = lin(x).float()
+    ref = x.float() @ W.float().t()
+    err = float(((y - ref).abs() / (ref.abs() + 1e-2)).max())
+    rows = all(torch.equal(lin(x[t:t + 1]).float(), y[t:t + 1]) for t in range(len(x)))
+    if err > 2 ** -7 or not rows:
+        return f"FAILED: relative error {err:.2g} (bf16 allows {2 ** -7:.2g}); rows alone equal rows together: {rows}"
+    return f"ok (a 7-row product within bf16 rounding of torch's fp32 one, max relative error {err:.1g}; each row alone bit for bit the same)"
+
+
 def describe() -> str:
     """One line: the path and why (the bench header, `speclab run --check`, the dashboard)."""
     d = info()

@@ -54,8 +54,21 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def fast_bf16(device: torch.device) -> bool:
+    """bf16 decodes at full speed here: CUDA with bf16 support, or a CPU that one of speclab's kernel
+    paths runs on (x86 with AVX2 at least: models.kernels), decided from the CPU's flags, no build."""
+    if device.type == "cpu":
+        from speclab.models import kernels
+        try:
+            return kernels.planned()[0] != "torch"
+        except ValueError:                      # a bad SPECLAB_ISA: said where the kernel is used
+            return False
+    return native_bf16(device)
+
+
 def native_bf16(device: torch.device) -> bool:
-    """bf16 runs at full speed here: CUDA with bf16 support, or a CPU with avx512_bf16 / AMX."""
+    """bf16 arithmetic is native here (training's autocast): CUDA with bf16 support, or a CPU with
+    avx512_bf16 / AMX."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
@@ -65,7 +78,8 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def pick_dtype(dtype, device: torch.device, toy: bool = False) -> torch.dtype:
-    """"auto" -> bf16 where the hardware does bf16 natively, else fp32. The toy zoo stays fp32 under
+    """"auto" -> bf16 where bf16 decodes at full speed (fast_bf16: a CUDA GPU, or a CPU one of speclab's
+    kernel paths runs on), else fp32. The toy zoo stays fp32 under
     auto: at 1-12M parameters a forward is per-op overhead, not weight bandwidth, so bf16 buys
     nothing, and its fixtures pin exact equality in fp32."""
     if isinstance(dtype, torch.dtype):
@@ -75,7 +89,7 @@ def pick_dtype(dtype, device: torch.device, toy: bool = False) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}: use auto, bf16 or fp32")
     if DTYPES[key] is not None:
         return DTYPES[key]
-    return torch.bfloat16 if not toy and native_bf16(device) else torch.float32
+    return torch.bfloat16 if not toy and fast_bf16(device) else torch.float32
 
 
 def resolve(name_or_path: str | os.PathLike) -> str:

@@ -473,8 +473,7 @@ static inline void fma_pass8(const float* xw, int64_t K, const bf16* Wb, int64_t
 }
 #endif
 
-// All 4 groups of 16 of a block per pass with AVX-512 (4 x TMAX sums in 32 registers); with AVX2,
-// G8 groups of 8 (of a block's 8) per pass, fewer as the rows grow.
+// How many passes over a chunk a pass of TT rows takes (its groups of outputs a pass).
 #ifdef __AVX512F__
 template <int TT> constexpr int group_passes() { return 1; }
 #else

@@ -240,40 +240,223 @@ at::Tensor pack(at::Tensor W) {
 
 std::string isa() { return ISA_NAME; }
 
+// ---------------------------------------------------------------------------------------------
+// The products. A block is read in chunks of CHUNK k-pairs; each pass over a chunk (a pass of
+// rows, with AVX2 a pass of output groups) keeps its sums in registers and leaves them in `part`.
+
+// What a pass prefetches: lines [from, to) of 64 bytes from base (the next chunk), `per` a k-pair.
+// Every pass over a chunk takes its share of the next chunk's lines, so the memory stays busy while
+// the passes that read from L1 run (were it the first pass alone, memory would idle through the others).
+struct Fetch {
+  const char* base;
+  int64_t from, to, per;
+  inline void at(int64_t i) const {
+    for (int64_t l = from + i * per, e = std::min(to, l + per); l < e; ++l) _mm_prefetch(base + 64 * l, _MM_HINT_T0);
+  }
+};
+
 #ifdef HAS_DPBF16
-template <int TT>
-static inline void block(const at::BFloat16* x, int64_t ldx, const at::BFloat16* Wb, int64_t K2,
-                         at::BFloat16* y, int64_t ldy) {
-  __m512 acc[TT][4];
+// One pass over k-pairs [k2a, k2b) of a 64-row block for TT rows of x (bf16, (TT, K)) and the G
+// groups of 16 outputs from g0, with VDPBF16PS: the running sums in part (TT, 64) fp32, started at
+// zero when `start` (storing and reloading an fp32 sum is exact, so a pass may stop anywhere).
+template <int TT, int G>
+static inline void dp_pass(const bf16* x, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, int g0,
+                           float* part, bool start, const Fetch& fetch) {
+  __m512 acc[TT][G];
+#pragma GCC unroll 8
   for (int t = 0; t < TT; ++t)
-    for (int g = 0; g < 4; ++g) acc[t][g] = _mm512_setzero_ps();
-  const int32_t* xp[TT];                 // x's bf16 pairs read as one 32-bit word each
-  for (int t = 0; t < TT; ++t) xp[t] = reinterpret_cast<const int32_t*>(x + t * ldx);
-  for (int64_t k2 = 0; k2 < K2; ++k2) {
-    const at::BFloat16* w = Wb + k2 * 2 * B;
-    // 4 KB ahead of the stream (into the next block at the end of this one): more requests in
-    // flight than the hardware prefetcher keeps, so the stream runs nearer the memory's rate
-    const char* ahead = reinterpret_cast<const char*>(w) + PREFETCH;
-    _mm_prefetch(ahead, _MM_HINT_T0);
-    _mm_prefetch(ahead + 64, _MM_HINT_T0);
-    _mm_prefetch(ahead + 128, _MM_HINT_T0);
-    _mm_prefetch(ahead + 192, _MM_HINT_T0);
-    const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 32),
-                  w2 = _mm512_loadu_si512(w + 64), w3 = _mm512_loadu_si512(w + 96);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) acc[t][g] = start ? _mm512_setzero_ps() : _mm512_loadu_ps(part + t * B + 16 * (g0 + g));
+  const int32_t* xp = reinterpret_cast<const int32_t*>(x);     // x's bf16 pairs read as one 32-bit word each
+  for (int64_t k2 = k2a; k2 < k2b; ++k2) {
+    const bf16* w = Wb + k2 * 2 * B + 32 * g0;
+    fetch.at(k2 - k2a);
+    __m512i wv[G];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) wv[g] = _mm512_loadu_si512(w + 32 * g);
+#pragma GCC unroll 8
     for (int t = 0; t < TT; ++t) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(xp[t][k2]);
-      acc[t][0] = _mm512_dpbf16_ps(acc[t][0], (__m512bh)w0, xb);
-      acc[t][1] = _mm512_dpbf16_ps(acc[t][1], (__m512bh)w1, xb);
-      acc[t][2] = _mm512_dpbf16_ps(acc[t][2], (__m512bh)w2, xb);
-      acc[t][3] = _mm512_dpbf16_ps(acc[t][3], (__m512bh)w3, xb);
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(xp[t * K / 2 + k2]);
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) acc[t][g] = _mm512_dpbf16_ps(acc[t][g], (__m512bh)wv[g], xb);
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < TT; ++t)
-    for (int g = 0; g < 4; ++g)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + t * ldy + g * 16),
-                          (__m256i)_mm512_cvtneps_pbh(acc[t][g]));
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(part + t * B + 16 * (g0 + g), acc[t][g]);
+}
+#else   // no AVX512-BF16: VDPBF16PS's arithmetic in FMAs
+
+// VDPBF16PS adds w[n, k+1] x[k+1] to an output's fp32 sum, then w[n, k] x[k] (Intel's pseudocode:
+// the odd element first), each product exact in fp32 and each add rounded to nearest even, with
+// denormals read as zero and results flushed to zero. Here each pair is widened to two fp32 vectors
+// (widen_pairs: a shift and a mask) and added by FMA(odd), then FMA(even): an FMA of an exact
+// product is that add. MXCSR's DAZ and FTZ bits, set for the product, do the flushing. So the sums
+// are VDPBF16PS's, bit for bit.
+struct FlushDenormals {
+  unsigned int csr;
+  FlushDenormals() : csr(_mm_getcsr()) { _mm_setcsr(csr | 0x8040); }   // FTZ | DAZ
+  ~FlushDenormals() { _mm_setcsr(csr); }
+};
+
+// One pass over k-pairs [k2a, k2b) of a 64-row block for TT rows of x (widened to fp32, xw (TT, K))
+// and the G groups of 16 outputs from g0: the running sums in part (TT, 64) fp32, started at zero
+// when `start` (storing and reloading an fp32 sum is exact, so a pass may stop anywhere).
+#ifdef __AVX512F__
+template <int TT, int G>
+static inline void fma_pass(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, int g0,
+                            float* part, bool start, const Fetch& fetch) {
+  F16 acc[TT][G];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) acc[t][g] = start ? fzero() : fload(part + t * B + 16 * (g0 + g));
+  for (int64_t k2 = k2a; k2 < k2b; ++k2) {
+    const bf16* w = Wb + k2 * 2 * B;
+    fetch.at(k2 - k2a);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      const Pair p = widen_pairs(w + 32 * (g0 + g));
+#pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) {
+        acc[t][g] = mul_add(p.odd, fset(xw[t * K + 2 * k2 + 1]), acc[t][g]);
+        acc[t][g] = mul_add(p.even, fset(xw[t * K + 2 * k2]), acc[t][g]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) fstore(part + t * B + 16 * (g0 + g), acc[t][g]);
+}
+#endif
+
+#ifndef __AVX512F__
+// AVX2: groups of 8 outputs (one __m256 of sums each), G8 of them per pass. A sum waits on its two
+// FMAs a pair (odd, then even: VDPBF16PS's order), so the FMA units need about 10 independent sums
+// in flight: TT x G8 of them, in 16 registers with the pair's two weight vectors and a broadcast.
+template <int TT, int G8>
+static inline void fma_pass8(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, int j0,
+                             float* part, bool start, const Fetch& fetch) {
+  __m256 acc[TT][G8];
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 8
+    for (int j = 0; j < G8; ++j) acc[t][j] = start ? _mm256_setzero_ps() : _mm256_loadu_ps(part + t * B + 8 * (j0 + j));
+  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+  for (int64_t k2 = k2a; k2 < k2b; ++k2) {
+    const __m256i* w = reinterpret_cast<const __m256i*>(Wb + k2 * 2 * B) + j0;
+    fetch.at(k2 - k2a);
+#pragma GCC unroll 8
+    for (int j = 0; j < G8; ++j) {
+      const __m256i r = _mm256_loadu_si256(w + j);
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(r, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(r, hi));
+#pragma GCC unroll 8
+      for (int t = 0; t < TT; ++t) {
+        acc[t][j] = _mm256_fmadd_ps(wo, _mm256_broadcast_ss(xw + t * K + 2 * k2 + 1), acc[t][j]);
+        acc[t][j] = _mm256_fmadd_ps(we, _mm256_broadcast_ss(xw + t * K + 2 * k2), acc[t][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < TT; ++t)
+#pragma GCC unroll 8
+    for (int j = 0; j < G8; ++j) _mm256_storeu_ps(part + t * B + 8 * (j0 + j), acc[t][j]);
+}
+#endif
+
+#endif
+
+// How many passes over a chunk a pass of TT rows takes (its groups of outputs a pass).
+#ifdef __AVX512F__
+template <int TT> constexpr int group_passes() { return 1; }
+#else
+template <int TT> constexpr int groups8() { return TT == 1 ? 8 : TT <= 3 ? 4 : 2; }   // <= 12 sums
+template <int TT> constexpr int group_passes() { return 8 / groups8<TT>(); }
+#endif
+
+// One chunk for TT rows: all 4 groups of 16 of a block in one pass with AVX-512 (4 x TMAX sums in 32
+// registers); with AVX2, groups8 groups of 8 (of a block's 8) a pass, fewer as the rows grow. Pass
+// p0 + i (of P over this chunk) prefetches its share of the next chunk (next, L lines). X: x's rows
+// as bf16 (VDPBF16PS reads the pairs) or widened to fp32 (the FMA paths).
+template <int TT, class X>
+static inline void rows_pass(const X* xt, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, float* part,
+                             bool start, const char* next, int64_t L, int64_t p0, int64_t P) {
+  // one pass a chunk: the lines PREFETCH bytes ahead of the stream, 4 a pair
+  if (P == 1) next = reinterpret_cast<const char*>(Wb + k2a * 2 * B) + PREFETCH, L = 4 * (k2b - k2a);
+  const int64_t share = (L + P - 1) / P, n = k2b - k2a, per = (share + n - 1) / n;
+#if defined(HAS_DPBF16)
+  dp_pass<TT, 4>(xt, K, Wb, k2a, k2b, 0, part, start, Fetch{next, p0 * share, std::min(L, (p0 + 1) * share), per});
+#elif defined(__AVX512F__)
+  fma_pass<TT, 4>(xt, K, Wb, k2a, k2b, 0, part, start, Fetch{next, p0 * share, std::min(L, (p0 + 1) * share), per});
+#else
+  constexpr int G8 = groups8<TT>();
+  for (int j0 = 0, p = (int)p0; j0 < 8; j0 += G8, ++p)
+    fma_pass8<TT, G8>(xt, K, Wb, k2a, k2b, j0, part, start, Fetch{next, p * share, std::min(L, (p + 1) * share), per});
+#endif
 }
 
+// A block is read in chunks of CHUNK k-pairs (16 KB): every pass over a chunk after the first (the
+// other rows, the other groups) reads it from L1, and memory sees one sequential stream.
+#ifndef CHUNK_PAIRS
+#define CHUNK_PAIRS 64
+#endif
+constexpr int64_t CHUNK = CHUNK_PAIRS;
+
+static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t b0,
+                        int64_t b1, bf16* y, int64_t N) {
+  thread_local std::vector<float> part;
+  if ((int64_t)part.size() < T * B) part.resize(T * B);
+#ifdef HAS_DPBF16
+  const bf16* xs = x;                          // VDPBF16PS reads x's bf16 pairs as they are
+#else
+  thread_local std::vector<float> xw;          // the FMA paths: x widened to fp32 once a call
+  if ((int64_t)xw.size() < T * K) xw.resize(T * K);
+  for (int64_t i = 0; i < T * K; ++i) xw[i] = f32(x[i]);
+  const float* xs = xw.data();
+  const FlushDenormals ftz;
+#endif
+  // rows in passes of at most TMAX, balanced (8 rows: 4 + 4, not 6 + 2: a pass of few rows
+  // leaves the dot-product units waiting on too few sums)
+  const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
+  auto gp = [](int64_t rows) -> int64_t {
+    switch (rows) {
+      case 6: return group_passes<6>(); case 5: return group_passes<5>(); case 4: return group_passes<4>();
+      case 3: return group_passes<3>(); case 2: return group_passes<2>(); default: return group_passes<1>();
+    }
+  };
+  int64_t P = 0;                               // passes over a chunk: row passes x group passes
+  for (int64_t t0 = 0; t0 < T; t0 += per) P += gp(std::min<int64_t>(per, T - t0));
+  for (int64_t b = b0; b < b1; ++b) {
+    const bf16* Wb = wp + b * K2 * 2 * B;
+    for (int64_t k2a = 0; k2a < K2; k2a += CHUNK) {
+      const int64_t k2b = std::min(K2, k2a + CHUNK);
+      // the next chunk: this block's, or the next block's first (blocks lie back to back)
+      const char* next = reinterpret_cast<const char*>(Wb + k2b * 2 * B);
+      const int64_t L = (k2b < K2 ? std::min(CHUNK, K2 - k2b) : b + 1 < b1 ? std::min(CHUNK, K2) : 0) * 4;
+      int64_t p0 = 0;
+      for (int64_t t0 = 0; t0 < T; t0 += per) {
+        const auto* xt = xs + t0 * K;
+        float* pt = part.data() + t0 * B;
+        const int64_t rows = std::min<int64_t>(per, T - t0);
+        switch (rows) {
+          case 6: rows_pass<6>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          case 5: rows_pass<5>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          case 4: rows_pass<4>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          case 3: rows_pass<3>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          case 2: rows_pass<2>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
+          default: rows_pass<1>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P);
+        }
+        p0 += gp(rows);
+      }
+    }
+    for (int64_t t = 0; t < T; ++t)
+      for (int g = 0; g < 4; ++g) store16(y + t * N + b * B + 16 * g, fload(part.data() + t * B + 16 * g));
+  }
+}
+
+#ifdef HAS_DPBF16
 // ---------------------------------------------------------------------------------------------
 // The same product on AMX (Sapphire Rapids and later), where the CPU has it and the OS grants it.
 //
@@ -358,198 +541,7 @@ static void blocks_amx(const at::BFloat16* x, int64_t T, int64_t K, const at::BF
   }
   _tile_release();
 }
-
-
-static inline void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t b0,
-                                 int64_t b1, bf16* y, int64_t N) {
-  // rows in passes of at most TMAX, balanced (8 rows: 4 + 4, not 6 + 2: a pass of few rows
-  // leaves the dot-product units waiting on too few accumulators)
-  const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
-  for (int64_t b = b0; b < b1; ++b) {
-    const bf16* Wb = wp + b * K2 * 2 * B;
-    for (int64_t t0 = 0; t0 < T; t0 += per) {
-      const bf16* xt = x + t0 * K;
-      bf16* yt = y + t0 * N + b * B;
-      switch (std::min<int64_t>(per, T - t0)) {
-        case 6: block<6>(xt, K, Wb, K2, yt, N); break;
-        case 5: block<5>(xt, K, Wb, K2, yt, N); break;
-        case 4: block<4>(xt, K, Wb, K2, yt, N); break;
-        case 3: block<3>(xt, K, Wb, K2, yt, N); break;
-        case 2: block<2>(xt, K, Wb, K2, yt, N); break;
-        default: block<1>(xt, K, Wb, K2, yt, N);
-      }
-    }
-  }
-}
-
-#else   // no AVX512-BF16: VDPBF16PS's arithmetic in FMAs, and no AMX
-
-// VDPBF16PS adds w[n, k+1] x[k+1] to an output's fp32 sum, then w[n, k] x[k] (Intel's pseudocode:
-// the odd element first), each product exact in fp32 and each add rounded to nearest even, with
-// denormals read as zero and results flushed to zero. Here each pair is widened to two fp32 vectors
-// (widen_pairs: a shift and a mask) and added by FMA(odd), then FMA(even): an FMA of an exact
-// product is that add. MXCSR's DAZ and FTZ bits, set for the product, do the flushing. So the sums
-// are VDPBF16PS's, bit for bit.
-struct FlushDenormals {
-  unsigned int csr;
-  FlushDenormals() : csr(_mm_getcsr()) { _mm_setcsr(csr | 0x8040); }   // FTZ | DAZ
-  ~FlushDenormals() { _mm_setcsr(csr); }
-};
-
-// What a pass prefetches: lines [from, to) of 64 bytes from base (the next chunk), `per` a k-pair.
-// Every pass over a chunk takes its share of the next chunk's lines, so the memory stays busy while
-// the passes that read from L1 run (were it the first pass alone, memory would idle through the others).
-struct Fetch {
-  const char* base;
-  int64_t from, to, per;
-  inline void at(int64_t i) const {
-    for (int64_t l = from + i * per, e = std::min(to, l + per); l < e; ++l) _mm_prefetch(base + 64 * l, _MM_HINT_T0);
-  }
-};
-
-// One pass over k-pairs [k2a, k2b) of a 64-row block for TT rows of x (widened to fp32, xw (TT, K))
-// and the G groups of 16 outputs from g0: the running sums in part (TT, 64) fp32, started at zero
-// when `start` (storing and reloading an fp32 sum is exact, so a pass may stop anywhere).
-#ifdef __AVX512F__
-template <int TT, int G>
-static inline void fma_pass(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, int g0,
-                            float* part, bool start, const Fetch& fetch) {
-  F16 acc[TT][G];
-#pragma GCC unroll 8
-  for (int t = 0; t < TT; ++t)
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) acc[t][g] = start ? fzero() : fload(part + t * B + 16 * (g0 + g));
-  for (int64_t k2 = k2a; k2 < k2b; ++k2) {
-    const bf16* w = Wb + k2 * 2 * B;
-    fetch.at(k2 - k2a);
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) {
-      const Pair p = widen_pairs(w + 32 * (g0 + g));
-#pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        acc[t][g] = mul_add(p.odd, fset(xw[t * K + 2 * k2 + 1]), acc[t][g]);
-        acc[t][g] = mul_add(p.even, fset(xw[t * K + 2 * k2]), acc[t][g]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int t = 0; t < TT; ++t)
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) fstore(part + t * B + 16 * (g0 + g), acc[t][g]);
-}
-#endif
-
-#ifndef __AVX512F__
-// AVX2: groups of 8 outputs (one __m256 of sums each), G8 of them per pass. A sum waits on its two
-// FMAs a pair (odd, then even: VDPBF16PS's order), so the FMA units need about 10 independent sums
-// in flight: TT x G8 of them, in 16 registers with the pair's two weight vectors and a broadcast.
-template <int TT, int G8>
-static inline void fma_pass8(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, int j0,
-                             float* part, bool start, const Fetch& fetch) {
-  __m256 acc[TT][G8];
-#pragma GCC unroll 8
-  for (int t = 0; t < TT; ++t)
-#pragma GCC unroll 8
-    for (int j = 0; j < G8; ++j) acc[t][j] = start ? _mm256_setzero_ps() : _mm256_loadu_ps(part + t * B + 8 * (j0 + j));
-  const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
-  for (int64_t k2 = k2a; k2 < k2b; ++k2) {
-    const __m256i* w = reinterpret_cast<const __m256i*>(Wb + k2 * 2 * B) + j0;
-    fetch.at(k2 - k2a);
-#pragma GCC unroll 8
-    for (int j = 0; j < G8; ++j) {
-      const __m256i r = _mm256_loadu_si256(w + j);
-      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(r, 16)), wo = _mm256_castsi256_ps(_mm256_and_si256(r, hi));
-#pragma GCC unroll 8
-      for (int t = 0; t < TT; ++t) {
-        acc[t][j] = _mm256_fmadd_ps(wo, _mm256_broadcast_ss(xw + t * K + 2 * k2 + 1), acc[t][j]);
-        acc[t][j] = _mm256_fmadd_ps(we, _mm256_broadcast_ss(xw + t * K + 2 * k2), acc[t][j]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int t = 0; t < TT; ++t)
-#pragma GCC unroll 8
-    for (int j = 0; j < G8; ++j) _mm256_storeu_ps(part + t * B + 8 * (j0 + j), acc[t][j]);
-}
-#endif
-
-// How many passes over a chunk a pass of TT rows takes (its groups of outputs a pass).
-#ifdef __AVX512F__
-template <int TT> constexpr int group_passes() { return 1; }
-#else
-template <int TT> constexpr int groups8() { return TT == 1 ? 8 : TT <= 3 ? 4 : 2; }   // <= 12 sums
-template <int TT> constexpr int group_passes() { return 8 / groups8<TT>(); }
-#endif
-
-// One chunk for TT rows: all 4 groups of 16 of a block in one pass with AVX-512 (4 x TMAX sums in 32
-// registers); with AVX2, groups8 groups of 8 (of a block's 8) a pass, fewer as the rows grow. Pass
-// p0 + i (of P over this chunk) prefetches its share of the next chunk (next, L lines).
-template <int TT>
-static inline void fma_rows(const float* xw, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, float* part,
-                            bool start, const char* next, int64_t L, int64_t p0, int64_t P) {
-  // one pass a chunk: the lines PREFETCH bytes ahead of the stream, 4 a pair (as the VDPBF16PS loop)
-  if (P == 1) next = reinterpret_cast<const char*>(Wb + k2a * 2 * B) + PREFETCH, L = 4 * (k2b - k2a);
-  const int64_t share = (L + P - 1) / P, n = k2b - k2a, per = (share + n - 1) / n;
-#ifdef __AVX512F__
-  fma_pass<TT, 4>(xw, K, Wb, k2a, k2b, 0, part, start, Fetch{next, p0 * share, std::min(L, (p0 + 1) * share), per});
-#else
-  constexpr int G8 = groups8<TT>();
-  for (int j0 = 0, p = (int)p0; j0 < 8; j0 += G8, ++p)
-    fma_pass8<TT, G8>(xw, K, Wb, k2a, k2b, j0, part, start, Fetch{next, p * share, std::min(L, (p + 1) * share), per});
-#endif
-}
-
-// A block is read in chunks of CHUNK k-pairs (16 KB): every pass over a chunk after the first (the
-// other rows, the other groups) reads it from L1, and memory sees one sequential stream.
-#ifndef CHUNK_PAIRS
-#define CHUNK_PAIRS 64
-#endif
-constexpr int64_t CHUNK = CHUNK_PAIRS;
-
-static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t b0,
-                          int64_t b1, bf16* y, int64_t N) {
-  thread_local std::vector<float> xw, part;
-  if ((int64_t)xw.size() < T * K) xw.resize(T * K);
-  if ((int64_t)part.size() < T * B) part.resize(T * B);
-  for (int64_t i = 0; i < T * K; ++i) xw[i] = f32(x[i]);
-  const FlushDenormals ftz;
-  const int64_t passes = (T + TMAX - 1) / TMAX, per = (T + passes - 1) / passes;
-  auto gp = [](int64_t rows) -> int64_t {
-    switch (rows) {
-      case 6: return group_passes<6>(); case 5: return group_passes<5>(); case 4: return group_passes<4>();
-      case 3: return group_passes<3>(); case 2: return group_passes<2>(); default: return group_passes<1>();
-    }
-  };
-  int64_t P = 0;                               // passes over a chunk: row passes x group passes
-  for (int64_t t0 = 0; t0 < T; t0 += per) P += gp(std::min<int64_t>(per, T - t0));
-  for (int64_t b = b0; b < b1; ++b) {
-    const bf16* Wb = wp + b * K2 * 2 * B;
-    for (int64_t k2a = 0; k2a < K2; k2a += CHUNK) {
-      const int64_t k2b = std::min(K2, k2a + CHUNK);
-      // the next chunk: this block's, or the next block's first (blocks lie back to back)
-      const char* next = reinterpret_cast<const char*>(Wb + k2b * 2 * B);
-      const int64_t L = (k2b < K2 ? std::min(CHUNK, K2 - k2b) : b + 1 < b1 ? std::min(CHUNK, K2) : 0) * 4;
-      int64_t p0 = 0;
-      for (int64_t t0 = 0; t0 < T; t0 += per) {
-        const float* xt = xw.data() + t0 * K;
-        float* pt = part.data() + t0 * B;
-        const int64_t rows = std::min<int64_t>(per, T - t0);
-        switch (rows) {
-          case 6: fma_rows<6>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          case 5: fma_rows<5>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          case 4: fma_rows<4>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          case 3: fma_rows<3>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          case 2: fma_rows<2>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          default: fma_rows<1>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P);
-        }
-        p0 += gp(rows);
-      }
-    }
-    for (int64_t t = 0; t < T; ++t)
-      for (int g = 0; g < 4; ++g) store16(y + t * N + b * B + 16 * g, fload(part.data() + t * B + 16 * g));
-  }
-}
-
+#else   // no AMX without AVX512-BF16's build
 static bool amx_on = false;
 bool use_amx(bool on) { return amx_on = false; }      // no tiles without AVX512-BF16's build
 static inline bool on_tiles(int64_t) { return false; }

@@ -67,6 +67,26 @@ def test_speclab_isa_chooses_and_refuses_in_one_line(monkeypatch):
             pass
 
 
+def test_a_path_that_does_not_build_falls_back_to_the_next():
+    """Under auto, a build that fails (an old compiler without -mavx512bf16, say) warns and takes the
+    next path this CPU runs; the last one failing leaves torch's ops."""
+    import subprocess
+    import sys
+    code = ("import warnings; warnings.simplefilter('ignore'); from speclab.models import kernels\n"
+            "real = kernels._build\n"
+            "def broken(b):\n"
+            "    if b != 'avx2': raise RuntimeError('no such compiler flag')\n"
+            "    return real(b)\n"
+            "kernels._build = broken\n"
+            "print(kernels.path(), '|', kernels.info()['why'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={k: v for k, v in __import__("os").environ.items() if k not in ("SPECLAB_ISA", "SPECLAB_KERNELS")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    path, why = out.stdout.strip().split(" | ")
+    assert path == "avx2"
+    assert ("did not build" in why and "avx2 runs instead" in why) or PATHS[0] == "avx2"
+
+
 def _vdpbf16ps(x, W):
     """y = x @ W^T as VDPBF16PS sums it: per output, over k-pairs in order, add w[k+1] x[k+1] then
     w[k] x[k], each an fp32 add of an exact product; rounded to bf16 once (data with no denormals)."""

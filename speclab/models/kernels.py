@@ -130,7 +130,7 @@ def _build(build: str):
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     name = f"speclab_kernel_{build}"
     if not list(Path(_get_build_directory(name, False)).glob("*.so")):
-        print(f"speclab: building the CPU kernel for {build} (once, ~30 s)", file=sys.stderr, flush=True)
+        print(f"speclab: building the CPU kernel for {build} (once, ~20 s)", file=sys.stderr, flush=True)
     flags = next(f for _, b, f in ISAS.values() if b == build and f)
     return load(name, [str(_SOURCE)], verbose=False, extra_cflags=_FLAGS + flags)
 
@@ -173,10 +173,20 @@ def module():
         with _lock:
             if _module is None:
                 path, why = planned()
-                if _select(path) is None and path != "torch":
-                    why = f"{path} did not build (a warning said why): torch's ops run instead"
+                # under auto a path that does not build (an old compiler without -mavx512bf16) falls
+                # back to the next one this CPU runs, and past the last to torch's ops
+                tries = supported()[supported().index(path):] if path != "torch" and requested() == "auto" else [path]
+                for p in tries:
+                    if p == "torch" or _select(p) is not None:
+                        break
+                    why = f"{p} did not build (a warning said why)"
+                else:
+                    _select("torch")
+                    why += ": torch's ops run instead" if path != "torch" else ""
+                if _path not in (path, "torch") and path != "amx":
+                    why += f": {_path} runs instead"
                 elif path == "amx" and _path != "amx":
-                    why = "AMX not granted by the OS: the AVX512-BF16 loops"
+                    why = "AMX not granted by the OS: the AVX512-BF16 loops" if _path == "avx512bf16" else why
                 _why = why
     return _module or None
 

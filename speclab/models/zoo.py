@@ -159,7 +159,7 @@ def load(name_or_path, device=None, dtype="auto", trust_remote_code: bool = Fals
         return load_eagle3(where, dev, pick_dtype(dtype, dev)), None
     adapter = adapter_info(where) if Path(where).is_dir() else None
     # the zoo is stored in fp16 and upcast: fp16 matmuls are slow on CPU
-    dtype = pick_dtype(dtype, dev, toy=adapter is None and where.startswith(str(ZOO_DIR)))
+    dtype = pick_dtype(dtype, dev, toy=where.startswith(str(ZOO_DIR)) and (adapter is None or _is_toy(adapter["base"])))
     if adapter is not None and adapter.get("kind") == "dllm-lora":   # deltas merged into a private copy
         from speclab.models.adapter import apply_dllm_lora
         model, tok = load(adapter["base"], device, dtype)
@@ -213,14 +213,19 @@ def _model_class(where: str, default):
 def load_shared(name_or_path: str, device: str | None = None, dtype="auto"):
     """load(), once per process and dtype: views and the dashboard share one copy of each model."""
     dev = pick_device(device)
-    toy = (ZOO_DIR / str(name_or_path) / "config.json").exists() and not _is_adapter(str(name_or_path))
+    toy = _is_toy(str(name_or_path))
     return _load_shared(str(name_or_path), None if device is None else str(device),
                         str(pick_dtype(dtype, dev, toy)).removeprefix("torch."))
 
 
-def _is_adapter(name: str) -> bool:
+def _is_toy(name: str) -> bool:
+    """A toy zoo model, or a head or draft over one (code-clover over code-target): fp32 under auto,
+    as its base. A part over a real model (smollm2-draft over smollm2-135m) takes the real one's dtype."""
     from speclab.models.adapter import adapter_info
-    return adapter_info(ZOO_DIR / name) is not None
+    if not (ZOO_DIR / name / "config.json").exists():
+        return False
+    info = adapter_info(ZOO_DIR / name)
+    return info is None or _is_toy(str(info["base"]))
 
 
 @functools.lru_cache(maxsize=8)

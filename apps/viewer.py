@@ -18,7 +18,7 @@ from speclab.figures import detail_html, go_to_step, n_steps, step_label, step_t
 from speclab.figures.distributions import distributions
 from speclab.figures.mask import mask_figure
 from speclab.figures.views import FigureSpec, View
-from speclab.trace import Trace
+from speclab.trace import Trace, TraceError
 
 EMPTY = "No run yet: choose a method and press Run, or open a saved trace."
 
@@ -105,10 +105,10 @@ class Viewer:
         self.summary_note.visible = not view.whole_run
 
     def show(self, trace: Trace) -> None:
-        """Put a trace on the page at its first step. ValueError for a trace with nothing to step."""
+        """Put a trace on the page at its first step. TraceError for a trace with nothing to step."""
         n = n_steps(trace)                  # ValueError for an engine with no step view
         if n == 0:
-            raise ValueError("this trace has no steps to show (recorded with record=None and no rounds?)")
+            raise TraceError("this trace has no steps to show (recorded with record=None and no rounds?)")
         with pn.io.hold():
             self.trace, self.step = trace, 0
             self.dist_temp.value = trace.sampling.temperature or 1.0        # the temperature that ran

@@ -7,7 +7,7 @@ from speclab import metrics
 from speclab.decoding.acceptance import Sampler
 from speclab.decoding.batch import run_batch, unsupported
 from speclab.decoding.registry import (Method, build_drafter, get_method, guarantee, method_params, paired_draft,
-                                       recorded_params)
+                                       param_types, recorded_params)
 from speclab.decoding.guarantees import weakest
 from speclab.decoding.rules import check_run, get_rule
 from speclab.decoding.rules import rule_params as resolve_rule_params
@@ -17,6 +17,7 @@ from speclab.models.backends import make_lm
 from speclab.models.lean.archs import VERIFY_ROOM
 from speclab.models.loading import (PromptBoundaryWarning, as_model, chat_prompt, check_vocab,  # noqa: F401
                                     encode_prompt, model_info)
+from speclab.params import check_types
 from speclab.trace import RECORD_LEVELS, Trace
 
 
@@ -83,6 +84,8 @@ def generate(target, prompt, method: str = "ar", draft=None, max_new_tokens: int
     unknown = set(method_params_) - set(takes)
     if unknown:
         raise ValueError(f"method {method!r} does not take {sorted(unknown)}; it takes {takes}")
+    if custom is None:
+        check_types(f"method {method!r}", method_params_, param_types(m))
     if batch:
         check_batch(prompt, method, custom, seed)
     sampler = Sampler(temperature, top_k, top_p)
@@ -254,6 +257,7 @@ def _run_dag(target, prompt, strategy, record="light", seed=0, device=None, temp
     for name, v in (("temperature", temperature or None), ("top_k", top_k), ("top_p", top_p)):
         if v is not None:
             params[name] = v
+    check_types(f"dag-{strategy}", params, param_types(f"dag-{strategy}"))
     trace = run_dag(model, str(prompt), strategy, record=record, seed=seed, cfg=decode_config(model, **params))
     trace.guarantee = get_method(f"dag-{strategy}").guarantee
     return Result(text=decode_text(model, trace.output_ids), ids=list(trace.output_ids), trace=trace)

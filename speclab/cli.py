@@ -9,8 +9,9 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
-from speclab.params import parse_value as _num   # the NAME=VALUE parsing shared with the bench and the dashboard
+from speclab.params import parse_assignment, parse_value as _num   # NAME=VALUE, as the bench and dashboard parse it
 
 EXIT_USAGE = 2
 COLORS = {"prompt": "\033[2m", "draft": "\033[32m", "target": "\033[33m", "reset": "\033[0m"}
@@ -84,13 +85,14 @@ def method_kwargs(a) -> dict:
 
 
 def assignments(items: list[str], flag: str) -> dict:
-    """NAME=VALUE flags -> {name: number or text}."""
+    """NAME=VALUE flags -> {name: number or text}, parsed as the bench and the dashboard parse them."""
     out = {}
     for item in items:
-        if "=" not in item:
-            raise ValueError(f"{flag} needs NAME=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        out[k.replace("-", "_")] = _num(v)
+        try:
+            k, v = parse_assignment(item, "k=6" if flag == "--param" else "eps=0.1")
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from None
+        out[k] = v
     return out
 
 
@@ -208,10 +210,11 @@ def _show_dllm(a, prompt, r) -> dict:
 def read_prompt_lines(path: str) -> tuple[list[str], bool]:
     """The prompts of a batch file: one {"prompt": ...} (or {"chat": ...}) JSON object or one plain-text
     prompt per line. Returns (prompts, chat)."""
-    if not os.path.exists(path):
+    from speclab.prompts import prompt_text, read_text
+    if not os.path.isfile(path):
         raise ValueError(f"prompt file not found: {path}")
     prompts, kinds = [], set()
-    for i, line in enumerate(open(path, encoding="utf-8").read().splitlines()):
+    for i, line in enumerate(read_text(Path(path)).splitlines()):
         if not line.strip():
             continue
         if not line.lstrip().startswith("{"):
@@ -221,10 +224,11 @@ def read_prompt_lines(path: str) -> tuple[list[str], bool]:
         try:
             row = json.loads(line)
             kind = "chat" if "chat" in row else "prompt"
-            prompts.append(str(row[kind]))
-            kinds.add(kind)
+            text = row[kind]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{path}:{i + 1}: a JSON line must be an object with a 'prompt' or 'chat' string ({e})") from e
+        prompts.append(prompt_text(text, f"{path}:{i + 1}: {kind!r}"))
+        kinds.add(kind)
     if not prompts:
         raise ValueError(f"{path} holds no prompts: write one prompt per line")
     if len(kinds) > 1:

@@ -80,7 +80,7 @@ def animated(trace: Trace, spec: FigureSpec | None = None, start: int = 0) -> di
     buttons (a plain dict), opening on step `start`."""
     n = n_steps(trace)
     if not n:
-        raise ValueError("this trace has no steps to show")
+        raise TraceError("this trace has no steps to show (a run recorded with no rounds or steps)")
     spec = spec or view_of(trace).main
     start = min(max(start, 0), n - 1)
     base = spec.at(trace, start)
@@ -158,8 +158,13 @@ def to_html(trace: Trace, path: str | Path) -> Path:
             + (plot(f, False) if f is not None else "<p><i>this step drafted nothing: no p / q to show</i></p>")
             + "</div>" for k, f in enumerate(pq)))
     title = html.escape(f"speclab: {trace.engine} / {trace.method}")
-    path.write_text(PAGE.format(title=title, stats=stats_table(trace), figures="\n".join(divs), start=start,
-                                keys=KEYS), encoding="utf-8")
+    page = PAGE.format(title=title, stats=stats_table(trace), figures="\n".join(divs), start=start, keys=KEYS)
+    tmp = path.with_name(path.name + ".tmp")    # a failed write leaves no half page where the page goes
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -70,19 +70,33 @@ def accepted_length(rnd) -> int:
 def draft_depth(rnd) -> int:
     """How deep a round's draft went: from its nodes, or without per-node records (record=None)
     from the depth a tree round notes in its info (a chain's depth is `drafted`)."""
-    return max((n.depth for n in rnd.nodes), default=rnd.info.get("depth", rnd.drafted))
+    if rnd.nodes:
+        return max(n.depth for n in rnd.nodes)
+    depth = rnd.info.get("depth")
+    # a tree is never deeper than its node count: a `depth` that is not such a number is not one
+    return depth if type(depth) is int and 0 <= depth <= rnd.drafted else rnd.drafted
 
 
 def per_position(rounds) -> tuple[list[int], list[float], list[float]]:
     """(depths 1..D, conditional acceptance, unconditional acceptance) over `rounds` (Round objects;
     rounds that drafted nothing are left out). Denominators in the module docstring."""
-    rounds = [r for r in rounds if r.drafted]
-    D = max((draft_depth(r) for r in rounds), default=0)
-    depths, cond, uncond = list(range(1, D + 1)), [], []
-    for d in depths:
-        reached = [r for r in rounds if accepted_length(r) >= d - 1 and draft_depth(r) >= d]
-        cond.append(sum(accepted_length(r) >= d for r in reached) / len(reached) if reached else 0.0)
-        uncond.append(sum(accepted_length(r) >= d for r in rounds) / len(rounds))
+    runs = [(accepted_length(r), draft_depth(r)) for r in rounds if r.drafted]
+    D = max((depth for _, depth in runs), default=0)
+    # counted in one pass, then summed from the deepest depth down (linear in rounds + depth): a
+    # round reaches every d <= min(a + 1, depth), is accepted at every d <= min(a, depth) of those,
+    # and counts unconditionally at every d <= a
+    reached, kept, reach_a = [0] * (D + 2), [0] * (D + 2), [0] * (D + 2)
+    for a, depth in runs:
+        reached[min(a + 1, depth)] += 1
+        kept[min(a, depth)] += 1
+        reach_a[min(a, D)] += 1
+    for d in range(D, 0, -1):
+        reached[d - 1] += reached[d]
+        kept[d - 1] += kept[d]
+        reach_a[d - 1] += reach_a[d]
+    depths = list(range(1, D + 1))
+    cond = [kept[d] / reached[d] if reached[d] else 0.0 for d in depths]
+    uncond = [reach_a[d] / len(runs) for d in depths]
     return depths, cond, uncond
 
 

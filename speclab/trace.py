@@ -20,11 +20,15 @@ or rewritten); work that overlaps in time (drafting beside verifying) is drawn f
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 import re
-from dataclasses import asdict, dataclass, field
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from speclab import metrics
 
@@ -235,28 +239,21 @@ class Trace:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         tmp = path.with_suffix(path.suffix + ".tmp")   # never leave a half-written trace behind
-        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
-        tmp.replace(path)
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trace":
+        """A trace from its JSON object, every field checked (types, ranges, references: see
+        `check_trace`), so replay and every view can trust what they read; TraceError says what is wrong."""
         check_schema(d)
-        try:
-            return cls(
-                engine=d["engine"], method=d["method"], params=d.get("params", {}), guarantee=d.get("guarantee"),
-                models={k: ModelInfo(**v) for k, v in d.get("models", {}).items()},
-                sampling=Sampling(**d.get("sampling", {})), record=d.get("record"),
-                prompt_ids=list(d["prompt_ids"]), output_ids=list(d["output_ids"]),
-                token_text={int(k): v for k, v in d.get("token_text", {}).items()},
-                totals=Totals(**d.get("totals", {})),
-                rounds=[_round(r) for r in d.get("rounds", [])],
-                denoise=[_denoise(s) for s in d.get("denoise", [])],
-                dag=DagRun(**d["dag"]) if d.get("dag") else None,
-                lanes=[Lane(l["name"], [Span(**sp) for sp in l.get("spans", [])]) for l in d.get("lanes", [])],
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise TraceError(f"corrupted trace: {e!r}; re-record it with `speclab run --trace`") from e
+        trace = _build(cls, {k: v for k, v in d.items() if k != "schema"}, "the trace")
+        check_trace(trace)
+        return trace
 
     @classmethod
     def from_json(cls, data: str | bytes, name: str = "the trace", limit: int = MAX_TRACE_BYTES) -> "Trace":
@@ -276,7 +273,11 @@ class Trace:
 
     # -- helpers for views -----------------------------------------------------------------
     def text_of(self, token: int) -> str:
-        return self.token_text.get(int(token), f"<{token}>")
+        """A token id's text; "<id>" where the trace has none, and a value that is no id (one a
+        method recorded free-form) in angle brackets as written."""
+        if isinstance(token, float) and token.is_integer():
+            token = int(token)
+        return self.token_text.get(token, f"<{token}>") if type(token) is int else f"<{str(token)[:40]}>"
 
     def mentioned_ids(self) -> set[int]:
         """Every token id a view can show: prompt, output, draft nodes, emitted tokens, every
@@ -342,26 +343,383 @@ def check_schema(d: Any) -> None:
     if not isinstance(d, dict) or "schema" not in d:
         raise TraceError("not a speclab trace: no 'schema' field")
     name, _, version = str(d["schema"]).partition("/")
-    if name != SCHEMA_NAME or not version.isdigit():
+    if name != SCHEMA_NAME or not re.fullmatch(r"[1-9][0-9]{0,5}", version):     # versions count from 1
         raise TraceError(f"unknown trace schema {d['schema']!r}; expected {SCHEMA!r}")
     if int(version) > SCHEMA_VERSION:
         raise TraceError(f"trace schema {d['schema']!r} is newer than this speclab ({SCHEMA}); "
                          "upgrade speclab (pip install -U speclab) to open it")
 
 
-def _round(r: dict) -> Round:
-    r = dict(r)
-    r["nodes"] = [DraftNode(**n) for n in r.get("nodes", [])]
-    r["decisions"] = [Decision(**x) for x in r.get("decisions", [])]
-    return Round(**r)
+# -- reading: every field of a trace file checked before replay or a view reads it ---------------
+# A trace file is user input (an upload, `speclab export FILE`, Trace.load): each field must have
+# the type its dataclass declares, numbers must be finite and exact in a double (plotly.js reads
+# every number as one), and whatever points somewhere must point inside the trace (a node's parent,
+# a canvas position, a DAG vertex), so that replay and the views never index out of range, size a
+# list by a number nobody recorded, or walk a cycle. Fields a reader does not know are ignored.
+ENGINES = ("speculative", "diffusion", "dag")
+EMITTED_KINDS = ("bonus", "correction", "target", "accepted")   # "accepted": PEARL's post-verify round
+DECISIONS = (ACCEPTED, REJECTED, NOT_REACHED)
+MAX_NUMBER = 2**53              # the largest integer a double (JSON in a browser) holds exactly
+MAX_TOKEN_ID = 2**31 - 1        # a vocabulary id fits int32, what torch and numpy index with
+# views draw one cell per canvas slot or DAG vertex at every step, and a bar per draft depth: sizes
+# far past any real run (a dLLM canvas of a thousand slots, a draft of a few hundred tokens) are
+# refused rather than drawn for minutes
+MAX_CANVAS = 2**13
+MAX_DRAFT = 2**14
 
 
-def _denoise(s: dict) -> DenoiseStep:
-    s = dict(s)
-    s["block"] = tuple(s["block"])
-    s["edits"] = [Edit(**e) for e in s.get("edits", [])]
-    s["decisions"] = [Decision(**x) for x in s.get("decisions", [])]
-    return DenoiseStep(**s)
+def _bad(where: str, what: str) -> TraceError:
+    return TraceError(f"corrupted trace: {where} {what}; re-record it with `speclab run --trace`")
+
+
+def _kind(v: Any) -> str:
+    """A value for a message: short, one line."""
+    text = json.dumps(v, default=repr) if not isinstance(v, str) else repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_HINTS: dict[type, list] = {}
+
+
+def _fields(cls) -> list:
+    """(field, type) of a dataclass, its string annotations resolved once."""
+    if cls not in _HINTS:
+        hints = typing.get_type_hints(cls)
+        _HINTS[cls] = [(f, hints[f.name]) for f in fields(cls)]
+    return _HINTS[cls]
+
+
+def _build(cls, d: Any, where: str):
+    """A `cls` from a JSON object, each field converted by its declared type (_reader)."""
+    if not isinstance(d, dict):
+        raise _bad(where, f"is {_kind(d)}, not an object")
+    kw = {}
+    for f, hint in _fields(cls):
+        if f.name in d:
+            kw[f.name] = _reader(hint)(d[f.name], f.name if where == "the trace" else f"{where}.{f.name}")
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise _bad(where, f"has no {f.name!r} field")
+    return cls(**kw)
+
+
+@functools.cache
+def _reader(hint) -> Callable[[Any, str], Any]:
+    """read(value, where) for a field's type: int, float, str, bool, X | None, list[X], tuple[X, ...],
+    dict[str | int, X], Any (plain JSON) or a dataclass; made once per type."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return _plain
+    if origin in (typing.Union, types.UnionType):
+        (arm,) = [a for a in args if a is not type(None)]
+        some = _reader(arm)
+        return lambda v, where: None if v is None else some(v, where)
+    if hint in (int, float, str, bool):
+        return {int: _int, float: _float, str: _str, bool: _bool}[hint]
+    if origin is list:                  # a tuple too: Trace.to_dict() keeps them, JSON makes them lists
+        item, ok = _reader(args[0]), _as_is(args[0])
+
+        def read_list(v, where):
+            if not isinstance(v, (list, tuple)):
+                raise _bad(where, f"is {_kind(v)}, not a list")
+            if ok is not None and all(map(ok, v)):    # ids, probabilities, top-k rows: the bulk of a file
+                return list(v)
+            return [item(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        return read_list
+    if origin is tuple:
+        items = [_reader(a) for a in args]
+
+        def read_tuple(v, where):
+            if not isinstance(v, (list, tuple)) or len(v) != len(items):
+                raise _bad(where, f"is {_kind(v)}, not a list of {len(items)}")
+            return tuple(read(x, f"{where}[{i}]") for i, (read, x) in enumerate(zip(items, v)))
+        return read_tuple
+    if origin is dict:
+        value = _reader(args[1])
+
+        def read_dict(v, where):
+            if not isinstance(v, dict):
+                raise _bad(where, f"is {_kind(v)}, not an object")
+            return {_key(args[0], k, where): value(x, f"{where}[{k!r}]") for k, x in v.items()}
+        return read_dict
+    if is_dataclass(hint):
+        return lambda v, where: _build(hint, v, where)
+    raise TypeError(f"no reader for the type {hint!r}")       # a new field's type: add it above
+
+
+def _as_is(hint) -> Callable[[Any], bool] | None:
+    """A test that a value already is what _reader(hint) would return (ints, floats and lists of
+    them): the fast path, with no message built. None for other types."""
+    if hint is int:
+        return lambda x: type(x) is int and -MAX_NUMBER <= x <= MAX_NUMBER
+    if hint is float:
+        return lambda x: type(x) is float and math.isfinite(x) or type(x) is int and -MAX_NUMBER <= x <= MAX_NUMBER
+    if typing.get_origin(hint) is list and (ok := _as_is(typing.get_args(hint)[0])) is not None:
+        return lambda x: type(x) is list and all(map(ok, x))
+    return None
+
+
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise _bad(where, f"is {_kind(v)}, not true or false")
+    return v
+
+
+def _key(hint, k: Any, where: str):
+    """A JSON object's key as the dict's key type: str, or int (token_text's ids)."""
+    if not isinstance(k, str):
+        raise _bad(where, f"has the key {_kind(k)}, not a string")
+    if hint is int:
+        try:
+            return _int(int(k), f"{where} key {k!r}")
+        except ValueError:
+            raise _bad(where, f"has the key {k!r}, not a token id") from None
+    return _str(k, f"{where} key")
+
+
+def _int(v: Any, where: str) -> int:
+    if isinstance(v, float) and v.is_integer():         # 3.0 from a tool that writes every number as a float
+        v = int(v)
+    if type(v) is not int:
+        raise _bad(where, f"is {_kind(v)}, not an integer")
+    if abs(v) > MAX_NUMBER:
+        raise _bad(where, f"is {v}, more than any trace holds")
+    return v
+
+
+def _float(v: Any, where: str) -> float:
+    if type(v) is int:                  # kept an int: a top-k row's token id is one
+        return _int(v, where)
+    if not isinstance(v, float):
+        raise _bad(where, f"is {_kind(v)}, not a number")
+    if not math.isfinite(v):
+        raise _bad(where, f"is {v}, not a finite number")
+    return v
+
+
+def _str(v: Any, where: str) -> str:
+    if not isinstance(v, str):
+        raise _bad(where, f"is {_kind(v)}, not a string")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:              # a lone surrogate ("\\ud800"): no page or file can hold it
+        raise _bad(where, f"holds {_kind(v)}, which is not valid text") from None
+    return v
+
+
+def _plain(v: Any, where: str) -> Any:
+    """A free-form value (params, info, a decision's inputs and output): JSON's own types only,
+    its text valid; views show it as it is."""
+    if v is None or isinstance(v, (bool, int, float)):
+        return v
+    if isinstance(v, str):
+        return _str(v, where)
+    if isinstance(v, (list, tuple)):
+        return [_plain(x, f"{where}[{i}]") for i, x in enumerate(v)]
+    if isinstance(v, dict):
+        return {_str(k, f"{where} key"): _plain(x, f"{where}[{k!r}]") for k, x in v.items()}
+    raise _bad(where, f"is a {type(v).__name__}, not a JSON value")
+
+
+def check_trace(t: Trace) -> None:
+    """What a trace's fields must agree on beyond their types (TraceError names the first field that
+    does not): the engine and level are known ones, ids are token ids, probabilities lie in [0, 1],
+    a draft tree is a tree, positions lie on the canvas, vertices in the graph, spans in the run."""
+    if t.engine not in ENGINES:
+        raise _bad("engine", f"is {t.engine!r}, not one of {', '.join(ENGINES)}")
+    if t.record not in RECORD_LEVELS:
+        raise _bad("record", f"is {t.record!r}, not \"full\", \"light\" or null")
+    _ids(t.prompt_ids, "prompt_ids")
+    _ids(t.output_ids, "output_ids")
+    s = t.sampling
+    _at_least(s.temperature, 0, "sampling.temperature")
+    if s.top_k is not None:
+        _at_least(s.top_k, 0, "sampling.top_k")
+    if s.top_p is not None:
+        _prob(s.top_p, "sampling.top_p")
+    for f in fields(Totals):
+        _at_least(getattr(t.totals, f.name), 0, f"totals.{f.name}")
+    for i, r in enumerate(t.rounds):
+        _check_round(r, f"rounds[{i}]")
+    if t.engine == "diffusion":
+        _check_canvas(t)
+    if t.dag is not None:
+        _check_dag(t.dag)
+    for i, lane in enumerate(t.lanes):
+        for j, sp in enumerate(lane.spans):
+            where = f"lanes[{i}].spans[{j}]"
+            if sp.end_s < sp.start_s:
+                raise _bad(where, f"ends ({sp.end_s}) before it starts ({sp.start_s})")
+            _at_least(sp.step, 0, f"{where}.step")
+
+
+def _at_least(v, lo, where: str) -> None:
+    if v < lo:
+        raise _bad(where, f"is {v}, less than {lo}")
+
+
+def _prob(v: float | None, where: str) -> None:
+    if v is not None and not 0 <= v <= 1:
+        raise _bad(where, f"is {v}, not a probability in [0, 1]")
+
+
+def _id(v: int, where: str, masked: bool = False) -> None:
+    if not (0 <= v <= MAX_TOKEN_ID or masked and v == MASK):
+        raise _bad(where, f"is {v}, not a token id (0 to {MAX_TOKEN_ID}" + (", or -1: masked)" if masked else ")"))
+
+
+def _ids(vs: list[int], where: str, masked: bool = False) -> None:
+    for i, v in enumerate(vs):
+        _id(v, f"{where}[{i}]", masked)
+
+
+def _topk(rows: list | None, where: str, n: int | None = None) -> None:
+    """[[token, p], ...] (n given: [[vertex, p], ...] with vertices 0..n-1)."""
+    for i, row in enumerate(rows or []):
+        if len(row) != 2:
+            raise _bad(f"{where}[{i}]", f"is {_kind(row)}, not a [token, probability] pair")
+        x, p = row
+        if float(x) != int(x):
+            raise _bad(f"{where}[{i}][0]", f"is {x}, not an integer")
+        if n is None:
+            _id(int(x), f"{where}[{i}][0]")
+        elif not 0 <= x < n:
+            raise _bad(f"{where}[{i}][0]", f"is {x}, not a vertex of the graph (0 to {n - 1})")
+        _prob(p, f"{where}[{i}][1]")
+
+
+def _check_round(r: Round, where: str) -> None:
+    _ids(r.path_tokens, f"{where}.path_tokens")
+    if r.emitted != MASK:
+        _id(r.emitted, f"{where}.emitted")
+    if r.emitted_kind not in EMITTED_KINDS:
+        raise _bad(f"{where}.emitted_kind", f"is {r.emitted_kind!r}, not one of {', '.join(EMITTED_KINDS)}")
+    if not 0 <= r.kept <= len(r.path_tokens) + 1:
+        raise _bad(f"{where}.kept", f"is {r.kept}, not 0 to {len(r.path_tokens) + 1} (its path tokens and the "
+                                    "emitted token)")
+    if not 0 <= r.drafted <= MAX_DRAFT:
+        raise _bad(f"{where}.drafted", f"is {r.drafted}, not 0 to {MAX_DRAFT}")
+    _topk(r.residual_topk, f"{where}.residual_topk")
+    by_id = {}
+    for j, n in enumerate(r.nodes):
+        at = f"{where}.nodes[{j}]"
+        if n.id < 0 or n.id in by_id:
+            raise _bad(f"{at}.id", f"is {n.id}, " + ("negative" if n.id < 0 else "the id of an earlier node"))
+        by_id[n.id] = n
+        _id(n.token, f"{at}.token")
+        for name in ("p", "q", "u"):
+            _prob(getattr(n, name), f"{at}.{name}")
+        for rule, d in {"decision": n.decision, **{f"verdicts[{k!r}]": v for k, v in n.verdicts.items()}}.items():
+            if d not in DECISIONS:
+                raise _bad(f"{at}.{rule}", f"is {d!r}, not one of {', '.join(DECISIONS)}")
+        if n.try_order is not None:
+            _at_least(n.try_order, 0, f"{at}.try_order")
+        _topk(n.p_topk, f"{at}.p_topk")
+        _topk(n.q_topk, f"{at}.q_topk")
+    depth = {-1: 0}                     # node id -> its depth along the parent links; -1: the root
+    for j, n in enumerate(r.nodes):
+        chain, seen = [], set()
+        v = n.id
+        while v not in depth:           # up to a node whose depth is known: each link walked once
+            if v in seen:
+                raise _bad(f"{where}.nodes", f"have a cycle of parents through node {v}: a draft tree has none")
+            chain.append(v)
+            seen.add(v)
+            parent = by_id[v].parent
+            if parent != -1 and parent not in by_id:
+                raise _bad(f"{where}.nodes[{r.nodes.index(by_id[v])}].parent",
+                           f"is {parent}, not -1 (the committed token) or the id of a node of the round")
+            v = parent
+        for u in reversed(chain):
+            depth[u] = depth[by_id[u].parent] + 1
+        if n.depth != depth[n.id]:
+            raise _bad(f"{where}.nodes[{j}].depth", f"is {n.depth}, but its parents put it at depth {depth[n.id]}")
+    for j, a in enumerate(r.accepted):
+        if r.nodes and a not in by_id or a < 0:
+            raise _bad(f"{where}.accepted[{j}]", f"is {a}, not the id of a node of the round")
+
+
+def _check_canvas(t: Trace) -> None:
+    """A diffusion trace: its canvas size, then every step's positions, tokens and confidences."""
+    if "gen_length" not in t.params:
+        raise _bad("params", "has no 'gen_length' (the canvas size a diffusion trace records)")
+    G = _int(t.params["gen_length"], "params.gen_length")
+    if not 1 <= G <= MAX_CANVAS:
+        raise _bad("params.gen_length", f"is {G}, not a canvas size (1 to {MAX_CANVAS})")
+    for name in ("eos_id", "mask_id"):
+        v = t.params.get(name)
+        if v is not None:
+            _id(_int(v, f"params.{name}"), f"params.{name}")
+    B = t.params.get("block_length")
+    if B is not None and _int(B, "params.block_length") < 0:
+        raise _bad("params.block_length", f"is {B}, less than 0")
+    if not isinstance(t.params.get("block_causal", False), bool):
+        raise _bad("params.block_causal", f"is {_kind(t.params['block_causal'])}, not true or false")
+
+    def pos(p: int, where: str) -> None:
+        if not 0 <= p < G:
+            raise _bad(where, f"is {p}, not a position of the canvas (0 to {G - 1})")
+
+    for i, s in enumerate(t.denoise):
+        where = f"denoise[{i}]"
+        lo, hi = s.block
+        if not 0 <= lo <= hi <= G:
+            raise _bad(f"{where}.block", f"is [{lo}, {hi}), not a block of the canvas [0, {G})")
+        for name in ("masked", "committed", "remasked"):
+            for j, p in enumerate(getattr(s, name)):
+                pos(p, f"{where}.{name}[{j}]")
+        for name in ("top1", "conf", "margin"):         # each one per masked position, or not recorded
+            if len(getattr(s, name)) not in (0, len(s.masked)):
+                raise _bad(f"{where}.{name}", f"has {len(getattr(s, name))} entries for {len(s.masked)} masked "
+                                              "positions")
+        _ids(s.top1, f"{where}.top1")
+        for name in ("conf", "margin"):
+            for j, c in enumerate(getattr(s, name)):
+                _prob(c, f"{where}.{name}[{j}]")
+        if len(s.tokens) not in (0, G):                 # the whole canvas, or not recorded
+            raise _bad(f"{where}.tokens", f"has {len(s.tokens)} tokens for a canvas of {G}")
+        _ids(s.tokens, f"{where}.tokens")
+        if s.committed_tokens and len(s.committed_tokens) != len(s.committed):
+            raise _bad(f"{where}.committed_tokens", f"has {len(s.committed_tokens)} tokens for "
+                                                    f"{len(s.committed)} committed positions")
+        _ids(s.committed_tokens, f"{where}.committed_tokens")
+        masked = set(s.masked)
+        for j, p in enumerate(s.committed):
+            if p not in masked:
+                raise _bad(f"{where}.committed[{j}]", f"is {p}, a position that was not masked before the step")
+        if s.committed and not s.committed_tokens and not s.top1:
+            raise _bad(where, "commits positions but records no token for them (top1 or committed_tokens)")
+        for j, e in enumerate(s.edits):
+            pos(e.pos, f"{where}.edits[{j}].pos")
+            _id(e.before, f"{where}.edits[{j}].before", masked=True)
+            _id(e.after, f"{where}.edits[{j}].after", masked=True)
+        if s.threshold_scale is not None and s.threshold_scale not in THRESHOLD_SCALES:
+            raise _bad(f"{where}.threshold_scale", f"is {s.threshold_scale!r}, not one of "
+                                                   f"{', '.join(THRESHOLD_SCALES)}")
+
+
+def _check_dag(g: DagRun) -> None:
+    n = g.num_vertices
+    if not 0 <= n <= MAX_CANVAS:
+        raise _bad("dag.num_vertices", f"is {n}, not 0 to {MAX_CANVAS}")
+    for name in ("emissions_topk", "links_topk"):
+        if len(getattr(g, name)) > n:
+            raise _bad(f"dag.{name}", f"has {len(getattr(g, name))} rows for {n} vertices")
+    if g.pass_prob and len(g.pass_prob) != n:
+        raise _bad("dag.pass_prob", f"has {len(g.pass_prob)} entries for {n} vertices")
+    for v, p in enumerate(g.pass_prob):
+        _prob(p, f"dag.pass_prob[{v}]")
+    for v, row in enumerate(g.emissions_topk):
+        _topk(row, f"dag.emissions_topk[{v}]")
+    for v, row in enumerate(g.links_topk):
+        _topk(row, f"dag.links_topk[{v}]", n)
+    for name, path in g.paths.items():
+        for j, v in enumerate(path):
+            if not 0 <= v < n:
+                raise _bad(f"dag.paths[{name!r}][{j}]", f"is {v}, not a vertex of the graph (0 to {n - 1})")
+    for name, out in g.outputs.items():
+        _ids(out, f"dag.outputs[{name!r}]")
+    if g.chosen not in g.outputs:
+        raise _bad("dag.chosen", f"is {g.chosen!r}, not a strategy in dag.outputs")
 
 
 def replay(trace: Trace) -> list[int]:
@@ -389,6 +747,8 @@ def _replay_denoise(trace: Trace) -> list[int]:
         for pos in s.committed:
             if canvas[pos] is not None:
                 raise TraceError(f"position {pos} committed while it holds a token (re-mask it first: an Edit)")
+            if pos not in proposed:
+                raise TraceError(f"step {i + 1} commits position {pos} but records no token for it")
             canvas[pos] = proposed[pos]
     out = _strip_after_eos(canvas, trace.params.get("eos_id"))
     if None in out:

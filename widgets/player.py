@@ -23,7 +23,7 @@ from speclab.figures import go_to_step, n_steps, step_label, step_title, update_
 from speclab.figures.detail import detail_html
 from speclab.figures.mask import mask_dict
 from speclab.figures.offline import keep_figures, offline_html
-from speclab.trace import Trace
+from speclab.trace import Trace, TraceError
 
 WIDTH = 960         # px: a JupyterLab output area at its default width
 
@@ -50,7 +50,7 @@ class Player(widgets.VBox):
         self.trace = trace
         n = n_steps(trace)
         if not n:
-            raise ValueError("this trace has no steps to show")
+            raise TraceError("this trace has no steps to show")
         self.view = view = view_of(trace)
         label = step_label(trace)
         self.play = widgets.Play(value=0, min=0, max=n - 1, interval=interval_ms, description="play")

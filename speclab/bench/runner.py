@@ -47,35 +47,58 @@ class MethodSpec:
 
 
 def parse_methods(s: str) -> list[MethodSpec]:
-    """'ar,draft-model[k=6],hf-assisted' -> specs (values are int, float, a JSON list or str)."""
+    """'ar,draft-model[k=6],hf-assisted' -> specs (values are int, float, a JSON list or str); empty
+    items (a trailing comma) are skipped. A spec is a name, then at most one [...] that closes at
+    its end, its brackets balanced."""
     out = []
     for item in _split_top(s):
         name, params = item, {}
-        if "[" in item:
-            if not item.endswith("]"):
+        if "[" in item or "]" in item:
+            start = item.find("[")
+            if start < 0 or _closing(item, start) != len(item) - 1:
                 raise ValueError(f"bad method spec {item!r}: use name[param=value;param=value]")
-            name, inner = item[:-1].split("[", 1)
-            for kv in filter(None, inner.split(";")):
+            name, inner = item[:start], item[start + 1:-1]
+            for kv in filter(str.strip, inner.split(";")):
                 if "=" not in kv:
                     raise ValueError(f"bad method parameter {kv!r} in {item!r}: use param=value")
-                k, v = parse_assignment(kv)
+                try:
+                    k, v = parse_assignment(kv)
+                except ValueError as e:
+                    raise ValueError(f"bad method parameter {kv!r} in {item!r}: {e}") from None
                 params[k] = v
-        out.append(MethodSpec(item, name.strip(), params))
+        name = name.strip()
+        if not name or any(c in name for c in "=;"):
+            raise ValueError(f"bad method spec {item!r}: start it with a method name, e.g. draft-model "
+                             "or draft-model[k=6]")
+        out.append(MethodSpec(item, name, params))
     return out
 
 
+def _closing(item: str, start: int) -> int | None:
+    """The index of the ] that closes the [ at `start` (None: it never closes)."""
+    depth = 0
+    for i in range(start, len(item)):
+        depth += (item[i] == "[") - (item[i] == "]")
+        if depth == 0:
+            return i
+    return None
+
+
 def _split_top(s: str) -> list[str]:
+    """Items at the top level of a comma-separated list (commas inside [...] stay); a ] with no [
+    before it is an error, not a level below the top."""
     parts, depth, cur = [], 0, ""
     for ch in s:
-        depth += ch == "["
-        depth -= ch == "]"
+        depth += (ch == "[") - (ch == "]")
+        if depth < 0:
+            raise ValueError(f"bad method list {s!r}: a ] closes no [")
         if ch == "," and depth == 0:
-            parts.append(cur.strip()); cur = ""
+            parts.append(cur.strip())
+            cur = ""
         else:
             cur += ch
-    if cur.strip():
-        parts.append(cur.strip())
-    return parts
+    parts.append(cur.strip())
+    return [p for p in parts if p]
 
 
 def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit_layer, record, history=None,

@@ -40,6 +40,12 @@ class DecodeConfig:
     beam_size: int = 20
     beam_alpha: float = 1.1      # beam length normalisation exponent
 
+    def __post_init__(self):
+        for name in ("top_k", "beam_size"):         # sizes: they slice and take top-k
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
 
 def decode_config(model, **settings) -> DecodeConfig:
     """The decoder settings for `model`: the defaults above, then those its config.json tunes for

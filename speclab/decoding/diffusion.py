@@ -33,10 +33,10 @@ MAX_LOOKS_PER_SLOT, MAX_EXTRA_LOOKS = 4, 64
 
 
 def check_shape(gen_length: int, block_length: int | None) -> int:
-    if not isinstance(gen_length, int) or gen_length < 1:
+    if type(gen_length) is not int or gen_length < 1:            # not a bool: True is an int to Python
         raise ValueError(f"gen_length must be an integer >= 1, got {gen_length!r}")
     block_length = block_length or gen_length
-    if not isinstance(block_length, int) or block_length < 1 or gen_length % block_length:
+    if type(block_length) is not int or block_length < 1 or gen_length % block_length:
         raise ValueError(f"block_length={block_length!r} must divide gen_length={gen_length} "
                          "(e.g. gen_length 64 with block_length 64, 32, 16 or 8)")
     return block_length

@@ -88,7 +88,7 @@ class LowConfidence:
         steps = self.steps or gen_length
         if self.remasking not in ("low_confidence", "random"):
             raise ValueError(f"remasking must be 'low_confidence' or 'random', got {self.remasking!r}")
-        if steps < n_blocks or steps % n_blocks:
+        if type(steps) is not int or steps < n_blocks or steps % n_blocks:
             raise ValueError(f"steps={steps} must be a positive multiple of the number of blocks ({n_blocks}): "
                              "each block gets steps / blocks steps")
         self._per_block = steps // n_blocks
@@ -166,6 +166,12 @@ class Prophet(_EarlyExitOnLowConfidence):
     mid: float = 5.0
     late: float = 2.5
     answer_length: int = 5
+
+    def plan(self, gen_length: int, n_blocks: int) -> int:
+        if type(self.answer_length) is not int or self.answer_length < 1:
+            raise ValueError(f"answer_length must be an integer >= 1 (the positions whose gap is read), "
+                             f"got {self.answer_length!r}")
+        return super().plan(gen_length, n_blocks)
 
     def select(self, v: View) -> Choice:
         progress = (v.step + 1) / v.total_steps

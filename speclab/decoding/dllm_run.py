@@ -9,8 +9,9 @@ from speclab.decoding.dgemma import DGemmaSampler, canvas_length, dgemma_decode,
 from speclab.decoding.diffusion import check_shape, denoise
 from speclab.decoding.dllm_policies import POLICIES, FreeDave
 from speclab.decoding.freedave import freedave
-from speclab.decoding.registry import get_method
+from speclab.decoding.registry import get_method, param_types
 from speclab.models.loading import as_model, chat_prompt, encode_prompt, model_info, token_table
+from speclab.params import check_types
 from speclab.trace import MASK as EDIT_MASK
 from speclab.trace import RECORD_LEVELS, Sampling, Trace
 
@@ -35,6 +36,7 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     if set(params) - set(known) - set(noise_only) or (set(params) & set(noise_only) and not noise_canvas):
         raise ValueError(f"{method} does not take {sorted(set(params) - set(known))}; it takes "
                          f"gen_length, block_length, eos_stop, {', '.join(known)}")
+    check_types(method, params, param_types(method))
     model, tok = as_model(target, device, dtype)
     if is_dgemma(model):
         return _run_dgemma(model, tok, prompt, method, gen_length, block_length, temperature, seed, record,

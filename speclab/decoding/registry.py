@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable
 
@@ -383,6 +384,31 @@ def _knobs(m: Method) -> dict:
     if m.adaptive is not None:
         out["gate"] = "auto"
     return out | {alias: None for alias in m.aliases}
+
+
+def param_types(name: str | Method) -> dict:
+    """{parameter: its declared type} of a method, for params.check_types: the annotations of its
+    drafter's constructors (through `**kw` into the base classes, as constructor_params) or of its
+    decode-config fields; an alias takes its parameter's type. A constructor whose annotations do
+    not resolve is left out (its own checks apply)."""
+    m = get_method(name)
+    out: dict = {}
+    if m.config is not None:
+        out = typing.get_type_hints(m.config)
+    elif m.drafter is not None:
+        for klass in m.drafter.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None or klass is object:
+                continue
+            try:
+                hints = typing.get_type_hints(init)
+            except (NameError, TypeError):
+                hints = {}
+            for k, v in hints.items():
+                out.setdefault(k, v)
+            if not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+                break
+    return out | {alias: out[real] for alias, real in m.aliases.items() if real in out}
 
 
 def method_params(name: str | Method) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from speclab.figures._util import num, tok, topk_text
+from speclab.figures._util import num, per_position, tok, topk_text
 from speclab.figures.dag import output_text
 from speclab.figures.diffusion import label, step_note
 from speclab.figures.steps import step_title
@@ -57,7 +57,13 @@ DENOISE_COLS = ("position", "proposal", "p", "margin", "entropy", "")
 
 def draft_tree_html(trace: Trace, tree: list, accepted: int) -> str:
     """FreeDave's drafts as guesses at the next commits: node k = its parent's canvas + (position,
-    token); the accepted path in bold."""
+    token); the accepted path in bold. A tree not of that form (each node [parent, position, token],
+    its parent an earlier node or -1) is shown as recorded: walking it could loop."""
+    def ok(k, node):
+        return (isinstance(node, list) and len(node) == 3 and all(type(x) is int for x in node)
+                and node[0] < k)
+    if not (all(ok(k, node) for k, node in enumerate(tree)) and type(accepted) is int and accepted < len(tree)):
+        return f"draft tree (not in FreeDave's form): {html.escape(str(tree)[:200])}"
     path, k = set(), accepted
     while k >= 0:
         path.add(k)
@@ -87,9 +93,9 @@ def denoise_html(trace: Trace, step: int) -> str:
         shown = lambda t: "mask" if t == MASK else f"<code>{tok(trace, t)}</code>"
         head += "<br>edits: " + "; ".join(f"position {e.pos} {shown(e.before)} &rarr; {shown(e.after)}"
                                           + (f" ({html.escape(e.reason)})" if e.reason else "") for e in s.edits)
-    if s.info.get("tree"):
+    if isinstance(s.info.get("tree"), list) and s.info["tree"]:
         head += "<br>" + draft_tree_html(trace, s.info["tree"], s.info.get("accepted_node", 0))
-    entropy, now = s.info.get("entropy"), set(s.committed)
+    entropy, now = per_position(s.info, "entropy", len(s.masked)), set(s.committed)
     cell = "<td style='padding:0 .6em'>{}</td>"
     rows = ["<tr>" + "".join(f"<th style='padding:0 .6em'>{c}</th>" for c in DENOISE_COLS) + "</tr>"]
     for i, (p, t, c, m) in enumerate(zip(s.masked, s.top1, s.conf, s.margin)):

@@ -32,7 +32,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from speclab.figures import colors
-from speclab.figures._util import bare_axis, check_step, num, show_token, tok
+from speclab.figures._util import bare_axis, check_step, num, per_position, show_token, tok
 from speclab.trace import MASK, DenoiseStep, Trace, TraceError
 
 # -- reading a diffusion trace ---------------------------------------------------------------------
@@ -65,9 +65,20 @@ def commit_steps(trace: Trace) -> list[int | None]:
     return at
 
 
-def label(trace: Trace, token: int) -> str:
-    """A cell's text: whitespace visible, end of text short enough to fit a cell."""
+def label(trace: Trace, token: int | None) -> str:
+    """A cell's text: whitespace visible, end of text short enough to fit a cell; "?" where the
+    step did not record the token."""
+    if token is None:
+        return "?"
     return "EOS" if token == trace.params.get("eos_id") else show_token(trace.text_of(token))
+
+
+def canvas_token(s: DenoiseStep, p: int) -> int | None:
+    """The token at position p after step s (None: the step did not record its canvas)."""
+    return s.tokens[p] if p < len(s.tokens) else None
+
+
+NO_PROPOSAL = (None, None, None)        # (top-1, confidence, margin) of a slot the step did not record
 
 
 CANVAS_PX, CHAR_PX = 1000, 7.5    # a canvas about 1000 px wide; a monospace character at 12 px
@@ -121,7 +132,7 @@ def step_note(trace: Trace, s: DenoiseStep) -> str:
     for key, name in (("gap", "gap"), ("g", "mean margin"), ("entropy_bound", "entropy bound"),
                       ("temperature", "temperature"), ("mean_entropy", "mean entropy")):
         if key in s.info:
-            parts.append(f"{name} {s.info[key]:.3g}")
+            parts.append(f"{name} {num(s.info[key], 3)}")
     if s.info.get("stable"):
         parts.append("argmax stable")
     if s.edits:
@@ -163,18 +174,18 @@ def cell_hover(trace: Trace, s: DenoiseStep, p: int, state: str, at: int | None,
         return (f"{head}: <b>{tok(trace, e.after)}</b> (id {e.after}), rewritten this step; "
                 f"it held <b>{tok(trace, e.before)}</b>{why}")
     if state in ("noise", "sampled"):
-        t, c, m = prop[p]
+        t, c, m = prop.get(p, NO_PROPOSAL)
         what = ("a random token, re-noised this step" if state == "noise"
                 else "the sampled token, kept: its entropy fit under the bound")
-        return (f"{head}: <b>{tok(trace, s.tokens[p])}</b>, {what}<br>argmax proposal <b>{tok(trace, t)}</b> "
+        return (f"{head}: <b>{tok(trace, canvas_token(s, p))}</b>, {what}<br>argmax proposal <b>{tok(trace, t)}</b> "
                 f"p={num(c)} margin={num(m)}")
     if state == "masked":
-        t, c, m = prop[p]
+        t, c, m = prop.get(p, NO_PROPOSAL)
         where = "" if s.block[0] <= p < s.block[1] else " (outside the active block)"
         return f"{head}: still masked{where}<br>proposal <b>{tok(trace, t)}</b> p={num(c)} margin={num(m)}"
-    text = f"{head}: <b>{tok(trace, s.tokens[p])}</b> (id {s.tokens[p]})"
+    text = f"{head}: <b>{tok(trace, canvas_token(s, p))}</b> (id {canvas_token(s, p)})"
     if state == "now":
-        _, c, m = prop[p]
+        _, c, m = prop.get(p, NO_PROPOSAL)
         return text + f"<br>committed this step, p={num(c)} margin={num(m)}"
     return text + (f"<br>committed at step {at + 1}" if at is not None else "")
 
@@ -189,16 +200,16 @@ def shows_proposal(trace: Trace, s: DenoiseStep, p: int) -> bool:
 def masked_text(trace: Trace, s: DenoiseStep, p: int, prop: dict) -> str:
     """A masked slot's cell: the proposal in grey italics over its confidence, in place, as it
     unmasks (empty where the step proposed nothing for it)."""
-    if not shows_proposal(trace, s, p):
+    t, c, _ = prop.get(p, NO_PROPOSAL)
+    if not shows_proposal(trace, s, p) or t is None or c is None:
         return ""
-    t, c, _ = prop[p]
     return f"<span style='color:#555555'><i>{label(trace, t)}</i><br>{c:.2f}</span>"
 
 
 def masked_color(prop: dict, p: int) -> str:
     """A masked slot's colour: the masked grey deepening towards the confidence bars' blue as the
     model grows sure of its proposal (confidence 0 -> grey, 1 -> the bars' blue)."""
-    c = max(0.0, min(1.0, float(prop[p][1])))
+    c = max(0.0, min(1.0, float(prop.get(p, NO_PROPOSAL)[1] or 0.0)))
     grey, blue = (0xe3, 0xe3, 0xe3), (0x7f, 0xb3, 0xff)
     return "#" + "".join(f"{round(g + (b - g) * c):02x}" for g, b in zip(grey, blue))
 
@@ -247,16 +258,16 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     cells = dict(
         type="bar", x=[p % W for p in range(G)], y=[1] * G, base=[-(p // W) * ROW for p in range(G)],
         width=0.92, name="canvas", showlegend=False,
-        text=[masked_text(trace, s, p, prop) if st == "masked" else f"<i>{label(trace, s.tokens[p])}</i>"
+        text=[masked_text(trace, s, p, prop) if st == "masked" else f"<i>{label(trace, canvas_token(s, p))}</i>"
               if st == "noise" else f"<i>{label(trace, edited[p].before)}</i>" if st == "remasked"
-              else label(trace, s.tokens[p]) for p, st in enumerate(state)],
+              else label(trace, canvas_token(s, p)) for p, st in enumerate(state)],
         textposition="inside", insidetextanchor="middle", textangle=-90 if vertical else 0,
         textfont=dict(family="monospace", size=12),
         marker=dict(color=[masked_color(prop, p) if st == "masked" and shows_proposal(trace, s, p) else palette[st]
                            for p, st in enumerate(state)], line=dict(width=0)),
         hovertext=[cell_hover(trace, s, p, st, at[p], prop, edited) for p, st in enumerate(state)],
         hovertemplate="%{hovertext}<extra></extra>", customdata=state)
-    entropy = s.info.get("entropy")
+    entropy = per_position(s.info, "entropy", len(s.masked))
     bars = dict(
         type="bar", x=list(s.masked), y=list(s.conf), width=0.8, name="confidence of masked positions",
         showlegend=False,       # its own legend entries below: a bar's swatch took the first bar's colour
@@ -283,9 +294,10 @@ def canvas_dict(trace: Trace, step: int = 0, static: bool = True) -> dict:
     area = h1 + gap + h2
     note = step_note(trace, s)
     if is_noise(trace):
+        kept = s.info.get("accepted")           # free-form: a list of positions where DiffusionGemma wrote it
         title = (f"{trace.method}: step {step + 1}/{n}, block [{lo}, {hi}): "
                  + (f"block committed (its argmax), {len(now)} tokens" if now else
-                    f"{len(s.info.get('accepted', []))} samples kept, {len(s.remasked)} slots re-noised"))
+                    f"{len(kept) if isinstance(kept, list) else 0} samples kept, {len(s.remasked)} slots re-noised"))
     else:
         title = (f"{trace.method}: step {step + 1}/{n}, block [{lo}, {hi}): committed {len(now)}, "
                  f"{len(before) - len(now) + len(s.remasked)} still masked"
@@ -326,7 +338,7 @@ def decoding_order(trace: Trace, step: int | None = None) -> go.Figure:
     for i, s in enumerate(steps):
         for p, c in zip(s.masked, s.conf):
             z[i][p] = c
-    marks = [(p, i + 1, s.tokens[p], dict(zip(s.masked, s.conf)).get(p))          # steps from 1
+    marks = [(p, i + 1, canvas_token(s, p), dict(zip(s.masked, s.conf)).get(p))          # steps from 1
              for i, s in enumerate(steps) for p in s.committed]
     fig = go.Figure()
     fig.add_trace(go.Heatmap(
@@ -404,7 +416,7 @@ def confidence_bands(trace: Trace, step: int | None = None) -> go.Figure:
     fig.add_trace(go.Bar(x=xs, y=[len(s.committed) for s in steps], name="committed",
                          marker_color=[colors.THRESHOLD if s.info.get("finish") else colors.CANVAS["now"]
                                        for s in steps],       # red: an early exit committed every mask
-                         customdata=[", ".join(label(trace, s.tokens[p]) for p in s.committed) for s in steps],
+                         customdata=[", ".join(label(trace, canvas_token(s, p)) for p in s.committed) for s in steps],
                          hovertemplate="step %{x}: %{y} committed: %{customdata}<extra></extra>"), row=2, col=1)
     t = trace.totals
     fig.update_yaxes(range=[0, 1.05], title_text="confidence", gridcolor="#eeeeee", row=1, col=1)

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from speclab.figures import colors
 from speclab.figures._util import check_step
 from speclab.figures.steps import step_label
+from speclab.metrics import n_steps
 from speclab.trace import Trace
 
 KIND_COLOR = {"draft": colors.DRAFT_TIME, "verify": colors.VERIFY_TIME}
@@ -36,7 +37,8 @@ def kind_color(trace: Trace, what: str) -> str:
 
 def lanes_figure(trace: Trace, step: int | None = None) -> go.Figure:
     """The lanes as a Gantt chart, the first lane on top; `step` (0-based) outlines its spans."""
-    n = max((s.step + 1 for lane in trace.lanes for s in lane.spans), default=0)
+    # any step of the run can be current, whether or not a span belongs to it
+    n = max([n_steps(trace)] + [s.step + 1 for lane in trace.lanes for s in lane.spans])
     step = check_step(trace, step, n) if step is not None else None
     names = [lane.name for lane in trace.lanes]
     spans = [(lane.name, s) for lane in trace.lanes for s in lane.spans]

@@ -51,18 +51,21 @@ def tidy_layout(g: nx.DiGraph) -> dict:
             return (1, 10**9, 0)
         return (0, n.try_order if n.try_order is not None else 10**6, n.id)
 
-    pos, next_leaf = {}, [0]
-
-    def place(v):
+    pos, next_leaf = {}, 0
+    # depth first, children in order, a node placed after its children: with a stack, not
+    # recursion, so a chain deeper than Python's recursion limit (a hand-made trace) still draws
+    todo = [(ROOT, False)]
+    while todo:
+        v, kids_placed = todo.pop()
         kids = sorted(g.successors(v), key=key)
-        for c in kids:
-            place(c)
-        y = sum(pos[c][1] for c in kids) / len(kids) if kids else -next_leaf[0]
+        if not kids_placed and kids:
+            todo.append((v, True))
+            todo += [(c, False) for c in reversed(kids)]
+            continue
+        y = sum(pos[c][1] for c in kids) / len(kids) if kids else -next_leaf
         if not kids:
-            next_leaf[0] += 1
+            next_leaf += 1
         pos[v] = (g.nodes[v]["depth"], y)
-
-    place(ROOT)
     return pos
 
 

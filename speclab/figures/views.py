@@ -28,6 +28,7 @@ A method adds its own figure in the file that defines it, beside its registry ro
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -38,12 +39,16 @@ from speclab.figures.costmodel import costmodel_summary
 from speclab.figures.decisions import decision_summary, decision_table, has_decisions
 from speclab.figures.diffusion import canvas_dict, confidence_bands, decoding_order
 from speclab.figures.lanes import has_lanes, lanes_figure
+from speclab.figures.mask import mask_size
 from speclab.figures.steps import go_to_step, step_label, step_names, step_title  # numbering, defined there
 from speclab.figures.summary import acceptance_summary, round_strip, timing
 from speclab.figures.verdicts import has_verdicts, rescued_figure
-from speclab.trace import Trace
+from speclab.trace import Trace, TraceError
 
 WHERE = ("step", "summary")
+# the attention mask is a grid of slots x slots, redrawn at every step: past 512 (a quarter of a
+# million cells) it takes seconds a step and its cells are too small to read, so such runs have none
+MASK_MAX_SLOTS = 512
 FIXED_LAYOUT = ("template", "height", "width", "margin")      # what stepping never changes
 
 
@@ -166,7 +171,9 @@ def view_of(trace: Trace) -> View:
     base, own = engine_view(trace), METHOD_FIGURES.get(trace.method, ())
     keep = lambda specs, where: tuple(f for f in specs + tuple(f for f in own if f.where == where) if f.applies(trace))
     strip = base.run_strip if base.run_strip is not None and base.run_strip.applies(trace) else None
-    return replace(base, step=keep(base.step, "step"), run_strip=strip, summary=keep(base.summary, "summary"))
+    mask = base.mask and mask_size(trace) <= MASK_MAX_SLOTS
+    return replace(base, step=keep(base.step, "step"), run_strip=strip, summary=keep(base.summary, "summary"),
+                   mask=mask)
 
 
 def add_figure(method: str, spec: FigureSpec) -> FigureSpec:
@@ -174,8 +181,35 @@ def add_figure(method: str, spec: FigureSpec) -> FigureSpec:
     mine = METHOD_FIGURES.get(method, ())
     if any(f.name == spec.name for f in mine):
         raise ValueError(f"{method!r} already has a figure named {spec.name!r}; remove_figure it first")
-    METHOD_FIGURES[method] = mine + (spec,)
+    METHOD_FIGURES[method] = mine + (reading_records(method, spec),)
     return spec
+
+
+# A method's own figure reads records only that method writes (a round's info, a decision's inputs),
+# which the trace schema leaves free-form, so loading cannot check them. A hand-edited or damaged
+# file, or another method's trace saved under this method's name, breaks the figure with one of
+# these; every view reports it as the trace's fault, in one line, naming the figure.
+RECORD_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError)
+
+
+def reading_records(method: str, spec: FigureSpec) -> FigureSpec:
+    """`spec` with a failure of its figure on records it cannot read raised as one TraceError."""
+    def guarded(fn: Callable | None) -> Callable | None:
+        if fn is None:
+            return None
+
+        @functools.wraps(fn)
+        def run(*args):
+            try:
+                return fn(*args)
+            except TraceError:
+                raise
+            except RECORD_ERRORS as e:
+                why = (str(e).splitlines() or [""])[0][:120]
+                raise TraceError(f"the {method} records in this trace do not fit its figure {spec.name!r} "
+                                 f"({type(e).__name__}: {why}); re-record the run") from e
+        return run
+    return replace(spec, fn=guarded(spec.fn), when=guarded(spec.when), frame=guarded(spec.frame))
 
 
 def remove_figure(method: str, name: str) -> None:

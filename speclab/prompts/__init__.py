@@ -34,23 +34,55 @@ SETS = ("code-complete", "code-edit", "code-mixed", "chat", "chat-dev", "code-ed
 
 
 def load_prompts(name_or_path: str, limit: int | None = None) -> list[str | dict]:
-    """Raw prompts as str, chat questions as {"chat": question}."""
-    p = PROMPT_DIR / f"{name_or_path}.jsonl"
-    if not p.exists():
-        p = Path(name_or_path)
-        if not p.exists():
-            raise ValueError(f"unknown prompt set {name_or_path!r}: use one of {', '.join(SETS)} or a JSONL file")
+    """Raw prompts as str, chat questions as {"chat": question}. ValueError, naming the file and
+    line, for a file that is not UTF-8 text, a line that is not such an object, or no prompt at all."""
+    p = PROMPT_DIR / f"{name_or_path}.jsonl" if name_or_path in SETS else Path(name_or_path)
+    try:
+        found = p.is_file()
+    except (OSError, ValueError):           # a name no file system takes: too long, a NUL byte
+        found = False
+    if not found:
+        raise ValueError(f"unknown prompt set {name_or_path!r}: use one of {', '.join(SETS)} or a JSONL file")
     rows = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
+    for i, line in enumerate(read_text(p).splitlines()):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            rows.append({"chat": str(row["chat"])} if "chat" in row else row["prompt"])
+            kind = "chat" if isinstance(row, dict) and "chat" in row else "prompt"
+            text = row[kind]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{p}:{i + 1}: each line must be a JSON object with a 'prompt' "
                              f"or 'chat' string ({e})") from e
+        text = prompt_text(text, f"{p}:{i + 1}: {kind!r}")
+        rows.append({"chat": text} if kind == "chat" else text)
+    if not rows:
+        raise ValueError(f"{p} holds no prompts: write one JSON object a line, e.g. {{\"prompt\": \"def f(\"}}")
     return rows[:limit] if limit else rows
+
+
+def read_text(path: Path) -> str:
+    """A prompt file's text (a byte-order mark, as some editors write, dropped); ValueError naming the
+    file where it is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from None
+    except OSError as e:
+        raise ValueError(f"cannot read the prompt file {path}: {e.strerror}") from None
+
+
+def prompt_text(v, where: str) -> str:
+    """A prompt as a tokenizer takes it: a string of valid text (JSON's \\ud800 escapes can write
+    a lone surrogate, which no tokenizer encodes)."""
+    if not isinstance(v, str):
+        raise ValueError(f"{where} must be a string, not {type(v).__name__}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{where} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): "
+                         "not valid text") from None
+    return v
 
 
 def encode(tokenizer, item: str | dict, max_new_tokens: int, max_positions: int | None) -> list[int]:

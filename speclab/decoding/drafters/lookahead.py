@@ -24,8 +24,11 @@ class LookaheadDrafter(Drafter):
     def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 2, pool_size: int = 8):
         super().__init__()
         check_k(window, "window")
-        if ngram < 2:
-            raise ValueError(f"ngram must be >= 2, got {ngram}")
+        if type(ngram) is not int or ngram < 2:
+            raise ValueError(f"ngram must be an integer >= 2, got {ngram}")
+        for name, v in (("guesses", guesses), ("pool_size", pool_size)):
+            if type(v) is not int or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         self.W, self.N, self.G, self.pool_size = window, ngram, guesses, pool_size
 
     def begin(self, ctx, target, sampler, gen, record="light"):

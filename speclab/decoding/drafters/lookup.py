@@ -38,12 +38,12 @@ class PromptLookupDrafter(Drafter):
         check_k(k_full, "k_full")
         if k_full < k:
             raise ValueError(f"k_full (the draft length after a fully accepted draft) must be >= k = {k}, got {k_full}")
-        if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        if type(min_ngram) is not int or type(max_ngram) is not int or not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need integers 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if prefer not in ("first", "recent"):
             raise ValueError(f"prefer must be 'first' (earliest match, as transformers) or 'recent', got {prefer!r}")
-        if grow < 0:
-            raise ValueError(f"grow must be >= 0 (0 = always k tokens), got {grow}")
+        if type(grow) is not int or grow < 0:
+            raise ValueError(f"grow must be an integer >= 0 (0 = always k tokens), got {grow}")
         self.k, self.max_ngram, self.min_ngram, self.prefer, self.grow = k, max_ngram, min_ngram, prefer, grow
         self.k_full = k_full
         self.streak = False                 # the last draft was accepted whole

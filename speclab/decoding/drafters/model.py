@@ -200,6 +200,9 @@ class LayerSkipDrafter(ChainDrafter):
         self.model, self.n_layers, self.overhead, self.per_round = target_model, n, overhead, per_round
         self.auto = exit_layer == "auto"
         trained = getattr(target_model.config, "speclab_exit_layers", None)
+        if candidates is not None and not (isinstance(candidates, (list, tuple)) and candidates and all(
+                type(c) is int and 1 <= c < n for c in candidates)):
+            raise ValueError(f"candidates must be a non-empty list of exit layers 1..{n - 1}, got {candidates!r}")
         self.candidates = list(candidates or trained or range(1, n))
         self.layer = (self.candidates[len(self.candidates) // 2] if self.auto else int(exit_layer))
         self.forwards = 0

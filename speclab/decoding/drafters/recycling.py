@@ -19,6 +19,8 @@ class RecyclingDrafter(Drafter):
         super().__init__()
         check_k(k)
         check_k(width, "width")
+        if type(topk) is not int or topk < 1:
+            raise ValueError(f"topk must be an integer >= 1 (successors kept per token), got {topk!r}")
         self.k, self.topk, self.width = k, topk, width
         self.budget = budget or k * width
 

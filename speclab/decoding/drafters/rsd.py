@@ -39,11 +39,11 @@ class RSDDrafter(TreeDrafterBase):
 
     def __init__(self, draft, branches=(3, 2, 1), backend: str = "auto"):
         super().__init__(draft, backend)
-        branches = tuple(branches)
-        if not branches or any(not isinstance(b, int) or b < 1 for b in branches):
+        if not isinstance(branches, (list, tuple)) or not branches or any(
+                type(b) is not int or b < 1 for b in branches):
             raise ValueError(f"branches must be a non-empty list of integers >= 1 (children per node at each depth), "
-                             f"got {list(branches)}")
-        self.branches = branches
+                             f"got {branches!r}")
+        self.branches = tuple(branches)
 
     def propose(self, ctx: Context) -> DraftTree:
         q_at = self.q_at(ctx)

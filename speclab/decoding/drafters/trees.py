@@ -90,6 +90,9 @@ class TreeDrafterBase(OwnDraftLM, Drafter):
 
 def check_paths(paths) -> list[tuple[int, ...]]:
     """A static expansion pattern, validated, sorted by depth then rank."""
+    if paths is not None and not (isinstance(paths, (list, tuple))
+                                  and all(isinstance(p, (list, tuple)) for p in paths)):
+        raise ValueError(f"tree paths must be a list of paths of ranks, e.g. [[0], [1], [0, 0]], got {paths!r}")
     paths = DEFAULT_PATHS if paths is None else [list(p) for p in paths]
     if not paths:
         raise ValueError("a static tree needs at least one path, e.g. [[0], [1], [0, 0]]")

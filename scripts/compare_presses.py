@@ -4,7 +4,7 @@ does every speed-up stay within 10% of its median, or is it marked unreliable?
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/compare_presses.py [--presses 5] [--hog 2,3]
         [--repeats 5] [--tokens 43] [--methods prompt-lookup,draft-model] [--task chat|copy] [--json out.json]
 
-Drives the dashboard's own Compare (apps/dashboard.py: compare_now, the code the button runs) on
+Drives the dashboard's own Compare (speclab/apps/dashboard.py: compare_now, the code the button runs) on
 smollm2-135m with its draft, the chat preset prompt (--task copy: the copy-heavy edit), k = 4, greedy. The hog
 (`python -c "while True: pass"`) is started before the listed presses and killed by its PID after
 each. Prints per press and method: the speed-up's median and range over the interleaved repeats,

@@ -1,4 +1,4 @@
-"""Record the example runs the dashboard opens on (apps/examples/*.json): real decodes of the
+"""Record the example runs the dashboard opens on (speclab/apps/examples/*.json): real decodes of the
 default pair on the task the page opens on (the copy-heavy edit), recorded "full" so every view (tree, p / q bars, timing) has what it needs.
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/record_examples.py

@@ -133,7 +133,7 @@ def test_the_dashboard_sizes_panes_by_the_spec():
 # -- (b) a method's own figure reaches every front end --------------------------------------------
 def test_a_method_registered_at_run_time_shows_its_own_figure_everywhere(target, tmp_path):
     """Done when: a toy speculative method and its figures, defined here, show in the Jupyter
-    player, the dashboard's viewer and the static export, with no edit to widgets/, apps/ or
+    player, the dashboard's viewer and the static export, with no edit to speclab/widgets/, speclab/apps/ or
     speclab/export.py."""
     from speclab.decoding.registry import Method, registered
     from speclab.decoding.speculative import Drafter
@@ -176,7 +176,7 @@ def test_a_method_registered_at_run_time_shows_its_own_figure_everywhere(target,
         trace = speclab.generate(target, prompt, "toy-views", max_new_tokens=8, k=2).trace
         assert trace.method == "toy-views" and len(trace.rounds) > 1
 
-        player = Player(trace)                                           # widgets/player.py
+        player = Player(trace)                                           # speclab/widgets/player.py
         assert {"drafted per round", "kept this round"} <= set(player.figures)
         player.update(1)
         assert player.figures["kept this round"].layout.title.text == "toy-views: kept in round 2"
@@ -184,7 +184,7 @@ def test_a_method_registered_at_run_time_shows_its_own_figure_everywhere(target,
 
         pytest.importorskip("panel")
         from speclab.apps.viewer import Viewer
-        viewer = Viewer()                                                # apps/viewer.py
+        viewer = Viewer()                                                # speclab/apps/viewer.py
         viewer.show(trace)
         panes = {spec.name: pane for pane, spec in viewer.shown}
         assert panes["drafted per round"].visible and panes["drafted per round"].height == 250
@@ -199,7 +199,8 @@ def test_a_method_registered_at_run_time_shows_its_own_figure_everywhere(target,
         ar = speclab.generate(target, prompt, "ar", max_new_tokens=2).trace
         assert "drafted per round" not in names(view_of(ar).whole_run)   # keyed by method
     assert "toy-views" not in F.views.METHOD_FIGURES
-    for front_end in ("widgets/player.py", "apps/viewer.py", "apps/dashboard.py", "speclab/export.py"):
+    for front_end in ("speclab/widgets/player.py", "speclab/apps/viewer.py", "speclab/apps/dashboard.py",
+                      "speclab/export.py"):
         assert "toy-views" not in (ROOT / front_end).read_text()
 
 

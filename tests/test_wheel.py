@@ -23,15 +23,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILD_INPUTS = ("pyproject.toml", "README.md", "speclab", "widgets", "apps")
-# where each source folder lands in the installed copy (pyproject.toml's package-dir)
-INSTALLED_AS = {"speclab": "speclab", "widgets": "speclab/widgets", "apps": "speclab/apps"}
+BUILD_INPUTS = ("pyproject.toml", "README.md", "speclab")
 ZOO_DATA = {".json", ".safetensors", ".txt", ".jinja"}
-
-
-def _installed(rel: Path) -> Path:
-    """A source path relative to the checkout -> its path relative to the installed site-packages."""
-    return Path(INSTALLED_AS[rel.parts[0]], *rel.parts[1:])
 
 
 def _clean_env(**extra: str) -> dict:
@@ -136,17 +129,19 @@ def test_speclab_imports_from_the_wheel_not_the_checkout(installed, imported):
 
 
 def test_every_package_folder_of_the_source_is_installed(wheel, installed):
-    """Each folder with an __init__.py under speclab/, widgets/ and apps/ is in the installed copy with
-    all its modules: pyproject.toml lists the packages by hand, and this is the check on that list."""
+    """Each folder with an __init__.py under speclab/ (the front ends speclab/widgets and speclab/apps
+    too) is in the installed copy, at the same path, with all its modules: setuptools finds the
+    packages, and this is the check that it found them all."""
     packages, modules = [], []
-    for top in INSTALLED_AS:
-        for init in sorted((wheel.source / top).rglob("__init__.py")):
-            folder = _installed(init.parent.relative_to(wheel.source))
-            if not (installed.site / folder / "__init__.py").is_file():
-                packages.append(".".join(folder.parts))
-            modules += [str(m.relative_to(wheel.source)) for m in sorted(init.parent.glob("*.py"))
-                        if not (installed.site / _installed(m.relative_to(wheel.source))).is_file()]
-    assert not packages, f"add to [tool.setuptools] packages in pyproject.toml: {', '.join(packages)}"
+    for init in sorted((wheel.source / "speclab").rglob("__init__.py")):
+        folder = init.parent.relative_to(wheel.source)
+        if not (installed.site / folder / "__init__.py").is_file():
+            packages.append(".".join(folder.parts))
+        modules += [str(m.relative_to(wheel.source)) for m in sorted(init.parent.glob("*.py"))
+                    if not (installed.site / m.relative_to(wheel.source)).is_file()]
+    assert {"speclab/widgets", "speclab/apps"} <= {str(p.parent.relative_to(wheel.source))
+                                                  for p in (wheel.source / "speclab").rglob("__init__.py")}
+    assert not packages, f"not found by [tool.setuptools.packages.find] in pyproject.toml: {', '.join(packages)}"
     assert not modules, f"modules missing from the wheel: {', '.join(modules)}"
 
 
@@ -156,7 +151,7 @@ def _package_data(source: Path) -> dict[str, list[Path]]:
     found = {"the kernel's source": (source / "speclab/models").glob("*.cpp"), "the zoo": zoo,
              "the prompt sets": (source / "speclab/prompts").glob("*.jsonl"),
              "the training seeds": (source / "speclab/train").glob("*.txt"),
-             "the dashboard's examples": (source / "apps/examples").glob("*.json")}
+             "the dashboard's examples": (source / "speclab/apps/examples").glob("*.json")}
     return {what: sorted(p.relative_to(source) for p in paths) for what, paths in found.items()}
 
 
@@ -169,8 +164,8 @@ def test_package_data_is_installed(wheel, installed):
     assert Path("speclab/models/bf16_linear.cpp") in data["the kernel's source"]
     assert any(p.suffix == ".safetensors" for p in data["the zoo"])
     missing = [f"{what}: {rel}" for what, files in data.items() for rel in files
-               if not (installed.site / _installed(rel)).is_file()
-               or (installed.site / _installed(rel)).stat().st_size != (wheel.source / rel).stat().st_size]
+               if not (installed.site / rel).is_file()
+               or (installed.site / rel).stat().st_size != (wheel.source / rel).stat().st_size]
     assert not missing, "missing or different in the installed copy:\n" + "\n".join(missing)
 
 

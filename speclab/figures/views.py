@@ -1,6 +1,6 @@
 """One view spec per engine: which figures a step, the run strip and the summary get, and at what
-size. The Jupyter player (widgets/player.py), the dashboard (apps/viewer.py) and the static export
-(speclab/export.py) read these specs and nothing else, so a figure added here, or by a method
+size. The Jupyter player (speclab/widgets/player.py), the dashboard (speclab/apps/viewer.py) and the
+static export (speclab/export.py) read these specs and nothing else, so a figure added here, or by a method
 through `add_figure`, shows up in all three.
 
     VIEWS[engine]                  the engine's View: step figures (the main one first), run strip,

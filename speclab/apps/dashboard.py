@@ -1,18 +1,18 @@
 """The served dashboard: run a method on a prompt, step through its rounds (speculative), denoising
 steps (diffusion) or strategies (DAG), compare methods, and open or save traces.
-`panel serve apps/dashboard.py` or `speclab serve`.
+`panel serve speclab/apps/dashboard.py` or `speclab serve`.
 
-Three parts: the parameter form (apps/form.py), the trace viewer (apps/viewer.py, stepping figures
+Three parts: the parameter form (speclab/apps/form.py), the trace viewer (speclab/apps/viewer.py, stepping figures
 in place like the Jupyter player) and, here, the runs between them (decode, compare, upload, save).
 One `Dashboard` per browser session holds everything that session sees (widgets, the current
 trace, the last comparison, the suffix method's history of this session's earlier requests);
 nothing about a run lives in module globals, so two users never see each other's runs. Models are
-shared by the process (`load_shared`), and decodes go through one worker thread (apps/runs.py says
+shared by the process (`load_shared`), and decodes go through one worker thread (speclab/apps/runs.py says
 why), awaited from an async callback so the page stays live and the progress bar moves while the
 model works. Figures and the step detail table come from speclab.figures, exactly as in the notebook.
 
 URL arguments prefill the form and can start a run, so a link reproduces a run (`speclab serve`
-serves it at /, `panel serve apps/dashboard.py` at /dashboard):
+serves it at /, `panel serve speclab/apps/dashboard.py` at /dashboard):
     /?prompt=def%20f(x):&method=prompt-lookup&max_new_tokens=8&compare=ar,suffix&run=1
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ COMPARE_REPEATS = 5
 
 
 class Dashboard:
-    """Everything one session sees: the form (apps/form.py), the viewer (apps/viewer.py), and the
+    """Everything one session sees: the form (speclab/apps/form.py), the viewer (speclab/apps/viewer.py), and the
     runs between them, done here. `view` is the Panel layout; the methods are its callbacks, and
     tests call them directly (`run_now`, `open_upload`, `compare_now`, `show_step`)."""
 
@@ -108,7 +108,7 @@ class Dashboard:
         self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
         self.projector = w.Toggle(name="projector: large text", value=False, width=170,
                                   css_classes=["speclab-projector"])
-        # the guided lesson over the run on the page (apps/lesson.py): one sentence a step
+        # the guided lesson over the run on the page (speclab/apps/lesson.py): one sentence a step
         self.lesson_toggle = w.Toggle(name="lesson", value=False, width=90, css_classes=["speclab-lesson-toggle"])
         self.lesson_card = pn.pane.HTML("", css_classes=["speclab-lesson"], visible=False, sizing_mode="stretch_width",
                                         styles={"background": "#f4f8fb", "border-left": "4px solid #2a7fb8",

@@ -3,7 +3,7 @@
     serve(port=5006)                   # blocks; prints the address to open
     add_serve(subparsers)              # adds `serve --port --host --show` to an argparse CLI
 
-Same app as `panel serve apps/dashboard.py`: every session gets a fresh Dashboard.
+Same app as `panel serve speclab/apps/dashboard.py`: every session gets a fresh Dashboard.
 """
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ class Form:
         self.prompt = w.TextAreaInput(name="prompt", value=COPY_PROMPT if chat else DEFAULT_PROMPT, height=80,
                                       css_classes=["speclab-prompt"])
         self.chat = w.Checkbox(name="chat: the prompt is a user message (the model's chat template)", value=chat)
-        # prompts that show the chosen method at its best (apps/guide.py)
+        # prompts that show the chosen method at its best (speclab/apps/guide.py)
         self.preset = w.Select(name="or try a preset prompt", options=["-"], value="-", css_classes=["speclab-preset"])
         self.preset.param.watch(lambda e: self._use_preset(e.new), "value")
         self.knobs = {name: make(w) for name, make in KNOBS.items()}

@@ -167,6 +167,35 @@ def test_readme_methods_table_is_the_registrys():
     assert table() in (ROOT / "README.md").read_text()
 
 
+# -- BENCHMARKS.md: current numbers only, each beside the data it came from ------------------------
+BENCHMARKS_MAX_LINES = 600        # each topic's newest measurement; git keeps the older ones
+# a data file under benchmarks/ named in full (not a "-run2.json" tail that shares a named file's stem)
+BENCH_FILE = re.compile(r"(?<![\w/.-])benchmarks/[\w./-]*?\.(?:json|log)\b")
+
+
+def test_the_benchmarks_rule_finds_data_paths():
+    text = ("JSON `benchmarks/gpu/2026-11-28-h100-device-loop.json`, log benchmarks/a.log;\n"
+            "    --json benchmarks/2026-11-28-dllm-report-20.json --plot x.png\n"
+            "`-run2.json`, x/benchmarks/no.json, benchmarks/README.md")
+    assert BENCH_FILE.findall(text) == ["benchmarks/gpu/2026-11-28-h100-device-loop.json", "benchmarks/a.log",
+                                        "benchmarks/2026-11-28-dllm-report-20.json"]
+
+
+def test_benchmarks_is_short():
+    """BENCHMARKS.md keeps each topic's newest measurement with its machine, command and JSON, no
+    before / now history (git has it): at most BENCHMARKS_MAX_LINES lines."""
+    lines = len((ROOT / "BENCHMARKS.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= BENCHMARKS_MAX_LINES, (f"BENCHMARKS.md has {lines} lines (at most {BENCHMARKS_MAX_LINES}): "
+                                          "drop superseded rows and narrative, keep the newest measurement")
+
+
+def test_benchmarks_data_paths_exist():
+    """Every benchmarks/... .json or .log that BENCHMARKS.md names is in the checkout."""
+    paths = BENCH_FILE.findall((ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    assert len(paths) >= 5, "BENCHMARKS.md names almost no data: the pattern is out of date"
+    assert [p for p in dict.fromkeys(paths) if not (ROOT / p).is_file()] == []
+
+
 def params_line(name: str) -> str:
     """A method's parameters with their defaults as docs/methods.md writes them: `name=default`."""
     from speclab.decoding.registry import DLLM_RUN_PARAMS, method_defaults

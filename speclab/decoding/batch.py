@@ -5,7 +5,9 @@
               padded to the longest lane; positions = lane b's own committed length (+ depth for
               tree nodes); a 4-D mask so each row sees only its lane's committed keys and, for a
               draft node, its own ancestors (models/backends.py: make_batch_lm)
-    accept    per lane, the rule of a single run (walk_tree) with the lane's own generator
+    accept    the run's acceptance rule over every lane at once (acceptance.walk, its batched form:
+              each test takes one candidate of every live lane; each lane draws from its own
+              generator in the order its run alone does, so a lane is its run alone, bit for bit)
     commit    per lane: the batch cache keeps its pending tokens and accepted path; its drafter observes
     record    per lane: a Round of the lane's own trace
 
@@ -21,10 +23,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speclab.decoding.acceptance import Sampler, greedy_ids
+from speclab.decoding.acceptance import Sampler, Verify, greedy_ids, walk
 from speclab.decoding.registry import batch_methods, get_method
-from speclab.decoding.speculative import (Context, Drafter, Outcome, RunState, accept, commit_round, record_round,
-                                         trace_of, with_runners)
+from speclab.decoding.rules import get_rule
+from speclab.decoding.rules import rule_params as resolve_rule_params
+from speclab.decoding.speculative import (Context, Drafter, Outcome, RunState, commit_round, record_round, trace_of,
+                                         with_runners)
 from speclab.models.backends import make_batch_lm
 from speclab.models.geometry import BatchSlots
 from speclab.trace import Round, Totals, Trace
@@ -47,9 +51,11 @@ class Lane:
     rounds: list[Round] = field(default_factory=list)
 
 
-def batch_round(lm: BatchSlots, lanes: list[Lane]) -> list[tuple[Round, list[int]]]:
-    """One draft/verify round for every active lane (lanes[b] is cache row b). Returns, per lane,
-    its record and the committed tokens (path + emitted)."""
+def batch_round(lm: BatchSlots, lanes: list[Lane], form=None, params=None) -> list[tuple[Round, list[int]]]:
+    """One draft/verify round for every active lane (lanes[b] is cache row b) under the rule `form`
+    (acceptance.Form; None: exact) reading `params`. Returns, per lane, its record and the
+    committed tokens (path + emitted)."""
+    form = form or get_rule("exact").form
     trees, draft_s = [], []
     for lane in lanes:                                                              # 1. propose
         t = time.perf_counter()
@@ -62,46 +68,61 @@ def batch_round(lm: BatchSlots, lanes: list[Lane]) -> list[tuple[Round, list[int
     to_keep = [0 if lane.s.drafter.all_rows else 1 + len(tree) for lane, tree in zip(lanes, trees)]
     logits = lm.forward([(p + tree.tokens, tree.parents, len(p))                   # 2. verify
                          for p, tree in zip(pending, trees)], to_keep)              # (B, T, V)
-    greedy = lanes[0].s.sampler.greedy
-    top = greedy_ids(logits).tolist() if greedy else None    # one host transfer per round, whole batch
+    sampler = lanes[0].s.sampler
+    top = greedy_ids(logits).tolist() if sampler.greedy else None   # one host transfer per round, whole batch
     verify_s = time.perf_counter() - t1
-    results = []
+    t2 = time.perf_counter()
+    rows, verifies = [], []
     for b, (lane, tree, pend) in enumerate(zip(lanes, trees, pending)):
+        k = to_keep[b] or len(pend) + len(tree)     # this lane's rows: after its last k inputs
+        rows.append(logits[b, :k])                                                  # (k, V)
+        own = rows[b][k - 1 - len(tree):]           # (1+N, V): after the last pending token, then per node
+        gen = lane.s.gen
+        verifies.append(Verify(tree.children(), tree.tokens, tree.q_map(), lambda node, own=own: own[node + 1], gen,
+                               lambda gen=gen: torch.rand((), generator=gen, device=gen.device).item(),
+                               (lambda node, t=top[b][k - 1 - len(tree): k]: t[node + 1]) if top is not None else None))
+    walked = walk(form, params, verifies, sampler)                                  # 3. accept, every lane
+    accept_s = (time.perf_counter() - t2) / len(lanes)
+    results = []
+    for b, (lane, tree, pend, (path, emitted, dist, tries)) in enumerate(zip(lanes, trees, pending, walked)):
         t2 = time.perf_counter()
-        s, P = lane.s, len(pend)
-        k = to_keep[b] or P + len(tree)             # this lane's rows: after its last k inputs
-        rows = logits[b, :k]                                                        # (k, V)
-        (path, emitted, dist, tries), p_at = accept(s, tree, rows[k - 1 - len(tree):],   # 3. accept
-                                                    top[b][k - 1 - len(tree): k] if greedy else None)
+        s, P, k = lane.s, len(pend), len(rows[b])
         lm.keep(b, P, path)                                                         # 4. commit
-        out = Outcome(tree, path, emitted, len(lane.ctx.ids), rows, pend + tree.tokens, P, P + len(tree) - k)
+        out = Outcome(tree, path, emitted, len(lane.ctx.ids), rows[b], pend + tree.tokens, P, P + len(tree) - k)
         t3 = time.perf_counter()
         s.drafter.observe(out)
         t4 = time.perf_counter()
-        rnd = record_round(s, out, tries, dist, p_at)                               # 5. record
-        rnd.draft_s, rnd.verify_s = draft_s[b] + (t4 - t3), verify_s + (t3 - t2)
+        rnd = record_round(s, out, tries, dist, verifies[b].p_at)                   # 5. record
+        rnd.draft_s, rnd.verify_s = draft_s[b] + (t4 - t3), verify_s + accept_s + (t3 - t2)
         results.append((rnd, out.accepted_tokens + [emitted]))
     return results
 
 
 def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], max_new_tokens: int,
                  sampler: Sampler, seeds: list[int], record: str | None = "light", eos_id: int | None = None,
-                 progress=None, backend: str = "auto") -> tuple[list[tuple[list[int], list[Round], Totals]], BatchSlots]:
-    """Run rounds until every lane reached max_new_tokens or EOS. Returns, per prompt in order,
-    (new ids, rounds, totals), and the batch LM (its `forwards` = batch forwards run)."""
+                 progress=None, backend: str = "auto", rule: str = "exact",
+                 rule_params: dict | None = None) -> tuple[list[tuple[list[int], list[Round], Totals]], BatchSlots]:
+    """Run rounds until every lane reached max_new_tokens or EOS, verifying with acceptance `rule`
+    (its parameters). Returns, per prompt in order, (new ids, rounds, totals), and the batch LM
+    (its `forwards` = batch forwards run)."""
+    row = get_rule(rule)
+    why = row.batch_refusal()
+    if why:
+        raise ValueError(why)
+    form, params = row.form, row.prepared(resolve_rule_params(rule, rule_params), model)
     lm = make_batch_lm(model, len(prompts_ids), backend)
     view, dev = LaneTarget(lm), lm.device
     lanes = []
     for ids, drafter, seed in zip(prompts_ids, drafters, seeds):
         gen = torch.Generator(device=dev).manual_seed(seed)
         ctx = Context(list(ids), len(ids), len(ids), dev)
-        lanes.append(Lane(ctx, RunState(view, drafter, sampler, gen, record, model.config.vocab_size)))
+        lanes.append(Lane(ctx, RunState(view, drafter, sampler, gen, record, model.config.vocab_size, rule=rule)))
         drafter.begin(ctx, view, sampler, gen, record)
     d_forwards0 = [lane.s.drafter.forwards for lane in lanes]
     active = list(lanes)
     t0 = time.perf_counter()
     while active:
-        for lane, (rnd, committed) in zip(active, batch_round(lm, active)):
+        for lane, (rnd, committed) in zip(active, batch_round(lm, active, form, params)):
             keep = commit_round(lane.s, lane.ctx, rnd, committed, lane.new, lane.rounds, max_new_tokens, eos_id)
             if progress is not None:
                 progress(len(keep))
@@ -129,10 +150,13 @@ def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], m
 
 def run_batch(model, drafters: list[Drafter], tok, prompts_ids: list[list[int]], max_new_tokens: int,
               sampler: Sampler, seeds: list[int], record: str | None, method: str, params: dict, models: dict,
-              progress=None, backend: str = "auto") -> list[Trace]:
-    """The batch seam: decode_batch, then one trace per prompt (its lane), in order."""
+              progress=None, backend: str = "auto", rule: str = "exact", rule_params: dict | None = None) -> list[Trace]:
+    """The batch seam: decode_batch, then one trace per prompt (its lane), in order; a rule other
+    than `exact` recorded with its parameters, as a single run records it."""
     lanes, lm = decode_batch(model, drafters, prompts_ids, max_new_tokens, sampler, seeds, record,
-                             tok.eos_token_id, progress, backend)
+                             tok.eos_token_id, progress, backend, rule, rule_params)
+    if rule != "exact":
+        params = dict(params, rule=rule, rule_params=resolve_rule_params(rule, rule_params))
     # per role, the forward that ran it (a lean batch's own forward: LeanLM or StaticLM) and whether
     # CUDA graphs replayed it, as a single run records them; every lane's drafter has the same kind
     draft_lm = getattr(getattr(drafters[0], "inner", drafters[0]), "lm", None) if drafters else None

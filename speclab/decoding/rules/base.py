@@ -1,9 +1,21 @@
 """Acceptance rules by name, one row each: how a verify's target distributions judge a draft tree.
 
-A rule's `make(params, model)` returns the function that walks one verify, shaped like `walk_tree`
-in decoding/acceptance.py (model: the target's transformers model, for rules that read its weights):
+A rule is a TENSOR TEST over a batch of candidates (decoding/acceptance.py has the contract):
 
-    walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at) -> (path, emitted, dist, tries)
+    test(p, q, x, u, params, given) -> (accepted (B,), residual (B, V), record)
+
+plus `prepare(params, model)`, which checks the parameters and returns what the test reads (a
+neighbour table, a probe), and a path only where it differs from the first accepted sibling
+(typical's "longest"). The walk of the tree is shared (acceptance.walk): its host form writes the
+trace's records, its batched form serves decoding/batch.py (each lane's candidates in one test).
+A rule with a path of its own (K-SEQ's chains) gives its whole walk as `make` and has no batched
+form; so does a rule given only as `make` (a user's own, a test's).
+
+`make(params, model)` returns the host walk of one verify (derived from the test where the rule
+gives one), shaped like `walk_tree` (model: the target's transformers model, for rules that read
+its weights):
+
+    walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at, h_at=None) -> (path, emitted, dist, tries)
 
 children: node -> its children in try order; tokens: node -> token; q_at: node -> the draft
 distribution (V,) its children were sampled from (absent: point-mass children); p_at(node) -> the
@@ -11,9 +23,9 @@ target's logits (V,) after that node (-1: after the committed prefix); draw() ->
 from the run's generator; argmax_at(node) -> the target's greedy token there, precomputed. It
 returns the accepted node path, the token the target emits after it, the distribution that token
 came from (None where it is the target's argmax) and every sibling tried, in order (each a
-`Tried`). A rule other than `exact` fills each Tried's `exact` (what the exact rule would have
-decided there, with the same uniform draw), `inputs` and `threshold`: the trace keeps both
-verdicts per node and one policy decision per test, so views show the tokens it rescued.
+`Tried`). For a lossy rule the walk fills each Tried's `exact` (what the exact rule would have
+decided there, with the same uniform draw) and the test's `inputs` and `threshold`: the trace keeps
+both verdicts per node and one policy decision per test, so views show the tokens it rescued.
 
 A rule with `reads_hidden` is also handed h_at(node) -> (C,): the target's state after its last layer
 (pre-norm) at draft node `node`'s own position, from the same verify (the engine asks the target to
@@ -34,10 +46,14 @@ run; `register_rule` adds one at run time, as `registry.register` adds a method.
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Callable
 
+from speclab.decoding.acceptance import Form, Verify, walk
 from speclab.decoding.guarantees import check
+
+SHARED_PATHS = ("first", "longest")     # the paths acceptance.walk knows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,13 +61,53 @@ class Rule:
     name: str
     guarantee: str                  # a key of decoding/registry.GUARANTEES
     summary: str                    # what it does, naming its paper
-    make: Callable                  # make(params, model) -> walk: see the module's docstring
+    make: Callable | None = None    # make(params, model) -> host walk; None: derived from `test`
+    test: Callable | None = None    # test(p, q, x, u, params, given): the tensor test (acceptance.py)
+    prepare: Callable | None = None  # prepare(params, model) -> what the test reads as params (checked)
+    path: str = "first"             # "first" / "longest" (the shared walk's), or a name of its own walk
+    without_replacement: bool = False  # siblings drawn without replacement: q renormalised per sibling (RSD)
+    reads: tuple = ()               # what its test reads of the verify besides p, q, x, u: "top", "soft"
     needs_q: bool = False           # reads q(x): refuses point-mass drafts (prompt lookup, a greedy tree)
     greedy: bool = True             # has a greedy (temperature 0) form
     params: dict = field(default_factory=dict)     # parameter -> default
     only_for: tuple = ()            # the methods whose drafts it is built for (empty: any method)
     induced: Callable | None = None  # induced(p, q, params, model=None) -> (first-token law, slack): see above
     reads_hidden: bool = False      # its walk takes h_at(node): the target's last-layer state at that node
+
+    def __post_init__(self):
+        if self.make is None:
+            if self.test is None or self.path not in SHARED_PATHS:
+                raise ValueError(f"rule {self.name!r} needs a tensor test on a shared path ({', '.join(SHARED_PATHS)}) "
+                                 "or a walk of its own (make=)")
+            object.__setattr__(self, "make", partial(Rule.host_walk, self))
+
+    @property
+    def form(self) -> Form:
+        """What the shared walk needs of this rule."""
+        return Form(self.name, self.test, self.path, self.without_replacement,
+                    tuple(self.reads) + (("h",) if self.reads_hidden else ()), self.guarantee == "lossy")
+
+    def prepared(self, params: dict, model=None):
+        """The parameters its test reads (checked; tables and probes loaded once per run)."""
+        return self.prepare(params, model) if self.prepare is not None else params
+
+    def host_walk(self, params: dict, model=None):
+        """The shared walk over one verify, shaped as the module's docstring says."""
+        form, ready = self.form, self.prepared(params, model)
+
+        def walk_one(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at=None, h_at=None):
+            return walk(form, ready, [Verify(children, tokens, q_at, p_at, gen, draw, argmax_at, h_at)], sampler)[0]
+        return walk_one
+
+    def batch_refusal(self) -> str | None:
+        """None where decoding/batch.py can verify with this rule, else the one-line reason."""
+        if self.test is None or self.path not in SHARED_PATHS:
+            return (f"rule {self.name!r} has no tensor form on the shared walk, so it verifies one prompt at a time: "
+                    f"decode the prompts one by one, or batch with {', '.join(batch_rules())}")
+        if self.reads_hidden:
+            return (f"rule {self.name!r} reads the target's hidden state, which a batch verify does not capture: "
+                    "decode the prompts one by one")
+        return None
 
 
 RULES: dict[str, Rule] = {}
@@ -116,6 +172,11 @@ def check_run(name: str, greedy: bool, point_mass: bool | None = None, method: s
 def total_variation(a, b) -> float:
     """TV(a, b) = 1/2 sum |a - b| of two distributions over the same vocabulary, in fp64."""
     return 0.5 * float((a.double() - b.double()).abs().sum())
+
+
+def batch_rules() -> list[str]:
+    """The rules decoding/batch.py verifies with."""
+    return [r.name for r in RULES.values() if r.test is not None and r.path in SHARED_PATHS and not r.reads_hidden]
 
 
 def rules() -> list[dict]:

@@ -9,12 +9,19 @@
                     then remove x from p before the next sibling (recursive rejection)
 
 Leviathan et al. 2023 and Chen et al. 2023 (speculative sampling); SpecInfer (Miao et al. 2024) and
-Sequoia for recursive rejection over a tree. The math is decoding/acceptance.py's `walk_tree`.
+Sequoia for recursive rejection over a tree. Its tensor test is acceptance.py's `speculative_test`
+(the walk also asks it for exact's verdict beside a lossy rule's), over the shared walk:
+
+    test(p, q, x, u):  accepted = u <= min(1, p(x) / q(x))  (never where p(x) = 0)
+                       residual = norm(max(0, p - q))       (q one-hot at x for a point-mass draft)
+    greedy (u None):   accepted = x == argmax p              (p one-hot: the same formula)
 """
-from speclab.decoding.acceptance import walk_tree
+from speclab.decoding.acceptance import speculative_test
 from speclab.decoding.rules.base import Rule, register_rule
 
+test = speculative_test
+
 EXACT = register_rule(Rule(
-    name="exact", guarantee="identical-to-ar", make=lambda params, model=None: walk_tree,
+    name="exact", guarantee="identical-to-ar", test=test,
     summary="greedy match; speculative sampling with min(1, p/q), residual resampling and the bonus from p; "
             "recursive rejection over siblings (Leviathan et al. 2023, Chen et al. 2023, SpecInfer)"))

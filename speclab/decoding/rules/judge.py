@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import torch
 
-from speclab.decoding.acceptance import Tried, accepts, greedy_ids, remove_token, residual, sample, warp
+from speclab.decoding.acceptance import accept_mask, pick, residual_rows
 from speclab.decoding.rules.base import Rule, register_rule
 from speclab.models.judge import judge_info, load_judge, resolve_judge
 
 
-def make(params: dict, model=None):
+def prepare(params: dict, model=None) -> dict:
     if model is None:
         raise ValueError("rule 'judge' reads a probe trained for the target: run it on a model")
     where = resolve_judge(params["judge"], model)
@@ -45,52 +45,30 @@ def make(params: dict, model=None):
     thr = float(judge_info(where)["threshold"] if thr is None else thr)
     if not 0 < thr < 1:
         raise ValueError(f"rule 'judge' takes 0 < threshold < 1, got {thr}")
+    return dict(probe=probe, threshold=thr)
 
-    def walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at=None, h_at=None):
-        if h_at is None:
-            raise ValueError("rule 'judge' reads the target's state at each draft token, which this method's verify "
-                             "does not hand on: use rule='exact'")
-        node, path, tries = -1, [], []
-        while True:
-            kids = children.get(node, [])
-            logits = p_at(node)
-            top = argmax_at(node) if argmax_at is not None else int(greedy_ids(logits))
-            P = logits.float().softmax(-1) if sampler.greedy else warp(logits, sampler)
-            q = q_at.get(node)
-            p1 = P if sampler.greedy else logits.float().softmax(-1)   # the probe's p(x): T = 1, unwarped
-            scores = probe.score(torch.stack([h_at(c) for c in kids]),
-                                 p1[[tokens[c] for c in kids]]).tolist() if kids else []
-            nxt = None
-            if sampler.greedy:
-                judged = [(s, c) for c, s in zip(kids, scores) if s > thr]
-                nxt = next((c for c in kids if tokens[c] == top), max(judged)[1] if judged else None)
-            for c, s in zip(kids, scores):
-                x = tokens[c]
-                p_x, q_x = float(P[x]), (float(q[x]) if q is not None else None)
-                if sampler.greedy:
-                    u, exact, ok = None, x == top, c == nxt
-                else:
-                    u = draw()
-                    exact = accepts(u, p_x, q_x)
-                    ok = exact or s > thr
-                tries.append(Tried(c, ok, u, p_x, q_x, exact=exact, threshold=thr,
-                                   inputs=dict(score=round(s, 4), p=round(p_x, 6), target_token=top)))
-                if ok:
-                    nxt = c
-                    break
-                if not sampler.greedy:
-                    P = residual(P, q) if q is not None else remove_token(P, x)
-            if nxt is None:
-                if sampler.greedy:
-                    return path, top, None, tries
-                return path, int(sample(P, gen)), P, tries
-            path.append(nxt)
-            node = nxt
-    return walk
+
+def test(p, q, x, u, params, given):
+    """The exact verdict OR the probe's score on (h_x, p(x) at T = 1) above the threshold. Greedy
+    (u None): exact is x == the target's token, which is preferred among accepted siblings, then
+    the highest score; sampling: the speculative-sampling test with u, the residual from p."""
+    thr, top = params["threshold"], given.top.to(x.device)
+    soft_x = given.soft.gather(-1, x[:, None])[:, 0]                              # the probe's p(x): T = 1, unwarped
+    score = params["probe"].score(given.h, soft_x).double().to(x.device)           # (B,)
+    if u is None:
+        exact, p_x, res = x == top, soft_x.double(), p
+    else:
+        p_x = pick(p, x)
+        exact, res = accept_mask(p_x, pick(q, x), u), residual_rows(p, q)
+    ok = exact | (score > thr)
+    inputs = [dict(score=round(s_, 4), p=round(a, 6), target_token=t)
+              for s_, a, t in zip(score.tolist(), p_x.tolist(), top.tolist())]
+    return ok, res, dict(threshold=[thr] * len(inputs), inputs=inputs,
+                         prefer=torch.where(exact, torch.full_like(score, 2.0), score))
 
 
 JUDGE = register_rule(Rule(
-    name="judge", guarantee="lossy", make=make, reads_hidden=True, params=dict(judge=None, threshold=None),
+    name="judge", guarantee="lossy", test=test, prepare=prepare, reads=("top", "soft"), reads_hidden=True, params=dict(judge=None, threshold=None),
     summary="accept x where the exact rule or a linear probe on the target's own state at x says so; the probe "
             "trained on mismatches the target's continuation survives (Judge decoding, Bachmann et al. ICLR 2025; "
             "labels as AutoJudge mines them)"))

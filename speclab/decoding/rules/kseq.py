@@ -155,6 +155,6 @@ def p_accept(p: torch.Tensor, q: torch.Tensor, k: int) -> float:
 
 
 KSEQ = register_rule(Rule(
-    name="k-seq", guarantee="identical-to-ar", make=make, needs_q=True, only_for=("spectr",),
+    name="k-seq", guarantee="identical-to-ar", make=make, path="chains", needs_q=True, only_for=("spectr",),
     summary="K-SEQ over the k i.i.d. draft chains' next tokens: accept x with min(1, p(x) / (rho* q(x))), "
             "rho* from 1 - (1 - beta)^k = rho beta, survivors kept (SpecTr, Sun et al. NeurIPS 2023)"))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from speclab.decoding.acceptance import Tried, accepts, greedy_ids, remove_token, residual, sample, warp
+from speclab.decoding.acceptance import accept_mask, pick, residual, residual_rows
 from speclab.decoding.rules.base import Rule, register_rule
 
 SHOWN = 8                                       # pooled ids kept in a decision's record
@@ -73,50 +73,36 @@ def pool(P: torch.Tensor, ids: torch.Tensor, delta: float) -> tuple[int, float]:
     return J, (float(c[J - 1]) if J else 0.0)
 
 
-def make(params: dict, model=None):
+def prepare(params: dict, model=None) -> dict:
     k, delta = int(params["k"]), float(params["delta"])
     if k < 1 or not 0 < delta < 1:
         raise ValueError(f"lantern takes k >= 1 and 0 < delta < 1, got k={k}, delta={delta}")
     if model is None:
         raise ValueError("rule 'lantern' reads the target's input embedding: run it on a model")
-    near = neighbours(model, k)
+    return dict(k=k, delta=delta, near=neighbours(model, k))
 
-    def walk(children, tokens, q_at, p_at, sampler, gen, draw, argmax_at=None):
-        node, path, tries = -1, [], []
-        while True:
-            logits = p_at(node)
-            P = logits.float().softmax(-1) if sampler.greedy else warp(logits, sampler)
-            q = q_at.get(node)
-            top = int(greedy_ids(logits))
-            nxt = None
-            for c in children.get(node, []):
-                x = tokens[c]
-                ids = near(x).to(P.device)
-                J, mass = pool(P, ids, delta)
-                p_x, q_x = float(P[x]), (float(q[x]) if q is not None else None)
-                pooled = min(1.0, p_x + mass)
-                if sampler.greedy:
-                    rest = P.clone()
-                    rest[x] = -1.0
-                    ok, exact = pooled >= float(rest.max()), x == top
-                else:
-                    u = draw()
-                    ok, exact = accepts(u, pooled, q_x), accepts(u, p_x, q_x)
-                tries.append(Tried(c, ok, None, p_x, q_x, exact=exact, threshold=delta,
-                                   inputs=dict(p=round(p_x, 6), pooled=J, tv=round(mass, 6), p_tilde=round(pooled, 6),
-                                               neighbours=ids[:min(J, SHOWN)].tolist())))
-                if ok:
-                    nxt = c
-                    break
-                if not sampler.greedy:
-                    P = residual(P, q) if q is not None else remove_token(P, x)
-            if nxt is None:
-                if sampler.greedy:
-                    return path, top, None, tries
-                return path, int(sample(P, gen)), P, tries
-            path.append(nxt)
-            node = nxt
-    return walk
+
+def test(p, q, x, u, params, given):
+    """Pool each candidate's nearest tokens' mass within delta into p~(x), then: sampling, the
+    speculative-sampling test on p~(x) with the residual from p; greedy (u None), p~(x) against
+    every other token of the target's softmax (given.soft)."""
+    delta = params["delta"]
+    P = given.soft if u is None else p                                            # (B, V)
+    ids = torch.stack([params["near"](t) for t in x.tolist()]).to(P.device)        # (B, k) nearest first
+    c = P.gather(-1, ids).cumsum(-1)                                              # (B, k)
+    J = (c <= delta).sum(-1)                                                      # (B,)
+    mass = torch.where(J > 0, c.gather(-1, (J - 1).clamp_min(0)[:, None])[:, 0], torch.zeros_like(c[:, 0]))
+    p_x = pick(P, x)
+    pooled = (p_x + mass.double()).clamp(max=1.0)                                 # p~(x), fp64
+    if u is None:
+        rest = P.scatter(-1, x[:, None], -1.0).max(-1).values                     # the best other token
+        ok, res = pooled >= rest.double(), p
+    else:
+        ok, res = accept_mask(pooled, pick(q, x), u), residual_rows(P, q)
+    Js = J.tolist()
+    inputs = [dict(p=round(a, 6), pooled=j, tv=round(m, 6), p_tilde=round(t, 6), neighbours=ids[b, :min(j, SHOWN)].tolist())
+              for b, (a, j, m, t) in enumerate(zip(p_x.tolist(), Js, mass.tolist(), pooled.tolist()))]
+    return ok, res, dict(threshold=[delta] * len(Js), inputs=inputs)
 
 
 COVER, SLACK = 512, 1e-3                        # induced: tokens pooled per round at most, room left over
@@ -151,6 +137,6 @@ def induced(P, q, params: dict, model=None):
 
 
 LANTERN = register_rule(Rule(
-    name="lantern", guarantee="lossy", make=make, induced=induced, params=dict(k=1000, delta=0.1),
+    name="lantern", guarantee="lossy", test=test, prepare=prepare, reads=("soft",), induced=induced, params=dict(k=1000, delta=0.1),
     summary="accept x against p(x) plus the target's mass on x's nearest tokens (input embedding), within a "
             "total-variation budget delta (LANTERN, Jang et al. ICLR 2025, adapted to text)"))

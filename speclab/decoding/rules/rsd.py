@@ -19,17 +19,19 @@ from __future__ import annotations
 
 from functools import partial
 
-from speclab.decoding.acceptance import walk_tree
+from speclab.decoding.acceptance import speculative_test, walk_tree
 from speclab.decoding.rules.base import Rule, register_rule
 
 
 def make(params: dict, model=None, renormalise: bool = True):
-    """walk_tree with siblings drawn without replacement; renormalise=False keeps the full q for
+    """The host walk (the row's is the same, built from exact's test with without_replacement):
+    walk_tree with siblings drawn without replacement; renormalise=False keeps the full q for
     every sibling (the exact rule's recursion, wrong for these drafts: the negative control)."""
     return partial(walk_tree, without_replacement=renormalise)
 
 
 RSD = register_rule(Rule(
-    name="rsd", guarantee="identical-to-ar", make=make, needs_q=True, only_for=("tree-rsd",),
+    name="rsd", guarantee="identical-to-ar", test=speculative_test, without_replacement=True, needs_q=True,
+    only_for=("tree-rsd",),
     summary="recursive rejection over siblings drawn without replacement, each tested against q renormalised "
             "without the earlier ones (RSD, Jeon et al. 2024)"))

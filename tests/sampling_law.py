@@ -1,0 +1,116 @@
+"""The law of the first two sampled tokens, and a test of it with known power (issue 69).
+
+A lossless method must emit, at temperature T, the target's own joint law of its first two new
+tokens: p(x1) p(x2 | x1), read here from the target model's logits. `target_law` bins that law
+into CELLS cells (the CELLS - 1 likeliest pairs and one "other" cell); `draw_pairs` runs the
+method's real round (the engine's `decode`: the target's forward, the method's drafter, the
+acceptance rule) over N seeds; `follows` / `departs` test the binned counts by Pearson's
+chi-square at ALPHA.
+
+How many draws (`N`): the alternative to detect is any law at total variation TV = 0.05 from the
+target's on the binned cells. Over cells with target probabilities p_i, a law p_i + d_i has
+chi-square divergence sum d_i^2 / p_i >= (sum |d_i|)^2 = 4 TV^2 (Cauchy-Schwarz against sum p_i =
+1), so Pearson's statistic on N draws is noncentral chi-square with df = CELLS - 1 and
+noncentrality lambda >= 4 N TV^2, whatever the alternative's shape (equality: half the target's
+mass gains TV in proportion, the other half loses it, the worst case). `draws_for` finds the
+smallest N with P(ncx2(df, 4 N TV^2) > chi2.isf(ALPHA, df)) >= POWER using scipy. With CELLS = 6,
+ALPHA = 1e-3, TV = 0.05, POWER = 0.9: critical value 20.52, lambda = 29.2, N = 2,921 (a table,
+same calculation: df 3 -> 2,594; df 5 -> 2,921; df 9 -> 3,408; at alpha 0.01, df 5 -> 2,203).
+Every family's test draws N at each of T = 0.7 and 1; its broken variant draws N at one
+temperature and must be rejected there. Seeds are fixed, so a run is reproducible: ALPHA is the
+chance that a correct method fails at a fresh set of seeds (after a change to the random stream).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from speclab.decoding.acceptance import Sampler, warp
+
+ALPHA, TV, POWER, CELLS = 1e-3, 0.05, 0.9, 6
+TEMPERATURES = (0.7, 1.0)
+
+
+@lru_cache
+def draws_for(cells: int = CELLS, tv: float = TV, alpha: float = ALPHA, power: float = POWER) -> int:
+    """The fewest draws for which Pearson's chi-square over `cells` cells at level `alpha` rejects
+    every law at binned total variation >= tv from the target's with probability >= power
+    (noncentrality 4 N tv^2: the worst case, see the module's docstring)."""
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, ncx2
+    df = cells - 1
+    crit = chi2.isf(alpha, df)
+    lam = brentq(lambda x: ncx2.sf(crit, df, x) - power, 1e-6, 1e4)
+    return int(np.ceil(lam / (4 * tv * tv)))
+
+
+N = draws_for()
+
+
+@dataclass
+class Law:
+    """A law of (x1, x2) binned: `pairs` the named cells, `probs` their probabilities with the
+    "other" cell last."""
+    pairs: list[tuple[int, int]]
+    probs: np.ndarray
+
+    def counts(self, drawn: list[tuple[int, int]]) -> np.ndarray:
+        where = {pair: i for i, pair in enumerate(self.pairs)}
+        out = np.zeros(len(self.probs))
+        for pair in drawn:
+            out[where.get(tuple(pair), len(self.pairs))] += 1
+        return out
+
+    def pvalue(self, drawn) -> float:
+        from scipy.stats import chisquare
+        obs = self.counts(drawn)
+        return float(chisquare(obs, self.probs * obs.sum()).pvalue)
+
+    def tv(self, drawn) -> float:
+        obs = self.counts(drawn)
+        return 0.5 * float(np.abs(obs / obs.sum() - self.probs).sum())
+
+
+def target_law(model, prompt_ids: list[int], sampler: Sampler, cells: int = CELLS, firsts: int = 8) -> Law:
+    """The target's law of its first two tokens after `prompt_ids` under `sampler`, binned: the
+    cells - 1 likeliest pairs (x1 among the `firsts` likeliest first tokens) and "other"."""
+    with torch.no_grad():
+        p1 = warp(model(input_ids=torch.tensor([prompt_ids])).logits[0, -1].double(), sampler).double()
+        top1 = p1.topk(firsts).indices.tolist()
+        rows = model(input_ids=torch.tensor([prompt_ids + [a] for a in top1])).logits[:, -1].double()
+    joint = {}
+    for a, row in zip(top1, rows):
+        p2 = warp(row, sampler).double()
+        v, i = p2.topk(cells)
+        joint |= {(a, b): float(p1[a] * pb) for b, pb in zip(i.tolist(), v.tolist())}
+    pairs = sorted(joint, key=joint.get, reverse=True)[: cells - 1]
+    probs = np.array([joint[k] for k in pairs] + [0.0])
+    probs[-1] = 1.0 - probs[:-1].sum()
+    assert probs[-1] > 0.05 and probs[:-1].min() * N > 20, probs     # every cell well filled
+    return Law(pairs, probs)
+
+
+def draw_pairs(lm, drafter, prompt_ids: list[int], sampler: Sampler, n: int = N, seed0: int = 0,
+               decode=None) -> list[tuple[int, int]]:
+    """The first two tokens of n runs of `drafter` on the target forward `lm` (seeds seed0 ..),
+    through the engine's decode (or `decode`, a method's own loop with the same signature)."""
+    from speclab.decoding.speculative import decode as engine_decode
+    run = decode or engine_decode
+    out = []
+    for seed in range(seed0, seed0 + n):
+        new, _, _ = run(lm, drafter, prompt_ids, 2, sampler, seed=seed, record=None)
+        out.append((new[0], new[1]))
+    return out
+
+
+def follows(law: Law, drawn) -> None:
+    p = law.pvalue(drawn)
+    assert p > ALPHA, f"p-value {p:.2e} <= {ALPHA}: binned TV {law.tv(drawn):.3f} from the target's law"
+
+
+def departs(law: Law, drawn) -> None:
+    p = law.pvalue(drawn)
+    assert p <= ALPHA, f"the broken variant passed: p-value {p:.2e}, binned TV {law.tv(drawn):.3f}"

@@ -2,14 +2,15 @@
 steps (diffusion) or strategies (DAG), compare methods, and open or save traces.
 `panel serve speclab/apps/dashboard.py` or `speclab serve`.
 
-Three parts: the parameter form (speclab/apps/form.py), the trace viewer (speclab/apps/viewer.py, stepping figures
-in place like the Jupyter player) and, here, the runs between them (decode, compare, upload, save).
-One `Dashboard` per browser session holds everything that session sees (widgets, the current
-trace, the last comparison, the suffix method's history of this session's earlier requests);
-nothing about a run lives in module globals, so two users never see each other's runs. Models are
-shared by the process (`load_shared`), and decodes go through one worker thread (speclab/apps/runs.py says
-why), awaited from an async callback so the page stays live and the progress bar moves while the
-model works. Figures and the step detail table come from speclab.figures, exactly as in the notebook.
+Panels composed here: the parameter form (form.py), the trace viewer (viewer.py, stepping figures
+in place like the Jupyter player), the Compare tab (compare.py), the lesson, and the run, upload
+and save between them. One `Dashboard` per browser session holds everything that session sees
+(widgets, the current trace, the last comparison, the suffix method's history of this session's
+earlier requests); nothing about a run lives in module globals, so two users never see each
+other's runs. Decodes go to the server's RunService (service.py: workers, a model's turn, the
+queue, limits, process settings), awaited from an async callback so the page stays live, shows
+its place in line and moves the progress bar while the model works; a closed page's queued
+requests are cancelled. Figures come from speclab.figures, exactly as in the notebook.
 
 URL arguments prefill the form and can start a run, so a link reproduces a run (`speclab serve`
 serves it at /, `panel serve speclab/apps/dashboard.py` at /dashboard):
@@ -24,14 +25,12 @@ import io
 import panel as pn
 
 from speclab.apps import guide, runs
-from speclab.apps.form import EXAMPLE_PROMPTS, Form, is_block_causal
+from speclab.apps.compare import DIFFUSION_DEMO, ComparePanel, compare_start  # noqa: F401 (tests, scripts)
+from speclab.apps.form import EXAMPLE_PROMPTS, Form
 from speclab.apps.lesson import lesson
+from speclab.apps.service import RunService, Ticket, default_service, ordinal
 from speclab.apps.viewer import Viewer
-from speclab.bench import timing
 from speclab.decoding.drafters.lookup import SuffixHistory
-from speclab.figures.compare import compare_chart
-from speclab.figures.costmodel import costmodel_explorer_figure, costmodel_figure
-from speclab.figures.race import race_iframe
 from speclab.models.zoo import ModelLoadError
 from speclab.trace import Trace, TraceError
 
@@ -42,69 +41,37 @@ PROJECTOR_FIGURE = 1.15     # the step figure's own scale in projector mode: str
 # what the progress line says before the first token: a model's first run loads it (seconds), and
 # every run reads its prompt first, so "0 of 64 tokens" would look like a hang
 LOADING = "loading the model and reading the prompt (a model's first run loads it: a few seconds)"
-# the diffusion demo: the report's best point (BENCHMARKS.md, smollm2-dllm; speclab.bench.dllm_curve.
-# best_point): above dllm-threshold's curve on every prompt set, lifted most above it. Its registry
-# defaults are that point, so the demo passes no parameters; on the toy masked-diffusion models
-# (not block-diffusion LMs) FreeDave stands in.
-DIFFUSION_DEMO, DIFFUSION_DEMO_MASKED = "dllm-fastv2", "dllm-freedave"
-# the methods a comparison starts with, per family (the baseline always runs too): for diffusion,
-# the threshold policy beside the demo, so the first Compare shows the trade-off's best point
-COMPARE_START = {"speculative": ("draft-model", "prompt-lookup"), "diffusion": ("dllm-threshold", DIFFUSION_DEMO)}
-
-
-def compare_start(family: str, target: str) -> list[str]:
-    """The methods a comparison of `family` starts with on `target`."""
-    start = COMPARE_START.get(family, ())
-    if family == "diffusion" and not is_block_causal(target):
-        start = tuple(DIFFUSION_DEMO_MASKED if m == DIFFUSION_DEMO else m for m in start)
-    return list(start)
-# timed runs per method in a comparison, interleaved (ar, m1, m2, ar, ...): 5 keep a 43-token Compare
-# of three methods on smollm2-135m within a few seconds and give a median and a spread to judge
-COMPARE_REPEATS = 5
 
 
 class Dashboard:
-    """Everything one session sees: the form (speclab/apps/form.py), the viewer (speclab/apps/viewer.py), and the
-    runs between them, done here. `view` is the Panel layout; the methods are its callbacks, and
-    tests call them directly (`run_now`, `open_upload`, `compare_now`, `show_step`)."""
+    """Everything one session sees: the form (form.py), the viewer (viewer.py), the Compare tab
+    (compare.py), and the runs between them. `view` is the Panel layout; the methods are its
+    callbacks, and tests call them directly (`run_now`, `open_upload`, `compare_now`, `show_step`).
+    service: the server's RunService (default: the process's)."""
 
-    def __init__(self, upload_limit: int = runs.MAX_UPLOAD_BYTES):
+    def __init__(self, upload_limit: int = runs.MAX_UPLOAD_BYTES, service: RunService | None = None):
         self.upload_limit = upload_limit
-        self.compare_table: list[dict] = []
+        self.service = service or default_service()
+        self.ticket: Ticket | None = None   # this session's request in the service, while it waits or runs
         self.history = SuffixHistory()      # this session's earlier requests, for suffix (never another's)
         self.viewer = Viewer()
         self.form = Form(runs.zoo_models())
         w = pn.widgets
         self.run_button = w.Button(name="Run", button_type="primary", css_classes=["speclab-run"])
         self.progress = w.Progress(name="progress", value=0, max=1, visible=False, bar_color="primary")
-        self.queue_note = pn.pane.Markdown("", visible=False)
+        self.queue_note = pn.pane.Markdown("", visible=False, css_classes=["speclab-queue"])
         self.alert = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["speclab-alert"])
-        # -- compare: methods of the form's family, against that family's baseline --------------------
-        self.compare_methods = w.MultiChoice(name="methods to compare", options=[])
-        self._start: list[str] = []                 # the start _fit_compare chose last
-        self._fit_compare()
-        self.compare_repeats = w.IntSlider(name="timed runs per method (interleaved)", start=1, end=15,
-                                           value=COMPARE_REPEATS, css_classes=["speclab-compare-repeats"])
-        self.compare_timing = None          # the last comparison's timing.Interleaved
-        # the cost model of each compared speculative method against ar (speclab.metrics.cost_model)
-        self.compare_cost = pn.pane.Plotly(None, css_classes=["speclab-compare-costmodel"], sizing_mode="stretch_width",
-                                           visible=False)
-        # the alpha / k / c explorer (notebook 08's sliders as one figure), started at the first method's c
-        self.compare_explorer = pn.pane.Plotly(None, css_classes=["speclab-compare-explorer"],
-                                               sizing_mode="stretch_width", visible=False)
-        self.compare_button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
-        self.compare_out = pn.pane.HTML("", css_classes=["speclab-compare-out"])
-        self.compare_chart = pn.pane.Plotly(None, css_classes=["speclab-compare-chart"], sizing_mode="stretch_width",
-                                            visible=False)
-        # the race: ar and each compared method typing their answers at the pace they ran
-        self.race_out = pn.pane.HTML("", css_classes=["speclab-race"], sizing_mode="stretch_width")
+        # -- compare: methods of the form's family, against that family's baseline (compare.py) ----
+        self.compare = c = ComparePanel(self)
+        self.compare_methods, self.compare_repeats, self.compare_button = c.methods, c.repeats, c.button
+        self.compare_out, self.compare_chart, self.race_out = c.out, c.chart, c.race
+        self.compare_cost, self.compare_explorer = c.cost, c.explorer
         # -- traces in and out -------------------------------------------------------------------
         self.upload = w.FileInput(accept=".json", multiple=False, css_classes=["speclab-upload"])
         self.download = w.FileDownload(callback=self._download, filename="trace.json", label="Save trace (JSON)",
                                        disabled=True, button_type="default", css_classes=["speclab-download"])
 
         self.run_button.on_click(self._on_run)
-        self.compare_button.on_click(self._on_compare)
         self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
         self.projector = w.Toggle(name="projector: large text", value=False, width=170,
                                   css_classes=["speclab-projector"])
@@ -145,19 +112,7 @@ class Dashboard:
     # -- layout -----------------------------------------------------------------------------------
     def _layout(self):
         form = self.form.column(self.run_button, self.progress, self.queue_note)
-        compare = pn.Column(
-            "Runs every chosen method on the prompt and settings on the left, plus its family's baseline: `ar` "
-            "(one target forward per token) for speculative methods, one-per-step denoising for diffusion "
-            "policies. speed-up = the baseline's wall time / the method's, tau = new tokens / target forwards, "
-            "alpha = the per-token acceptance rate the papers and the cost model use (accepted / judged draft "
-            "tokens: a token after the first rejection in a round is never judged); drafts kept = accepted / "
-            "drafted, every drafted token counted. Each method first runs once untimed, so model loading and "
-            "warm-up are not in the timings; then the methods run in turn (ar, m1, m2, ar, m1, m2, ...) as many "
-            "times as the slider says. Each cell is the median with its spread (min-max); a speed-up is the median "
-            "of the per-turn ratios, marked unreliable (with the reason) when the runs disagree, the spread "
-            "crosses 1.0 or other programs were using the CPUs. The table and the race show each method's median run.",
-            self.compare_methods, self.compare_repeats, self.compare_button, self.compare_out, self.compare_chart,
-            self.compare_cost, self.compare_explorer, self.race_out)
+        compare = self.compare.column()
         files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
                           self.download)
         self.tabs = pn.Tabs(("Step", self.viewer.step_column()), ("Summary", self.viewer.summary_column()),
@@ -222,19 +177,9 @@ class Dashboard:
         self.viewer.player.value = step.round
         return at
 
-    def _fit_compare(self) -> None:
-        """Offer the methods of the form's family (speculative or diffusion), two chosen to start."""
-        family = runs.engine(self.form.method.value)
-        options = [m for m in runs.method_names() if runs.engine(m) == family and family in runs.BASELINE]
-        start = [m for m in compare_start(family, self.form.target.value or "") if m in options]
-        # a new family, or a target that changes the start while the start is still chosen untouched
-        if list(self.compare_methods.options) != options or list(self.compare_methods.value) == self._start:
-            self.compare_methods.param.update(options=options, value=start)
-        self._start = start
-
     def _form_changed(self) -> None:
         """Another method or target: the run on the page no longer matches the form."""
-        self._fit_compare()
+        self.compare.fit()
         self.intro.object = guide.INTRO[runs.engine(self.form.method.value)]
         # back on a pair and method with a recorded example, its prompt untouched: the example again
         # (rather than empty axes); otherwise the run on the page no longer matches the form
@@ -246,14 +191,20 @@ class Dashboard:
         self.clear_error()
 
     # -- running ----------------------------------------------------------------------------------
-    def job(self, method: str | None = None, progress=None, warmup: bool = False):
-        """The decode the form describes, as a no-argument function for the worker. Raises
-        ValueError now for what can be checked without a model (empty prompt, bad extras).
-        warmup=True: a 2-token run that loads the models and runs their first forwards, with a
-        history of its own (the session's suffix history never sees it)."""
+    def request(self, method: str | None = None, warmup: bool = False) -> dict:
+        """runs.run_one's keywords for the decode the form describes, with this session's suffix
+        history. Raises ValueError now for what can be checked without a model (empty prompt, bad
+        extras, past the service's limits). warmup=True: a 2-token run that loads the models and
+        runs their first forwards, with a history of its own (the session's never sees it)."""
         args = self.form.request(method, warmup)
+        self.service.limits.check(args)
         if "history" in runs.takes(args["method"]):
             args["history"] = SuffixHistory() if warmup else self.history
+        return args
+
+    def job(self, method: str | None = None, progress=None, warmup: bool = False):
+        """The decode the form describes, as a no-argument function (a comparison's warm-ups)."""
+        args = self.request(method, warmup)
         return lambda: runs.run_one(progress=progress, **args)
 
     def run_now(self) -> Trace | None:
@@ -267,30 +218,51 @@ class Dashboard:
         return trace
 
     async def run_async(self) -> Trace | None:
-        """What the Run button does: decode on the worker, keep the page live, move the bar."""
+        """What the Run button does: the decode goes to the service, the page stays live, shows its
+        place in line, then moves the bar."""
         done = [0]
         try:
-            fn = self.job(progress=lambda n: done.__setitem__(0, done[0] + n))
+            args = self.request()
         except ValueError as e:
             self.run_failed(e)
             return None
-        self._busy(True, self.form.total())
         try:
-            fut = asyncio.wrap_future(runs.submit(fn))
-            while not fut.done():
-                self._tick(done[0])
-                await asyncio.wait([fut], timeout=0.25)
-            trace = fut.result()
+            ticket = self.service.submit_run(args, progress=lambda n: done.__setitem__(0, done[0] + n), owner=self)
+            trace = await self.wait(ticket, self.form.total(), done=done)
+        except asyncio.CancelledError:            # the page went away: nothing to show
+            return None
         except (ValueError, ModelLoadError, TraceError) as e:
             self.run_failed(e)
             return None
         except Exception as e:   # a bug, not bad input: still say so in the page and keep the session
             self.run_failed(f"the run failed unexpectedly: {type(e).__name__}: {e}")
             return None
-        finally:
-            self._busy(False)
         self.show_trace(trace)
         return trace
+
+    async def wait(self, ticket: Ticket, total: int, note: str | None = None, done=None):
+        """Await a request of this session: the page shows its place in line while it waits, then
+        `note` or the tokens done (`done[0]`) while it runs. -> its result (or raises its error)."""
+        self.ticket = ticket
+        self._busy(True, total)
+        try:
+            fut = asyncio.wrap_future(ticket.future)
+            while not fut.done():
+                place = self.service.position(ticket)
+                if note is not None and not place:
+                    with pn.io.hold():
+                        self.queue_note.object = note
+                else:
+                    self._tick(done[0] if done else 0, place)
+                await asyncio.wait([fut], timeout=0.25)
+            return fut.result()
+        finally:
+            self.ticket = None
+            self._busy(False)
+
+    def close(self) -> int:
+        """The page went away (its session ended): drop its queued requests. -> how many."""
+        return self.service.cancel_owner(self)
 
     async def _on_run(self, event=None):
         await self.run_async()
@@ -307,13 +279,16 @@ class Dashboard:
             self.queue_note.object = LOADING      # until the first token (a stale count would show)
             self.clear_error()
 
-    def _tick(self, done: int) -> None:
-        ahead = runs.queued()
+    def _tick(self, done: int, place: int | None = None) -> None:
+        """place: the request's place in the service's queue (1 = next to start; 0 or None: running)."""
         with pn.io.hold():
             self.progress.value = min(done, self.progress.max)
-            # `ahead` counts runs not yet started, this one included while it waits
-            self.queue_note.object = (f"queued: {ahead} run(s) waiting to start" if ahead and not done
-                                      else LOADING if not done else f"{done} of {self.progress.max} tokens")
+            if place:
+                load = self.service.load()
+                self.queue_note.object = (f"{ordinal(place)} in line: {load['running']} run(s) going on "
+                                          f"{load['workers']} worker(s); yours starts when its turn comes")
+            else:
+                self.queue_note.object = LOADING if not done else f"{done} of {self.progress.max} tokens"
 
     # -- showing ----------------------------------------------------------------------------------
     def show_trace(self, trace: Trace) -> None:
@@ -354,103 +329,17 @@ class Dashboard:
             self.alert.object = html.escape(str(e))
             self.alert.visible = True
 
-    # -- compare ----------------------------------------------------------------------------------
-    def compare_job(self):
-        """The comparison as a no-argument function for the worker -> (traces, the ar trace, errors).
-        `ar` (plain decoding, one target forward per token) always runs: it is the speed-up's
-        reference and, when greedy, the lossless check's. Every method first runs once untimed, so
-        no timing includes loading models or the first forwards; then the methods run interleaved,
-        `compare_repeats` times each (speclab.bench.timing), and the result is a timing.Interleaved.
-        A method with a history (suffix) starts every timed run from the session's history as it
-        was, so no run drafts from an earlier run's answer to this same prompt."""
-        family = runs.engine(self.form.method.value)
-        if family not in runs.BASELINE:
-            raise ValueError("a DAG decodes in one forward: choose dag-all in the form and press Run, and the Step "
-                             "tab shows every strategy's path and output side by side")
-        base, ref = runs.BASELINE[family]
-        chosen = [m for m in self.compare_methods.value if runs.engine(m) == family and m != base]
-        if not chosen:
-            raise ValueError(f"choose at least one method to compare with {ref}")
-        order = [base, *chosen]
-        jobs = {m: self._timed_job(m) for m in order}            # checks every method's extras now
-        warm = [self.job(m, warmup=True) for m in order]
-        repeats = int(self.compare_repeats.value)
-
-        def work():
-            for fn in warm:
-                try:
-                    fn()
-                except (ValueError, ModelLoadError):
-                    pass                                         # the timed runs below report it
-            errors = {}
-            measured = timing.interleave(jobs, repeats, wall=lambda t: t.totals.wall_s, errors=errors,
-                                         catch=(ValueError, ModelLoadError))
-            traces = {m: measured.median_result(m) for m in measured.results}
-            return traces, traces.pop(base, None), errors, measured
-        return work
-
-    def _timed_job(self, method: str):
-        """One timed run of a comparison, recording nothing beyond its rounds' counts and times
-        (recording is for the run shown, not for timing); a method with a history gets a copy of
-        the session's."""
-        args = dict(self.form.request(method), record=None)
-        if "history" in runs.takes(method):
-            return lambda: runs.run_one(**dict(args, history=runs.copy_history(self.history)))
-        return lambda: runs.run_one(**args)
-
+    # -- compare (compare.py) ----------------------------------------------------------------------
     def compare_now(self) -> list[dict]:
-        try:
-            result = self.compare_job()()
-        except (ValueError, ModelLoadError) as e:
-            self.error(e)
-            return []
-        return self._show_compare(*result)
+        return self.compare.now()
 
-    async def _on_compare(self, event=None):
-        try:
-            work = self.compare_job()
-        except ValueError as e:
-            self.error(e)
-            return
-        self._busy(True, 1)
-        base = runs.BASELINE.get(runs.engine(self.form.method.value), ("ar",))[0]
-        self.queue_note.object = (f"running {base} and {', '.join(self.compare_methods.value)}: each once untimed, "
-                                  f"then {self.compare_repeats.value} timed runs each, interleaved")
-        try:
-            result = await asyncio.wrap_future(runs.submit(work))
-        except Exception as e:
-            self.error(f"the comparison failed unexpectedly: {type(e).__name__}: {e}")
-            return
-        finally:
-            self._busy(False)
-        self._show_compare(*result)
+    @property
+    def compare_table(self) -> list[dict]:
+        return self.compare.table
 
-    def _show_compare(self, traces, reference, errors, measured=None) -> list[dict]:
-        with pn.io.hold():
-            return self._fill_compare(traces, reference, errors, measured)
-
-    def _fill_compare(self, traces, reference, errors, measured=None) -> list[dict]:
-        family = runs.engine(self.form.method.value)
-        base, ref = runs.BASELINE.get(family, ("ar", "ar"))
-        self.compare_timing = measured
-        spread = runs.compare_speedups(measured, base) if measured is not None and reference is not None else None
-        self.compare_table = runs.compare_rows(traces, reference, ref, measured, base)
-        self.compare_out.object = runs.rows_html(self.compare_table) if traces else ""
-        chart = compare_chart(traces, reference, ref, spread) if traces else None
-        self.compare_chart.object, self.compare_chart.visible = chart, chart is not None
-        models = runs.cost_models(traces, reference, spread) if ref == "ar" and reference is not None else {}
-        self.compare_cost.object = costmodel_figure(models) if models else None
-        first = next(iter(models.values()), None)
-        self.compare_explorer.object = costmodel_explorer_figure(first) if first is not None else None
-        self.compare_explorer.visible = first is not None
-        self.compare_cost.visible = bool(models)
-        lanes = [t for t in [reference, *traces.values()] if t is not None and t.rounds]
-        self.race_out.object = race_iframe(lanes) if len(lanes) > 1 else ""
-        if errors:
-            self.error("; ".join(f"{m}: {e}" for m, e in errors.items()))
-        else:
-            self.clear_error()
-        return self.compare_table
+    @property
+    def compare_timing(self):
+        return self.compare.timing
 
     # -- traces in and out -------------------------------------------------------------------------
     def open_upload(self, data: bytes | None, filename: str | None = None) -> Trace | None:
@@ -486,11 +375,17 @@ class Dashboard:
         return get.get("run") == "1"
 
 
-def app():
-    """A fresh dashboard for one session (what `panel serve` and `speclab serve` call)."""
-    dash = Dashboard()
-    if pn.state.curdoc is not None and pn.state.session_args and dash.apply_args(pn.state.session_args):
-        pn.state.onload(dash._on_run)
+def app(service: RunService | None = None, on_session=None):
+    """A fresh dashboard for one session (what `panel serve` and `speclab serve` call), on the
+    server's service; its queued requests are cancelled when the session ends. on_session(dash):
+    called with each new session's Dashboard (tests drive served sessions through it)."""
+    dash = Dashboard(service=service)
+    if pn.state.curdoc is not None:
+        pn.state.on_session_destroyed(lambda context: dash.close())
+        if pn.state.session_args and dash.apply_args(pn.state.session_args):
+            pn.state.onload(dash._on_run)
+    if on_session is not None:
+        on_session(dash)
     return dash.view
 
 

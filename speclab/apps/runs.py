@@ -2,18 +2,13 @@
 widgets map onto a method's keyword arguments, one decode, a comparison table, and reading an
 uploaded trace. Every function here is plain Python, so the tests call them without a browser.
 
-Decodes are serialised through one process-wide worker thread (`submit`). Two reasons: the machine
-has a few cores that torch already keeps busy, and the models are shared by every session
-(`load_shared`), and some drafters hook the shared model while they run (layer-skip registers
-forward hooks on the target's layers), so two decodes on one model at once could see each other.
-The queue is a process resource like the models; everything a user sees lives in the session.
+Where and when a decode runs (workers, the queue, a model's turn, process settings, limits) is
+the RunService's business (service.py); everything a user sees lives in the session.
 """
 from __future__ import annotations
 
 import html
 import json
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from speclab import metrics
@@ -89,27 +84,12 @@ def method_kwargs(method: str, knobs: dict, extra: str = "") -> dict:
 
 
 # -- running --------------------------------------------------------------------------------------
-_queue = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speclab-decode")
-_waiting = 0
-_waiting_lock = threading.Lock()
-
-
-def submit(fn, *args, **kw) -> Future:
-    """Run fn on the decode worker; `queued()` tells a session how many runs are ahead of it."""
-    global _waiting
-    with _waiting_lock:
-        _waiting += 1
-
-    def job():
-        global _waiting
-        with _waiting_lock:
-            _waiting -= 1
-        return fn(*args, **kw)
-    return _queue.submit(job)
-
-
-def queued() -> int:
-    return _waiting
+def models_of(request: dict) -> tuple[str, ...]:
+    """The model names a run_one request decodes with (the service gives a model one run at a time):
+    its target, and its draft where the method takes a draft LM (run_one passes no other)."""
+    method, draft = request["method"], request.get("draft")
+    uses_draft = needs_draft(method) and get_method(method).draft_kind == "draft" and isinstance(draft, str)
+    return (request["target"], draft) if uses_draft else (request["target"],)
 
 
 def run_one(target: str, prompt: str, method: str, draft: str | None = None, max_new_tokens: int = 24,

@@ -1,9 +1,10 @@
 """`speclab serve`: start the dashboard's Panel server (loopback unless told otherwise).
 
     serve(port=5006)                   # blocks; prints the address to open
-    add_serve(subparsers)              # adds `serve --port --host --show` to an argparse CLI
+    add_serve(subparsers)              # adds `serve --port --host --show --workers --threads-per-run`
 
-Same app as `panel serve speclab/apps/dashboard.py`: every session gets a fresh Dashboard.
+Same app as `panel serve speclab/apps/dashboard.py`: every session gets a fresh Dashboard, and
+every session's runs go to the server's one RunService (service.py): its workers, queue and limits.
 """
 from __future__ import annotations
 
@@ -12,22 +13,42 @@ from __future__ import annotations
 WEBSOCKET_MAX_MESSAGE = 64 * 1024 * 1024
 
 
-def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threaded: bool = False):
+def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threaded: bool = False,
+          service=None, on_session=None, **server_kw):
     """Serve the dashboard at http://host:port/ (blocks unless threaded=True, which returns the
-    server so a caller can .stop() it)."""
+    server so a caller can .stop() it). service: the RunService every session's runs go to (default:
+    one sized to the machine, SPECLAB_RUN_WORKERS / SPECLAB_RUN_THREADS where set); on_session:
+    called with each session's Dashboard; server_kw: passed to Panel's server."""
     import panel as pn
 
     from speclab.apps.dashboard import app
+    from speclab.apps.service import RunService, settings_from_env
+    service = service or RunService(settings_from_env())
     url = f"http://{host}:{port}/"
-    print(f"speclab dashboard: open {url}  (Ctrl-C to stop)", flush=True)
-    return pn.serve({"/": app}, port=port, address=host, show=show, threaded=threaded,
-                    websocket_origin=[f"{host}:{port}", f"localhost:{port}", f"127.0.0.1:{port}"],
-                    websocket_max_message_size=WEBSOCKET_MAX_MESSAGE, title="speclab dashboard")
+    print(f"speclab dashboard: open {url}  ({service.settings.workers} worker(s), "
+          f"{service.settings.threads_per_run} thread(s) a run; Ctrl-C to stop)", flush=True)
+
+    def page():                  # a plain function: Panel calls functions per session (not partials)
+        return app(service, on_session)
+    return pn.serve({"/": page}, port=port, address=host, show=show,
+                    threaded=threaded, websocket_origin=[f"{host}:{port}", f"localhost:{port}", f"127.0.0.1:{port}"],
+                    websocket_max_message_size=WEBSOCKET_MAX_MESSAGE, title="speclab dashboard", **server_kw)
 
 
 def cmd_serve(a) -> int:
-    serve(port=a.port, host=a.host, show=a.show)
+    from speclab.apps.service import RunService, Settings, settings_from_env
+    env = settings_from_env()
+    service = RunService(Settings(threads_per_run=a.threads_per_run or env.threads_per_run,
+                                  workers=a.workers or env.workers))
+    serve(port=a.port, host=a.host, show=a.show, service=service)
     return 0
+
+
+def _at_least_one(v: str) -> int:
+    import argparse
+    if not v.isdigit() or int(v) < 1:
+        raise argparse.ArgumentTypeError(f"{v!r}: give a whole number of at least 1")
+    return int(v)
 
 
 def add_serve(subparsers):
@@ -38,6 +59,10 @@ def add_serve(subparsers):
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default loopback only; 0.0.0.0 exposes it to the network)")
     p.add_argument("--show", action="store_true", help="open a browser tab")
+    p.add_argument("--workers", type=_at_least_one, default=None,
+                   help="runs at once (default: cores // threads per run)")
+    p.add_argument("--threads-per-run", type=_at_least_one, default=None,
+                   help="torch threads each run uses (default: half the cores, at most 4)")
     p.set_defaults(func=cmd_serve)
     return p
 

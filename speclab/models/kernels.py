@@ -323,11 +323,12 @@ class Packed:
 
 
 # -- the team size ---------------------------------------------------------------------------------
-# torch's thread count is the process's: forwards that overlap (two Python threads decoding) must
-# not read each other's team size as the count to restore, or the process would keep the smaller
-# one. The first forward in remembers the caller's count and the last one out restores it.
-_outer = {"active": 0, "threads": 0}
-_outer_lock = threading.Lock()
+# torch's thread count is a thread's own once the thread has run torch's parallel code (OpenMP keeps
+# it per thread; set_num_threads also sets the default that new threads start from). So each Python
+# thread keeps its own: its first forward in remembers the caller's count and its last one out
+# restores it, and a decode in another thread (another dashboard session's) never reads this one's
+# team size as the count to restore.
+_outer = threading.local()
 
 
 def threads_setting(value: str | int | None = None) -> int | None:
@@ -383,22 +384,20 @@ class TeamSize:
     def forward(self, key, rows: int):
         """Run one forward (the with-block) at this model's team size; `key`: forwards with equal
         keys cost the same (rows, layers, logits kept); rows: the forward's row count."""
-        with _outer_lock:
-            if not _outer["active"]:
-                _outer["threads"] = torch.get_num_threads()
-            _outer["active"] += 1
-            top = _outer["threads"]
+        if not getattr(_outer, "active", 0):
+            _outer.active, _outer.threads = 0, torch.get_num_threads()
+        _outer.active += 1
+        top = _outer.threads
         n = self._pick(top, rows, key)
-        torch.set_num_threads(n)                # process-wide: the kernel reads it once per call
+        torch.set_num_threads(n)                # this thread's count: the kernel reads it once per call
         t0 = time.perf_counter()
         try:
             yield n
             dt = time.perf_counter() - t0
         finally:
-            with _outer_lock:
-                _outer["active"] -= 1
-                if not _outer["active"]:
-                    torch.set_num_threads(top)
+            _outer.active -= 1
+            if not _outer.active:
+                torch.set_num_threads(top)
         self.last, self.used[n] = n, self.used.get(n, 0) + 1
         if self.fixed is None and rows <= self.max_rows:
             self._record(n, key, dt)

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import json
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -214,8 +215,14 @@ def load_shared(name_or_path: str, device: str | None = None, dtype="auto"):
     """load(), once per process and dtype: views and the dashboard share one copy of each model."""
     dev = pick_device(device)
     toy = _is_toy(str(name_or_path))
-    return _load_shared(str(name_or_path), None if device is None else str(device),
-                        str(pick_dtype(dtype, dev, toy)).removeprefix("torch."))
+    # one load at a time in the process: transformers builds a model on the meta device under
+    # process-wide patches, so two loads in two threads (two dashboard sessions) break each other
+    with _LOADING:
+        return _load_shared(str(name_or_path), None if device is None else str(device),
+                            str(pick_dtype(dtype, dev, toy)).removeprefix("torch."))
+
+
+_LOADING = threading.RLock()      # re-entered: a head or draft loads its base through load_shared
 
 
 def _is_toy(name: str) -> bool:

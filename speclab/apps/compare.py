@@ -1,0 +1,197 @@
+"""The dashboard's Compare tab: every chosen method of the form's family against that family's
+baseline, timed interleaved (speclab.bench.timing), as a table, a chart, the cost model, the
+alpha / k / c explorer and a race. Its runs go through the page's RunService as one request.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import panel as pn
+
+from speclab.apps import runs
+from speclab.apps.form import is_block_causal
+from speclab.bench import timing
+from speclab.figures.compare import compare_chart
+from speclab.figures.costmodel import costmodel_explorer_figure, costmodel_figure
+from speclab.figures.race import race_iframe
+from speclab.models.zoo import ModelLoadError
+
+# the diffusion demo: the report's best point (BENCHMARKS.md, smollm2-dllm; speclab.bench.dllm_curve.
+# best_point): above dllm-threshold's curve on every prompt set, lifted most above it. Its registry
+# defaults are that point, so the demo passes no parameters; on the toy masked-diffusion models
+# (not block-diffusion LMs) FreeDave stands in.
+DIFFUSION_DEMO, DIFFUSION_DEMO_MASKED = "dllm-fastv2", "dllm-freedave"
+# the methods a comparison starts with, per family (the baseline always runs too): for diffusion,
+# the threshold policy beside the demo, so the first Compare shows the trade-off's best point
+COMPARE_START = {"speculative": ("draft-model", "prompt-lookup"), "diffusion": ("dllm-threshold", DIFFUSION_DEMO)}
+# timed runs per method in a comparison, interleaved (ar, m1, m2, ar, ...): 5 keep a 43-token Compare
+# of three methods on smollm2-135m within a few seconds and give a median and a spread to judge
+COMPARE_REPEATS = 5
+EXPLAIN = (
+    "Runs every chosen method on the prompt and settings on the left, plus its family's baseline: `ar` "
+    "(one target forward per token) for speculative methods, one-per-step denoising for diffusion "
+    "policies. speed-up = the baseline's wall time / the method's, tau = new tokens / target forwards, "
+    "alpha = the per-token acceptance rate the papers and the cost model use (accepted / judged draft "
+    "tokens: a token after the first rejection in a round is never judged); drafts kept = accepted / "
+    "drafted, every drafted token counted. Each method first runs once untimed, so model loading and "
+    "warm-up are not in the timings; then the methods run in turn (ar, m1, m2, ar, m1, m2, ...) as many "
+    "times as the slider says. Each cell is the median with its spread (min-max); a speed-up is the median "
+    "of the per-turn ratios, marked unreliable (with the reason) when the runs disagree, the spread "
+    "crosses 1.0 or other programs were using the CPUs. The table and the race show each method's median run.")
+
+
+def compare_start(family: str, target: str) -> list[str]:
+    """The methods a comparison of `family` starts with on `target`."""
+    start = COMPARE_START.get(family, ())
+    if family == "diffusion" and not is_block_causal(target):
+        start = tuple(DIFFUSION_DEMO_MASKED if m == DIFFUSION_DEMO else m for m in start)
+    return list(start)
+
+
+class ComparePanel:
+    """The Compare tab of one session. `page` is its Dashboard: the form, the session's suffix
+    history, the service, the alert and the busy state it shares with the Run button."""
+
+    def __init__(self, page):
+        self.page = page
+        w = pn.widgets
+        self.table: list[dict] = []
+        self.timing = None                  # the last comparison's timing.Interleaved
+        self.methods = w.MultiChoice(name="methods to compare", options=[])
+        self._start: list[str] = []         # the start fit() chose last
+        self.repeats = w.IntSlider(name="timed runs per method (interleaved)", start=1, end=15,
+                                   value=COMPARE_REPEATS, css_classes=["speclab-compare-repeats"])
+        # the cost model of each compared speculative method against ar (speclab.metrics.cost_model)
+        self.cost = pn.pane.Plotly(None, css_classes=["speclab-compare-costmodel"], sizing_mode="stretch_width",
+                                   visible=False)
+        # the alpha / k / c explorer (notebook 08's sliders as one figure), started at the first method's c
+        self.explorer = pn.pane.Plotly(None, css_classes=["speclab-compare-explorer"], sizing_mode="stretch_width",
+                                       visible=False)
+        self.button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
+        self.out = pn.pane.HTML("", css_classes=["speclab-compare-out"])
+        self.chart = pn.pane.Plotly(None, css_classes=["speclab-compare-chart"], sizing_mode="stretch_width",
+                                    visible=False)
+        # the race: ar and each compared method typing their answers at the pace they ran
+        self.race = pn.pane.HTML("", css_classes=["speclab-race"], sizing_mode="stretch_width")
+        self.button.on_click(self._on_compare)
+        self.fit()
+
+    def column(self) -> pn.Column:
+        return pn.Column(EXPLAIN, self.methods, self.repeats, self.button, self.out, self.chart, self.cost,
+                         self.explorer, self.race)
+
+    def fit(self) -> None:
+        """Offer the methods of the form's family (speculative or diffusion), two chosen to start."""
+        form = self.page.form
+        family = runs.engine(form.method.value)
+        options = [m for m in runs.method_names() if runs.engine(m) == family and family in runs.BASELINE]
+        start = [m for m in compare_start(family, form.target.value or "") if m in options]
+        # a new family, or a target that changes the start while the start is still chosen untouched
+        if list(self.methods.options) != options or list(self.methods.value) == self._start:
+            self.methods.param.update(options=options, value=start)
+        self._start = start
+
+    # -- the runs -----------------------------------------------------------------------------------
+    def job(self):
+        """The comparison as a no-argument function for a worker -> (traces, the baseline's trace,
+        errors, timing). The baseline (`ar`, one target forward per token, for speculative methods)
+        always runs: it is the speed-up's reference and, when greedy, the lossless check's. Every
+        method first runs once untimed, so no timing includes loading models or the first forwards;
+        then the methods run interleaved, `repeats` times each (speclab.bench.timing). A method with
+        a history (suffix) starts every timed run from the session's history as it was, so no run
+        drafts from an earlier run's answer to this same prompt. Raises ValueError now for what can
+        be checked without a model (past the service's limits too)."""
+        page = self.page
+        family = runs.engine(page.form.method.value)
+        if family not in runs.BASELINE:
+            raise ValueError("a DAG decodes in one forward: choose dag-all in the form and press Run, and the Step "
+                             "tab shows every strategy's path and output side by side")
+        base, ref = runs.BASELINE[family]
+        chosen = [m for m in self.methods.value if runs.engine(m) == family and m != base]
+        if not chosen:
+            raise ValueError(f"choose at least one method to compare with {ref}")
+        order = [base, *chosen]
+        jobs = {m: self._timed_job(m) for m in order}            # checks every method's extras now
+        warm = [page.job(m, warmup=True) for m in order]
+        repeats = int(self.repeats.value)
+
+        def work():
+            for fn in warm:
+                try:
+                    fn()
+                except (ValueError, ModelLoadError):
+                    pass                                         # the timed runs below report it
+            errors = {}
+            measured = timing.interleave(jobs, repeats, wall=lambda t: t.totals.wall_s, errors=errors,
+                                         catch=(ValueError, ModelLoadError))
+            traces = {m: measured.median_result(m) for m in measured.results}
+            return traces, traces.pop(base, None), errors, measured
+        return work
+
+    def _timed_job(self, method: str):
+        """One timed run of a comparison, recording nothing beyond its rounds' counts and times
+        (recording is for the run shown, not for timing); a method with a history gets a copy of
+        the session's."""
+        page = self.page
+        args = dict(page.form.request(method), record=None)
+        page.service.limits.check(args)                         # refused now, in one line, past a limit
+        if "history" in runs.takes(method):
+            return lambda: runs.run_one(**dict(args, history=runs.copy_history(page.history)))
+        return lambda: runs.run_one(**args)
+
+    def now(self) -> list[dict]:
+        """Compare in this thread (tests, notebooks) and show it."""
+        try:
+            result = self.job()()
+        except (ValueError, ModelLoadError) as e:
+            self.page.error(e)
+            return []
+        return self.show(*result)
+
+    async def _on_compare(self, event=None):
+        page = self.page
+        try:
+            work = self.job()
+            models = runs.models_of(page.form.request())
+        except ValueError as e:
+            page.error(e)
+            return
+        base = runs.BASELINE.get(runs.engine(page.form.method.value), ("ar",))[0]
+        note = (f"running {base} and {', '.join(self.methods.value)}: each once untimed, "
+                f"then {self.repeats.value} timed runs each, interleaved")
+        try:
+            result = await page.wait(page.service.submit(work, models, owner=page), 1, note)
+        except asyncio.CancelledError:
+            return
+        except Exception as e:
+            page.error(f"the comparison failed unexpectedly: {type(e).__name__}: {e}")
+            return
+        self.show(*result)
+
+    # -- the results --------------------------------------------------------------------------------
+    def show(self, traces, reference, errors, measured=None) -> list[dict]:
+        with pn.io.hold():
+            return self._fill(traces, reference, errors, measured)
+
+    def _fill(self, traces, reference, errors, measured=None) -> list[dict]:
+        family = runs.engine(self.page.form.method.value)
+        base, ref = runs.BASELINE.get(family, ("ar", "ar"))
+        self.timing = measured
+        spread = runs.compare_speedups(measured, base) if measured is not None and reference is not None else None
+        self.table = runs.compare_rows(traces, reference, ref, measured, base)
+        self.out.object = runs.rows_html(self.table) if traces else ""
+        chart = compare_chart(traces, reference, ref, spread) if traces else None
+        self.chart.object, self.chart.visible = chart, chart is not None
+        models = runs.cost_models(traces, reference, spread) if ref == "ar" and reference is not None else {}
+        self.cost.object = costmodel_figure(models) if models else None
+        first = next(iter(models.values()), None)
+        self.explorer.object = costmodel_explorer_figure(first) if first is not None else None
+        self.explorer.visible = first is not None
+        self.cost.visible = bool(models)
+        lanes = [t for t in [reference, *traces.values()] if t is not None and t.rounds]
+        self.race.object = race_iframe(lanes) if len(lanes) > 1 else ""
+        if errors:
+            self.page.error("; ".join(f"{m}: {e}" for m, e in errors.items()))
+        else:
+            self.page.clear_error()
+        return self.table

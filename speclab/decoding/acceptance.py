@@ -10,6 +10,10 @@
                   q = 1 children give sampling without replacement, EAGLE-2 style)
 
 Temperature, top-k and top-p are applied the same way to p and q by `warp`.
+
+Below the helpers: a rule as a tensor test over a batch of candidates and the one walk every rule
+shares (`walk`: its host form for one verify's trace, its batched form over many lanes at once,
+decoding/batch.py); `walk_tree` is the exact rule's host walk.
 """
 from __future__ import annotations
 
@@ -257,7 +261,8 @@ def speculative_test(p, q, x, u, params=None, given=None):
     (q one-hot: p without x). Greedy (u None): p = delta(top), so it accepts iff x = top."""
     if u is None:
         return x == given.top.to(x.device), p, {}
-    return accept_mask(pick(p, x), pick(q, x), u), residual_rows(p, q), {}
+    ok = accept_mask(pick(p, x), pick(q, x), u)
+    return ok, (p if bool(ok.all()) else residual_rows(p, q)), {}      # all accepted: no residual is read
 
 
 def walk(form: Form, params, lanes: list[Verify], sampler: Sampler) -> list[tuple]:
@@ -301,8 +306,10 @@ def _walk_greedy(form, params, lanes, sampler):
     while live:
         at = [(i, node[i], c) for i in live for c in lanes[i].children.get(node[i], [])]
         tops = {(i, node[i]): _top(lanes[i], node[i]) for i in live}
-        acc, rec = [], {}
-        if at:
+        acc, rec, prefer = [], {}, None
+        if at and form.test is speculative_test:    # exact's greedy test on host ints: x == top, no tensor a depth
+            acc = exact = [lanes[i].tokens[c] == tops[i, n] for i, n, c in at]
+        elif at:
             soft = ({(i, n): lanes[i].p_at(n).float().softmax(-1) for i, n in tops} if "soft" in form.reads else None)
             dev = next(iter(soft.values())).device if soft else "cpu"
             x = torch.tensor([lanes[i].tokens[c] for i, _, c in at], device=dev)

@@ -72,3 +72,19 @@ def test_bad_input_gets_one_line(kw, says):
     with pytest.raises(ValueError, match=says) as e:
         speclab.generate("code-target", PROMPT, "synthetic", max_new_tokens=4, **kw)
     assert "\n" not in str(e.value)
+
+
+def test_the_explorers_run_it_puts_a_measured_point_on_the_figure():
+    """The alpha / k / c explorer's "run it": synthetic at the sliders' alpha and k beside ar, timed in
+    turn; the point lands on the figure at that alpha (its speed is the bench's business, not a test's)."""
+    from speclab.widgets.costmodel import CostModelExplorer
+    e = CostModelExplorer(None, target="code-target", prompt=PROMPT, max_new_tokens=32, repeats=1)
+    e.alpha.value, e.k.value = 0.5, 3
+    pt = e.run_it()
+    assert pt["identical"] and pt["k"] == 3 and pt["profile"] == [0.5, 0.5, 0.5]
+    assert pt["measured"] > 0 and pt["c"] > 0 and pt["expected"] == pytest.approx(pt["tau"] / pt["c"], rel=0.2)
+    marks = e.fig.data[-3]                  # before the sliders' curve and point
+    assert list(marks.x) == [0.5] and list(marks.y) == [pt["measured"]]
+    assert "measured" in e.run_text.value and not e.run_button.disabled
+    with pytest.raises(ValueError, match="needs a model and a prompt"):
+        CostModelExplorer(None).run_it()

@@ -69,15 +69,18 @@ def machine_cores() -> int:
 
 @dataclass
 class Settings:
-    """How the service runs its requests. threads_per_run: torch threads a run uses (default: the
-    cores shared by two runs, at most 4); workers: runs at once (default cores // threads_per_run)."""
+    """How the service runs its requests. threads_per_run: torch threads a run uses (default: every
+    core below 4 cores, so one reader's runs are as fast as the machine allows and its timings are
+    the machine's; from 4 cores, the cores shared by two runs, at most 4); workers: runs at once
+    (default cores // threads_per_run). A class on a small machine trades speed for turns:
+    `speclab serve --threads-per-run 1` runs one request a core."""
     threads_per_run: int | None = None
     workers: int | None = None
     limits: Limits = field(default_factory=Limits)
 
     def resolved(self) -> "Settings":
         cores = machine_cores()
-        threads = self.threads_per_run or max(1, min(4, cores // 2))
+        threads = self.threads_per_run or (cores if cores < 4 else min(4, cores // 2))
         workers = self.workers or max(1, cores // threads)
         if threads < 1 or workers < 1:
             raise ValueError(f"threads_per_run and workers must be at least 1, got {threads} and {workers}")

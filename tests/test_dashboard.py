@@ -63,6 +63,13 @@ def test_compare_rows_and_lossless_check():
     assert all(r["identical to greedy ar"] == "yes" for r in rows[1:])   # greedy speculation is lossless
     assert all(r["new tokens"] == 5 and r["target fwd"] >= 1 for r in rows)
     assert "speclab-compare-table" in d.compare_out.object and "tau" in d.compare_out.object
+    # "run it": synthetic at the chosen alpha and k beside ar, a measured point on the explorer
+    d.compare.run_alpha.value, d.compare.run_k.value, d.compare.repeats.value = 0.5, 2, 1
+    pt = d.compare.run_it_now()
+    assert pt is not None and pt["identical"] and pt["k"] == 2 and not d.alert.visible
+    marks = [t for t in d.compare.explorer.object.data if t.name == "run it: measured"]
+    assert list(marks[0].x) == [0.5] and list(marks[0].y) == [pt["measured"]]
+    assert "measured <b>" in d.compare.run_out.object
 
 
 @pytest.mark.parametrize("data, needle", [

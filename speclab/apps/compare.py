@@ -67,6 +67,16 @@ class ComparePanel:
         # the alpha / k / c explorer (notebook 08's sliders as one figure), started at the first method's c
         self.explorer = pn.pane.Plotly(None, css_classes=["speclab-compare-explorer"], sizing_mode="stretch_width",
                                        visible=False)
+        # "run it": synthetic (the real round at a chosen acceptance, speclab.bench.curve) at an alpha and
+        # k beside ar on the form's target and prompt; each measured speed-up a point on the explorer
+        self.run_alpha = w.FloatSlider(name="alpha to run", start=0.0, end=1.0, step=0.05, value=0.7,
+                                       css_classes=["speclab-runit-alpha"])
+        self.run_k = w.IntSlider(name="k to run", start=1, end=8, value=4, css_classes=["speclab-runit-k"])
+        self.run_button = w.Button(name="run it", css_classes=["speclab-runit"])
+        self.run_button.on_click(self._on_run_it)
+        self.run_out = pn.pane.HTML("", css_classes=["speclab-runit-out"])
+        self.points: list[dict] = []        # what "run it" measured, this session
+        self._explored = None               # the cost model the explorer was drawn for
         self.button = w.Button(name="Compare", button_type="primary", css_classes=["speclab-compare"])
         self.out = pn.pane.HTML("", css_classes=["speclab-compare-out"])
         self.chart = pn.pane.Plotly(None, css_classes=["speclab-compare-chart"], sizing_mode="stretch_width",
@@ -78,7 +88,7 @@ class ComparePanel:
 
     def column(self) -> pn.Column:
         return pn.Column(EXPLAIN, self.methods, self.repeats, self.button, self.out, self.chart, self.cost,
-                         self.explorer, self.race)
+                         self.explorer, pn.Row(self.run_alpha, self.run_k, self.run_button), self.run_out, self.race)
 
     def fit(self) -> None:
         """Offer the methods of the form's family (speculative or diffusion), two chosen to start."""
@@ -185,8 +195,8 @@ class ComparePanel:
         models = runs.cost_models(traces, reference, spread) if ref == "ar" and reference is not None else {}
         self.cost.object = costmodel_figure(models) if models else None
         first = next(iter(models.values()), None)
-        self.explorer.object = costmodel_explorer_figure(first) if first is not None else None
-        self.explorer.visible = first is not None
+        self._explored = first
+        self._draw_explorer()
         self.cost.visible = bool(models)
         lanes = [t for t in [reference, *traces.values()] if t is not None and t.rounds]
         self.race.object = race_iframe(lanes) if len(lanes) > 1 else ""
@@ -195,3 +205,66 @@ class ComparePanel:
         else:
             self.page.clear_error()
         return self.table
+
+    # -- run it: a measured point on the explorer's curves ----------------------------------------
+    def _draw_explorer(self) -> None:
+        if self._explored is None and not self.points:
+            self.explorer.object, self.explorer.visible = None, False
+            return
+        fig = costmodel_explorer_figure(self._explored)
+        if self.points:
+            fig.add_scatter(x=[p["alpha"] for p in self.points], y=[p["measured"] for p in self.points],
+                            mode="markers", name="run it: measured", marker=dict(color="#d62728", size=12, symbol="x"),
+                            customdata=[[p["k"], p["c"], p["expected"]] for p in self.points],
+                            hovertemplate="alpha %{x:.2f}, k %{customdata[0]}: measured %{y:.2f}x (c %{customdata[1]:.2f}; "
+                                          "the model expects %{customdata[2]:.2f}x)<extra></extra>")
+        self.explorer.object, self.explorer.visible = fig, True
+
+    def run_it_job(self):
+        """synthetic at the chosen alpha and k beside ar on the form's target, prompt and length, as a
+        no-argument function for a worker -> the measured point (speclab.bench.curve.measure_point)."""
+        from speclab.bench.curve import measure_point
+        form = self.page.form
+        req = form.request("synthetic")
+        args = dict(req, k=int(self.run_k.value))
+        self.page.service.limits.check(args)
+        alpha, k, repeats = float(self.run_alpha.value), int(self.run_k.value), int(self.repeats.value)
+        return lambda: measure_point(req["target"], req["prompt"], alpha=alpha, k=k,
+                                     max_new_tokens=req["max_new_tokens"], repeats=repeats, chat=bool(req.get("chat")))
+
+    def add_point(self, pt: dict) -> None:
+        self.points.append(pt)
+        self._draw_explorer()
+        lo, hi = pt["spread"]
+        exp = f"{pt['expected']:.2f}x" if pt["expected"] is not None else "none"
+        self.run_out.object = (f"alpha {pt['alpha']:.2f}, k {pt['k']}: measured <b>{pt['measured']:.2f}x</b> "
+                               f"({lo:.2f}-{hi:.2f}x{'' if pt['reliable'] else ', unreliable: ' + '; '.join(pt['reasons'])}), "
+                               f"tau {pt['tau']:.2f}, a round {pt['c']:.2f} ar steps: the cost model expects {exp}")
+
+    def run_it_now(self) -> dict | None:
+        """run it in this thread (tests, notebooks)."""
+        try:
+            pt = self.run_it_job()()
+        except (ValueError, ModelLoadError) as e:
+            self.page.error(e)
+            return None
+        self.add_point(pt)
+        return pt
+
+    async def _on_run_it(self, event=None):
+        page = self.page
+        try:
+            work = self.run_it_job()
+            models = runs.models_of(page.form.request())
+        except ValueError as e:
+            page.error(e)
+            return
+        note = f"running ar and synthetic[alpha={self.run_alpha.value:.2f}; k={self.run_k.value}], interleaved"
+        try:
+            pt = await page.wait(page.service.submit(work, models, owner=page), 1, note)
+        except asyncio.CancelledError:
+            return
+        except Exception as e:
+            page.error(f"run it failed unexpectedly: {type(e).__name__}: {e}")
+            return
+        self.add_point(pt)

@@ -23,7 +23,8 @@ One service per server (`speclab serve` makes one; a Dashboard made without one 
 - **the queue**: first in, first out; `position()` is a waiting request's place in it, which the page
   shows ("2nd in line"), and `cancel()` drops a request that has not started (its page closed).
 - **the limits** (`Limits`): a request past one is refused in one line before it queues, so no
-  request holds a worker for minutes (a `k=1000` from a URL held the only worker for 8 minutes).
+  request holds a worker for minutes (a `k=1000` from a URL held the only worker for 8 minutes);
+  every other number is held to its bound in speclab.params.BOUNDS, as the API holds it.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
+
+from speclab.params import check_bounds
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Limits:
                 continue
             if value > limit:
                 raise ValueError(f"{name}={value:g} is over this server's limit of {limit}: ask for {limit} or less")
+        check_bounds(request.get("method") or "", {k: v for k, v in request.items() if k != "seed"})   # the rest
 
 
 def machine_cores() -> int:

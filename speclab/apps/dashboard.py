@@ -95,9 +95,16 @@ class Dashboard:
 
     def show_example(self) -> Trace | None:
         """The recorded example run of the form's method and pair, when one ships: the page opens on
-        a real run before any model is loaded."""
+        a real run before any model is loaded, and so does every method chosen later. A feature head
+        the zoo ships for another target only (falcon, flexdraft: the toy code-target) moves the form
+        to that target, where the method runs, and opens on its example there."""
         f = self.form
         trace = guide.example(f.method.value, f.target.value, f.draft.value if f.draft.visible else None)
+        if trace is None and f.draft.visible and f.draft.disabled and f.draft.value.startswith("no "):
+            for target in guide.example_targets(f.method.value):
+                if target in f.target.options:
+                    f.target.value = target           # fits the form (its head, its prompt), then back here
+                    return self.trace if self.trace is not None and self.trace.method == f.method.value else None
         if trace is None:
             return None
         self.show_trace(trace)
@@ -153,7 +160,7 @@ class Dashboard:
         self.lesson_steps = lesson(self.trace) if on else None
         if on and self.lesson_steps is None:
             self.error("the lesson walks through a speculative run that drafted: choose a speculative method "
-                       "(draft-model, prompt-lookup, eagle, ...) and press Run")
+                       "(prompt-lookup, eagle, draft-model, ...) and press Run")
         with pn.io.hold():
             shown = bool(self.lesson_steps)
             self.lesson_card.visible = self.lesson_back.visible = self.lesson_next.visible = shown

@@ -22,7 +22,11 @@ import panel as pn
 from speclab.apps import guide, runs
 from speclab.decoding.registry import get_method, method_defaults, paired_draft
 from speclab.decoding.rules import rules
+from speclab.params import check_bounds
 
+# the method the page opens on: the one that wins most on the copy task the page opens with (prompt
+# lookup drafts the prompt's own text: BENCHMARKS.md); the chat preset beside it shows the loss
+DEFAULT_METHOD = "prompt-lookup"
 DEFAULT_PROMPT = "def parse(line):"
 CHAT_PROMPT = "Explain in two sentences why the sky is blue."
 # the task the page opens on with the real pair: the answer copies most of the prompt, so drafts are
@@ -84,7 +88,7 @@ class Form:
     def __init__(self, kinds: dict[str, list[str]], on_change=None):
         self.kinds, self.on_change = kinds, on_change
         w = pn.widgets
-        self.method = w.Select(name="method", options=runs.method_names(), value="draft-model",
+        self.method = w.Select(name="method", options=runs.method_names(), value=DEFAULT_METHOD,
                                css_classes=["speclab-method"])
         pair = REAL_PAIR if all(n in kinds["causal"] for n in REAL_PAIR) else TOY_PAIR
         if os.environ.get("SPECLAB_DASHBOARD_TARGET"):
@@ -143,7 +147,7 @@ class Form:
                                       else self.default_target)
             if self.prompt.value in EXAMPLE_PROMPTS or not self.prompt.value.strip():
                 self.prompt.value = self.example_prompt(self.target.value)
-        takes = runs.takes(m)
+        takes = self.knobs_of(m)
         for name, widget in self.knobs.items():
             widget.visible = name in takes
         self._fit_draft(m)
@@ -161,12 +165,20 @@ class Form:
             self._fit_canvas(_config(self.target.value, "max_position_embeddings"))
         if method_changed and not dag:
             self._set_defaults(m, takes)
-            others = {n: v for n, v in method_defaults(m).items() if n not in self.knobs and n != "history"}
+            others = {n: v for n, v in method_defaults(m).items() if n not in takes and n != "history"}
             self.extra.placeholder = ", ".join(f"{n}={v}" for n, v in others.items() if v is not None)[:120]
         labels = ["-"] + [label for label, _, _ in guide.presets(m)]
         if list(self.preset.options) != labels:
             self.preset.options, self.preset.value = labels, "-"
         self.preset.visible = len(labels) > 1
+
+    def knobs_of(self, method: str) -> list[str]:
+        """The knobs a method is shown with: the parameters it takes that a knob sets, less any whose
+        default the knob cannot hold (dllm-ete's budget is a fraction, dllm-sched's k a schedule's
+        steepness, not counts: they go in "other parameters")."""
+        defaults = method_defaults(method) if not runs.is_dag(method) else {}
+        return [n for n in runs.takes(method) if n in self.knobs
+                and not (isinstance(self.knobs[n], pn.widgets.IntSlider) and isinstance(defaults.get(n), float))]
 
     def _fit_draft(self, method: str) -> None:
         """A draft LM is picked from the causal models; a feature head (EAGLE, Medusa) is not picked:
@@ -300,7 +312,9 @@ class Form:
         prompt = self.prompt.value
         if not prompt or not prompt.strip():
             raise ValueError("empty prompt: type some text to continue")
-        kw = runs.method_kwargs(method, self.knob_values(), self.extra.value if not runs.is_dag(method) else "")
+        knobs = {n: v for n, v in self.knob_values().items() if n in self.knobs_of(method)}
+        kw = runs.method_kwargs(method, knobs, self.extra.value if not runs.is_dag(method) else "")
+        check_bounds(method, {**kw, "max_new_tokens": self.max_new_tokens.value})    # the "other parameters" too
         if runs.engine(method) != "dag" and self.chat.value and self.chat.visible:
             kw["chat"] = True
         if runs.engine(method) == "speculative" and method == self.method.value and self.rule.value != get_method(method).rule:
@@ -310,13 +324,17 @@ class Form:
                     temperature=self.temperature.value, seed=self.seed.value or 0, **kw)
 
     def apply_args(self, get: dict[str, str]) -> None:
-        """Prefill from URL arguments (method first: choosing it resets the knobs to its defaults)."""
+        """Prefill from URL arguments (method first: choosing it resets the knobs to its defaults).
+        ValueError, before any is set, for a number that is not one or is past its bound (params.BOUNDS:
+        a link with k=1000 is refused, not run)."""
+        numbers = {name: cast(get[name]) for name, cast in (
+            ("k", int), ("max_new_tokens", int), ("seed", int), ("temperature", float), ("budget", int),
+            ("threshold", float), ("gen_length", int), ("block_length", int)) if name in get}
+        check_bounds("", numbers)
         if "method" in get:
             self.method.value = get["method"]
         for name in ("target", "draft", "prompt", "extra", "rule"):
             if name in get:
                 getattr(self, name).value = get[name]
-        for name, cast in (("k", int), ("max_new_tokens", int), ("seed", int), ("temperature", float),
-                           ("budget", int), ("threshold", float), ("gen_length", int), ("block_length", int)):
-            if name in get:
-                getattr(self, name).value = cast(get[name])
+        for name, value in numbers.items():
+            getattr(self, name).value = value

@@ -2,7 +2,9 @@
 show each method at its best, and the recorded example run the page opens on.
 
 The example runs are traces saved by `python scripts/record_examples.py` (real decodes, recorded
-"full"), so the page shows a real run at once, before any model is loaded.
+"full"), one per method the page offers, made as the page makes them (the form's target, draft,
+prompt and knobs), so every method opens on a real run at once, before any model is loaded.
+tests/test_examples.py keeps them complete and fresh.
 """
 from __future__ import annotations
 
@@ -84,6 +86,11 @@ def presets(method: str) -> list[tuple[str, str, bool]]:
 
 def example_path(method: str, target: str, draft: str | None) -> Path:
     return EXAMPLES / f"{method}--{target}--{draft or 'none'}.json"
+
+
+def example_targets(method: str) -> list[str]:
+    """The targets an example of `method` was recorded on."""
+    return sorted({p.name.split("--")[1] for p in EXAMPLES.glob(f"{method}--*.json")})
 
 
 def example(method: str, target: str, draft: str | None) -> Trace | None:

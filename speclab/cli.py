@@ -116,6 +116,7 @@ def run_kwargs(a) -> dict:
 
 def cmd_run(a):
     import speclab
+    from speclab.decoding.engines import get_engine
     from speclab.decoding.registry import get_method
     if a.batch_size is not None:
         return _run_batch(a)
@@ -125,11 +126,11 @@ def cmd_run(a):
         prompt = open(a.prompt_file, encoding="utf-8").read()
     else:
         prompt = a.chat if a.chat is not None else a.prompt
-    engine = get_method(a.method).engine
-    if a.check and engine != "speculative":
+    if a.check and not get_engine(get_method(a.method).engine).verify:
         raise ValueError(f"--check compares with greedy ar: it is for speculative methods, not {a.method}")
     r = speclab.run(a.target, prompt, a.method, **run_kwargs(a))
-    show = {"dag": _show_dag, "diffusion": _show_dllm}.get(engine, _show_speculative)
+    # shown by the kind of step its engine records (trace.Steps.field): a graph, a canvas, rounds
+    show = {"dag": _show_dag, "denoise": _show_dllm}.get(r.trace.steps_row().field, _show_speculative)
     out = show(a, prompt, r)
     if a.trace:
         r.trace.save(a.trace)
@@ -186,7 +187,8 @@ def _show_dag(a, prompt, r) -> dict:
     t = r.trace.totals
     out = dict(text=r.text, ids=r.ids, method=a.method, new_tokens=t.new_tokens, target_forwards=t.target_forwards,
                wall_s=t.wall_s)
-    if a.dag_all_outputs or a.method == "dag-all":
+    from speclab.decoding.registry import get_method
+    if a.dag_all_outputs or get_method(a.method).strategy == "all":
         from speclab.decoding.dag import decode_text
         from speclab.models.loading import as_model
         model = as_model(a.target, a.device)[0]
@@ -241,8 +243,9 @@ def _run_batch(a):
     import speclab
     if not isinstance(a.batch_size, int) or a.batch_size < 1:
         raise ValueError(f"--batch-size must be an integer >= 1, got {a.batch_size}")
+    from speclab.decoding.engines import get_engine
     from speclab.decoding.registry import get_method
-    if get_method(a.method).engine != "speculative":
+    if not get_engine(get_method(a.method).engine).batch:
         raise ValueError(f"--batch-size runs speculative methods; {a.method} takes one prompt at a time (drop --batch-size)")
     if a.prompt_file:
         prompts, chat = read_prompt_lines(a.prompt_file)

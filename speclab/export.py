@@ -69,8 +69,8 @@ window.addEventListener('load', () => {
 
 
 def first_step(trace: Trace) -> int:
-    """The step the page opens on: a speculative run's first round that drafted, else the first."""
-    if trace.engine == "speculative":
+    """The step the page opens on: a verifying run's first round that drafted, else the first."""
+    if trace.steps_row().verify:
         return next((k for k, r in enumerate(trace.rounds) if r.drafted), 0)
     return 0
 
@@ -131,7 +131,7 @@ def stats_table(trace: Trace) -> str:
                                  for role, m in trace.models.items())),
             ("params", html.escape(json.dumps(trace.params))),
             ("totals", f"{t.new_tokens} new tokens, {t.target_forwards} target forwards, "
-                       + view_of(trace).rate + f" {t.tau:.2f}, "
+                       + trace.steps_row().rate + f" {t.tau:.2f}, "
                        f"wall {t.wall_s:.2f} s")]
     return "<table>" + "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows) + "</table>"
 
@@ -171,7 +171,7 @@ def to_html(trace: Trace, path: str | Path) -> Path:
 def pq_panels(trace: Trace) -> list | None:
     """Per step, the p / q figure of its first draft node (None where it drafted nothing), for a
     speculative run recorded "full"; None where no step has one."""
-    if trace.engine != "speculative" or trace.record != "full":
+    if not trace.steps_row().verify or trace.record != "full":
         return None
     figs = [distributions(trace, k) for k in range(len(trace.rounds))]
     return figs if any(f is not None for f in figs) else None

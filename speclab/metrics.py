@@ -120,18 +120,11 @@ def calibration(rounds, bins: int = 10) -> list[tuple[float, float, int, float |
 
 
 def n_steps(trace) -> int:
-    """How many steps a player walks through: rounds (speculative), strategies (dag) or denoising
-    forwards (diffusion)."""
-    if trace.engine == "speculative":
-        return len(trace.rounds)
-    if trace.engine == "dag":
-        return len(trace.dag.paths) if trace.dag is not None else 0
-    if trace.engine == "diffusion":
-        return len(trace.denoise)
-    raise ValueError(f"no step view for the {trace.engine!r} engine (speculative, diffusion and dag are supported)")
+    """How many steps a player walks through: what the trace's engine row counts (rounds,
+    denoising forwards, a DAG's strategies; speclab.trace.Steps)."""
+    return trace.steps_row().count(trace)
 
 
-# -- the cost model (the module docstring says which alpha is which) --------------------------------
 def expected_tau(a: float, k: int) -> float:
     """Expected tokens per round of a chain of k draft tokens, each accepted with probability a
     (given its predecessors were): (1 - a^(k+1)) / (1 - a); k + 1 at a = 1."""

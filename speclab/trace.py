@@ -7,6 +7,11 @@ dataclasses, saved as JSON (never pickle), checked on load. One Trace holds one 
   diffusion    `denoise`:  one DenoiseStep per model forward
   dag          `dag`:      one DagRun (graph summary plus each decoding strategy's path)
 
+Which field holds an engine's steps, how many a player walks, how they replay, and what a step and
+the rate are called is the engine's `Steps` row (STEPS, `steps_of(trace)`): replay, metrics, the
+views and the bench read the row, never the engine's name. A new engine registers its own
+(`register_steps`, done by decoding.engines.register_engine) and every reader follows.
+
 Faithfulness: `replay(trace)` rebuilds the output token ids from the recorded events alone, and
 `totals` holds the forwards the models really ran. Recording levels: "full" adds top-k
 distributions, "light" keeps tokens, p, q and decisions, None keeps totals and, per round, only
@@ -213,7 +218,7 @@ class DagRun:
 
 @dataclass
 class Trace:
-    engine: str                         # "speculative" | "diffusion" | "dag"
+    engine: str                         # a key of STEPS: "speculative" | "diffusion" | "dag" | a registered one
     method: str
     params: dict[str, Any] = field(default_factory=dict)
     guarantee: str | None = None        # what the output is held to (decoding/guarantees.py); None: not recorded
@@ -272,6 +277,10 @@ class Trace:
         return cls.from_json(path.read_bytes(), str(path), limit)
 
     # -- helpers for views -----------------------------------------------------------------
+    def steps_row(self) -> "Steps":
+        """How this trace's engine holds its steps (STEPS): what readers ask instead of its name."""
+        return steps_of(self)
+
     def text_of(self, token: int) -> str:
         """A token id's text; "<id>" where the trace has none, and a value that is no id (one a
         method recorded free-form) in angle brackets as written."""
@@ -356,7 +365,6 @@ def check_schema(d: Any) -> None:
 # every number as one), and whatever points somewhere must point inside the trace (a node's parent,
 # a canvas position, a DAG vertex), so that replay and the views never index out of range, size a
 # list by a number nobody recorded, or walk a cycle. Fields a reader does not know are ignored.
-ENGINES = ("speculative", "diffusion", "dag")
 EMITTED_KINDS = ("bonus", "correction", "target", "accepted")   # "accepted": PEARL's post-verify round
 DECISIONS = (ACCEPTED, REJECTED, NOT_REACHED)
 MAX_NUMBER = 2**53              # the largest integer a double (JSON in a browser) holds exactly
@@ -524,8 +532,9 @@ def check_trace(t: Trace) -> None:
     """What a trace's fields must agree on beyond their types (TraceError names the first field that
     does not): the engine and level are known ones, ids are token ids, probabilities lie in [0, 1],
     a draft tree is a tree, positions lie on the canvas, vertices in the graph, spans in the run."""
-    if t.engine not in ENGINES:
-        raise _bad("engine", f"is {t.engine!r}, not one of {', '.join(ENGINES)}")
+    row = STEPS.get(t.engine)
+    if row is None:
+        raise _bad("engine", f"is {t.engine!r}, not one of {', '.join(STEPS)}")
     if t.record not in RECORD_LEVELS:
         raise _bad("record", f"is {t.record!r}, not \"full\", \"light\" or null")
     _ids(t.prompt_ids, "prompt_ids")
@@ -540,8 +549,8 @@ def check_trace(t: Trace) -> None:
         _at_least(getattr(t.totals, f.name), 0, f"totals.{f.name}")
     for i, r in enumerate(t.rounds):
         _check_round(r, f"rounds[{i}]")
-    if t.engine == "diffusion":
-        _check_canvas(t)
+    if row.check is not None:
+        row.check(t)
     if t.dag is not None:
         _check_dag(t.dag)
     for i, lane in enumerate(t.lanes):
@@ -724,13 +733,7 @@ def _check_dag(g: DagRun) -> None:
 
 def replay(trace: Trace) -> list[int]:
     """The new token ids, rebuilt from the recorded events alone (not from `output_ids`)."""
-    if trace.engine == "speculative":
-        return [t for r in trace.rounds for t in r.tokens]
-    if trace.engine == "diffusion":
-        return _replay_denoise(trace)
-    if trace.engine == "dag":
-        return list(trace.dag.outputs[trace.dag.chosen]) if trace.dag else []
-    raise TraceError(f"unknown engine {trace.engine!r}")
+    return steps_of(trace).replay(trace)
 
 
 def _replay_denoise(trace: Trace) -> list[int]:
@@ -761,3 +764,65 @@ def _strip_after_eos(tokens: list[int], eos: int | None) -> list[int]:
         return tokens[: tokens.index(eos) + 1]
     return list(tokens)
 
+
+# -- how each engine's trace holds its steps ---------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Steps:
+    """How one engine's traces hold their steps: the facts replay, metrics, the views and the bench
+    read instead of comparing engine names. decoding/engines.py gives each Engine row one."""
+    engine: str                                     # the name a trace records in `engine`
+    field: str                                      # the Trace field holding the steps: rounds | denoise | dag
+    noun: str                                       # one step as a person reads it: "round", "step", ...
+    rate: str                                       # new tokens per target forward, as this engine calls it
+    count: Callable[[Trace], int]                   # how many steps a player walks through
+    replay: Callable[[Trace], list[int]]            # the new token ids from the steps alone
+    names: Callable[[Trace], list[str]] | None = None   # slider labels (None: 1, 2, 3, ...)
+    verify: bool = False                            # steps are draft / verify rounds: p, q, paths, a cost model
+    canvas: bool = False                            # steps denoise a canvas of gen_length slots
+    check: Callable[[Trace], None] | None = None    # what the steps must agree on beyond their types
+
+
+def _round_tokens(trace: Trace) -> list[int]:
+    return [t for r in trace.rounds for t in r.tokens]
+
+
+def _dag_output(trace: Trace) -> list[int]:
+    return list(trace.dag.outputs[trace.dag.chosen]) if trace.dag else []
+
+
+def _dag_strategies(trace: Trace) -> list[str]:
+    return list(trace.dag.paths) if trace.dag is not None else []
+
+
+STEPS: dict[str, Steps] = {s.engine: s for s in (
+    Steps(engine="speculative", field="rounds", noun="round", rate="tau", count=lambda t: len(t.rounds),
+          replay=_round_tokens, verify=True),
+    Steps(engine="diffusion", field="denoise", noun="step", rate="tokens per forward",
+          count=lambda t: len(t.denoise), replay=_replay_denoise, canvas=True, check=_check_canvas),
+    Steps(engine="dag", field="dag", noun="strategy", rate="tau", count=lambda t: len(_dag_strategies(t)),
+          replay=_dag_output, names=_dag_strategies),
+)}
+
+
+def steps_of(trace: Trace) -> Steps:
+    """The Steps row of a trace's engine; TraceError for an engine nobody registered."""
+    row = STEPS.get(trace.engine)
+    if row is None:
+        raise TraceError(f"unknown engine {trace.engine!r} (known: {', '.join(STEPS)}): register its "
+                         "Engine row (speclab.decoding.engines.register_engine) before reading its traces")
+    return row
+
+
+def register_steps(row: Steps) -> Steps:
+    """Let traces of a new engine load, replay and be read (register_engine calls this)."""
+    if STEPS.get(row.engine, row) is not row:
+        raise ValueError(f"an engine named {row.engine!r} already has its Steps row: unregister it first")
+    if row.field not in {f.name for f in fields(Trace)}:
+        raise ValueError(f"Steps {row.engine!r}: field {row.field!r} is no Trace field; steps live in one of "
+                         "rounds, denoise, dag")
+    STEPS[row.engine] = row
+    return row
+
+
+def unregister_steps(engine: str) -> None:
+    STEPS.pop(engine, None)

@@ -174,7 +174,10 @@ def test_bench_errors(capsys, monkeypatch, args, msg):
     def no_model(*_):
         raise AssertionError("a model loaded before the error")
 
-    monkeypatch.setattr(speclab.api, "as_model", no_model)
+    import speclab.decoding.engines
+    import speclab.decoding.spec_run
+    for door in (speclab.api, speclab.decoding.spec_run, speclab.decoding.engines):   # where runs load models
+        monkeypatch.setattr(door, "as_model", no_model)
     code = main(BASE + args)
     err = capsys.readouterr().err
     assert code == 2 and msg in err and "Traceback" not in err

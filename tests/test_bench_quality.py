@@ -161,7 +161,10 @@ def test_sampling_flags_fail_in_one_line_before_a_model_loads(capsys, monkeypatc
     def no_model(*_):
         raise AssertionError("a model loaded before the error")
 
-    monkeypatch.setattr(speclab.api, "as_model", no_model)
+    import speclab.decoding.engines
+    import speclab.decoding.spec_run
+    for door in (speclab.api, speclab.decoding.spec_run, speclab.decoding.engines):   # where runs load models
+        monkeypatch.setattr(door, "as_model", no_model)
     code = main(["bench", "--target", "code-target", "--draft", "code-draft", "--limit", "1",
                  "--max-new-tokens", "4"] + args)
     err = capsys.readouterr().err

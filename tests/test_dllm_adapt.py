@@ -12,7 +12,8 @@ import torch
 
 import speclab
 from speclab.decoding.diffusion import denoise
-from speclab.decoding.dllm_policies import ETE, AdaBlock, Threshold, View, delimiter_ids
+from speclab.decoding.dllm_adapt import ETE, AdaBlock, delimiter_ids
+from speclab.decoding.dllm_policies import Threshold, View
 from speclab.figures.decisions import decision_summary
 from speclab.figures.views import view_of
 from speclab.models.dllm import make_denoiser

@@ -13,7 +13,7 @@ import torch
 import speclab
 from speclab.bench.dllm_eval import forward_rows
 from speclab.decoding.diffusion import denoise
-from speclab.decoding.dllm_policies import FastV2
+from speclab.decoding.dllm_adapt import FastV2
 from speclab.figures import decision_summary, decision_table
 from speclab.models.dllm import BlockDenoiser, make_denoiser
 

@@ -10,7 +10,8 @@ import torch
 
 import speclab
 from speclab.decoding.diffusion import denoise
-from speclab.decoding.dllm_policies import R2, Choice, JointThreshold, Threshold, View
+from speclab.decoding.dllm_policies import Choice, Threshold, View
+from speclab.decoding.dllm_revise import R2, JointThreshold
 from speclab.figures import colors
 from speclab.figures.diffusion import canvas_dict, decoding_order
 from speclab.models.dllm import BlockDenoiser, make_denoiser

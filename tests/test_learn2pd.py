@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import speclab
-from speclab.decoding.dllm_policies import POLICIES, Learn2PD, View
+from speclab.decoding.dllm_adapt import Learn2PD
+from speclab.decoding.dllm_policies import View
+from speclab.decoding.registry import get_method
 from speclab.models.learn2pd import FEATURES, Learn2PDFilter, features, load_filter, paired_filter
 
 PROMPT = "def add(a, b):\n    return a + b\n\n\ndef copy_of_add(a, b):"
@@ -121,4 +123,4 @@ def test_the_trainer_refuses_bad_options(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--out", "x", "--minutes", "0"])
     assert e.value.code == 2 and "--minutes must be > 0" in capsys.readouterr().err
-    assert POLICIES["dllm-learn2pd"] is Learn2PD
+    assert get_method("dllm-learn2pd").config is Learn2PD

@@ -20,7 +20,7 @@ from speclab.figures.lanes import lanes_figure
 from speclab.figures.tree import tree_parts
 from speclab.figures.verdicts import rescued_figure
 from speclab.figures.views import VIEWS, FigureSpec, add_figure, added_figure, remove_figure, view_of
-from speclab.trace import (ACCEPTED, MASK, NOT_REACHED, REJECTED, Decision, DenoiseStep, DraftNode, Edit, Lane,
+from speclab.trace import (ACCEPTED, STEPS, MASK, NOT_REACHED, REJECTED, Decision, DenoiseStep, DraftNode, Edit, Lane,
                            Span, Totals, Trace)
 
 from test_classroom import hand_trace    # tests/ is on the path, as for conftest
@@ -70,7 +70,7 @@ def names(specs) -> list[str]:
 # -- (a) the spec of each engine ------------------------------------------------------------------
 def test_speculative_view_names_its_figures_and_sizes_side_by_side():
     v = VIEWS["speculative"]
-    assert v.main.name == "round" and v.mask and v.rate == "tau"
+    assert v.main.name == "round" and v.mask and STEPS["speculative"].rate == "tau"
     assert (v.run_strip.name, v.run_strip.height) == ("tokens per round", 260)
     sized = {f.name: f.height for f in v.summary}
     assert sized["acceptance"] == 380 and sized["timing"] == 300 and sized["cost model"] == 380
@@ -83,7 +83,7 @@ def test_speculative_view_names_its_figures_and_sizes_side_by_side():
 
 def test_diffusion_and_dag_views():
     d = VIEWS["diffusion"]
-    assert d.main.name == "canvas" and d.mask and d.rate == "tokens per forward"
+    assert d.main.name == "canvas" and d.mask and STEPS["diffusion"].rate == "tokens per forward"
     assert d.run_strip.name == "confidence bands" and d.run_strip.height is None   # sized by the figure
     tr = dllm_trace()
     assert names(view_of(tr).whole_run) == ["confidence bands", "decoding order"]

@@ -67,6 +67,7 @@ def cmd_bench(a):
     specs = parse_methods(a.methods)
     from speclab.bench.peers import PEERS as HF_PEERS
     from speclab.bench.vllm_peer import VLLM_PEERS, find_vllm_python, vllm_eagle3_dir, vllm_eagle_dir
+    from speclab.decoding.engines import get_engine
     from speclab.decoding.registry import get_method
     PEERS = HF_PEERS + VLLM_PEERS
     if any(s.method in VLLM_PEERS for s in specs):
@@ -83,7 +84,7 @@ def cmd_bench(a):
             vllm_eagle3_dir(s.params.get("model"))
         if s.method not in PEERS:
             m = get_method(s.method)                 # unknown names fail before any model loads
-            if m.engine == "speculative":            # and a rule that cannot serve the run: its one line
+            if get_engine(m.engine).verify:          # and a rule that cannot serve the run: its one line
                 from speclab.decoding.rules import check_run, rule_params
                 rule, params = rule_of(s)
                 rule_params(rule, params)

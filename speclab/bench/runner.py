@@ -30,6 +30,7 @@ from speclab.prompts import load_prompts
 from speclab.params import parse_assignment
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.decoding.acceptance import Sampler
+from speclab.decoding.engines import get_engine
 from speclab.decoding.registry import get_method, method_params
 from speclab.decoding.rules import get_rule
 from speclab.decoding.dgemma import is_dgemma
@@ -135,7 +136,7 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
                       **params)                 # dllm-*: max_new_tokens canvas slots
     if isinstance(res, list):                   # a batch: one run per lane
         return [_run(r, len(res)) for r in res]
-    if res.trace.engine == "diffusion":
+    if not res.trace.steps_row().verify:         # nothing drafted, nothing verified
         t = res.trace.totals
         return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=None,
                     drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=res.trace)
@@ -187,7 +188,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     # the baseline, always measured: plain ar, or for a diffusion LM one token per step
     noise = is_dgemma(model)                   # DiffusionGemma: its own sampler is the baseline
     base = "dllm-entropy-bound" if noise else "dllm-lowconf" if is_dllm(model) else "ar"
-    if is_dllm(model) and any(get_method(s.method).engine != "diffusion" for s in specs if s.method not in PEERS):
+    if is_dllm(model) and any(get_engine(get_method(s.method).engine).kind != "diffusion" for s in specs if s.method not in PEERS):
         raise ValueError("a diffusion LM target takes dllm-* methods only")
     if any(s.method in PEERS and (s.method == "hf-diffusion") != noise for s in specs):
         raise ValueError("hf-diffusion runs DiffusionGemma's generate(); the other hf-* peers decode causal LMs: "
@@ -198,7 +199,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     vllm = [s for s in specs if s.method in VLLM_PEERS]
     # the baseline first in each prompt's turn: the oracle drafts its output
     ours = sorted((s for s in specs if s.method not in VLLM_PEERS), key=lambda s: s.label != base)
-    batched = lambda s: batch_size > 1 and s.method not in PEERS and get_method(s.method).engine == "speculative"
+    batched = lambda s: batch_size > 1 and s.method not in PEERS and get_engine(get_method(s.method).engine).batch
     cache_len = max(map(len, prompt_ids)) + max_new_tokens   # hf-static's one cache: the longest request
     for s in ours:                                            # warm-up: every code path once
         run_one(s, target, draft, prompt_ids[:batch_size] if batched(s) else prompt_ids[0], 8, k, exit_layer, record,
@@ -226,7 +227,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     # in the first pass (a copy of p and q per round), its TV computed after the run, outside its timing
     guarantees = {s.label: row_guarantee(s) for s in specs}
     watched = {s.label: rule_of(s) for s in ours if temperature > 0 and not batched(s)
-               and guarantees[s.label] == "lossy" and get_method(s.method).engine == "speculative"
+               and guarantees[s.label] == "lossy" and get_engine(get_method(s.method).engine).verify
                and get_rule(rule_of(s)[0]).induced is not None}
     sampler = Sampler(temperature)
     bar = tqdm(total=repeats * len(jobs) * len(ours), desc=f"bench {name}", disable=not progress)

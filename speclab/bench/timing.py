@@ -253,7 +253,7 @@ def annotate_bench_rows(rows: list[dict], labels: list[str], runs: dict, base: s
         i = median_index(walls)
         traces = [r.get("trace") for r in runs[label][i]]
         refs = [r.get("trace") for r in runs[base][i]]
-        if any(t is None or t.engine != "speculative" or not t.rounds for t in traces + refs):
+        if any(t is None or not t.steps_row().verify or not t.rounds for t in traces + refs):
             continue
         m = metrics.cost_model(traces, refs)
         if m is None:

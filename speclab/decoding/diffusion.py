@@ -112,7 +112,7 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
                                    "a policy that edits must stop asking for more")
             if den.block_causal:        # one forward over the active block; the other slots unseen
                 x0, conf, margin, lmargin, entropy = block_proposals(den, x, lo, hi, G, temperature, gen,
-                                                                     getattr(policy, "block_forward", None))
+                                                                     policy.block_forward)
             else:
                 logits = never_propose_mask(den.logits(x)[P:], MASK)       # (G, V): one forward
                 x0, conf, margin, lmargin, entropy = propose(logits, temperature, gen)

@@ -1,5 +1,5 @@
 """Diffusion commit policies that adapt their schedule or learn it, on the `View` / `Choice`
-contract of dllm_policies.py (whose POLICIES names them): Learn2PD's trained filter, AdaBlock-dLLM's
+contract of dllm_policies.py (their method rows are in registry.py): Learn2PD's trained filter, AdaBlock-dLLM's
 adaptive blocks, ETE's explore-then-exploit and Fast-dLLM v2's sub-block schedule and cache
 (FastV2). Each records what it decided, position by position, as trace Decisions.
 """
@@ -9,13 +9,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from speclab.decoding.dllm_policies import Choice, Threshold, View, ranked
+from speclab.decoding.dllm_policies import Choice, DiffusionPolicy, Threshold, View, ranked
 from speclab.decoding.dllm_revise import p4
 from speclab.trace import Decision
 
 
 @dataclass
-class Learn2PD:
+class Learn2PD(DiffusionPolicy):
     """Learn2PD ("Learning to Parallel Decode"): a filter trained on this dLLM's own one-per-step runs
     (speclab.models.learn2pd) scores each masked slot of the block: the probability that its
     proposal is already the token one-per-step decoding commits there. Every slot scoring
@@ -28,6 +28,9 @@ class Learn2PD:
     threshold: float = 0.9
     end_threshold: float | None = 0.9
     filter: str | None = None
+
+    def prepare(self, model, tok):
+        self.bind(model, tok.eos_token_id)
 
     def bind(self, model, eos_id: int | None):
         """The run's dLLM (its zoo name finds the zoo's filter) and end-of-text id (dllm_run)."""
@@ -103,7 +106,7 @@ def delimiter_ids(texts: list[str], kind: str) -> list[int]:
 
 
 @dataclass
-class AdaBlock:
+class AdaBlock(DiffusionPolicy):
     """AdaBlock-dLLM (Lu et al., ICLR 2026; lgxi24/AdaBlock-dLLM, `compute_block_length`): block edges
     where a semantic step ends, read from the confidence's volatility band through its run-time
     proxy, the most confident delimiter. At the first forward of each adaptive block, whose start s
@@ -129,6 +132,9 @@ class AdaBlock:
     default_block: int = 32
     window: float = 0.25
     delimiters: str = "line"
+
+    def prepare(self, model, tok):
+        self.use_tokenizer(tok)
 
     def use_tokenizer(self, tok):
         """Read the delimiter ids from the tokenizer's vocabulary (speclab.run calls this)."""
@@ -200,7 +206,7 @@ class AdaBlock:
 
 
 @dataclass
-class ETE:
+class ETE(DiffusionPolicy):
     """speclab's reading of ETE, explore-then-exploit (Fu et al. 2025, "From Bits to Rounds",
     arXiv 2511.21103), known from its abstract only. A round committing the set S carries
     I = sum over S of -log p(x0) nats; a text of NLL nats needs at least NLL / B rounds when no
@@ -291,7 +297,7 @@ FASTV2_CACHES = ("sub-block", "block", "none")
 
 
 @dataclass
-class FastV2:
+class FastV2(DiffusionPolicy):
     """Fast-dLLM v2 (Wu et al. 2025, NVlabs/Fast-dLLM `v2/`) on a block-diffusion LM: the engine's
     block is cut into sub-blocks of `sub_block` slots (the last one clipped at the block's end),
     filled left to right. Each step works on the leftmost sub-block holding a mask: its masked

@@ -10,13 +10,15 @@ Most policies only unmask. A policy that revises (JointThreshold) may also name 
 of the active block to rewrite with this step's proposal or to take back (re-mask), and ask for
 another forward over a block that holds no mask (`more`); the engine records each as a trace Edit.
 What a policy decided, position by position, goes in `decisions` (trace.Decision). This file holds
-the one-pass commit rules; dllm_revise.py the policies that revise, dllm_adapt.py those that adapt
-their blocks, explore or learn (POLICIES, built here, names them all).
+the contract (`DiffusionPolicy`) and the one-pass commit rules; dllm_revise.py the policies that
+revise, dllm_adapt.py those that adapt their blocks, explore or learn. Each is named by its method's
+row in decoding/registry.py (`Method(config=...)`), which imports all three.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 import torch
 
@@ -56,6 +58,33 @@ class Choice:
     decisions: list[Decision] = field(default_factory=list)
 
 
+class DiffusionPolicy(Protocol):
+    """What the diffusion engine (decoding/diffusion.py) calls on a policy, in this order:
+
+      prepare(model, tok)          once, before the run: read what the run's model or tokenizer offers
+                                   (a delimiter's token ids, a filter trained for this dLLM); default none
+      plan(gen_length, n_blocks)   check the knobs, return the planned number of steps
+      start_block(n_masked)        at each block's start
+      select(view) -> Choice       once per forward: what to commit (and rewrite, re-mask)
+      block_forward                optional: den.forward over a part of the active block on a block-
+                                   diffusion LM (Fast-dLLM v2's sub-block on a stale cache); None: the block
+
+    Policies subclass it (so the optional parts have their defaults) and keep their knobs as
+    dataclass fields. A policy with its own loop (FreeDave) names that loop in its method row
+    (`Method.loop`) and need not select."""
+    block_forward: Callable | None = None
+
+    def prepare(self, model, tok) -> None:
+        pass
+
+    def plan(self, gen_length: int, n_blocks: int) -> int: ...
+
+    def start_block(self, n_masked: int) -> None:
+        pass
+
+    def select(self, v: View) -> Choice: ...
+
+
 def num_transfer(n: int, steps: int) -> list[int]:
     """LLaDA's schedule: n tokens over `steps` steps, the remainder going to the early steps."""
     base, r = divmod(n, steps)
@@ -77,7 +106,7 @@ def top_k_commit(score: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.T
 
 
 @dataclass
-class LowConfidence:
+class LowConfidence(DiffusionPolicy):
     """LLaDA: a fixed number of steps per block, each committing the k_sched[i] most confident
     (remasking="low_confidence") or random (remasking="random") masked positions of the block.
     steps=None means one token per step (steps = gen_length)."""
@@ -105,7 +134,7 @@ class LowConfidence:
 
 
 @dataclass
-class Threshold:
+class Threshold(DiffusionPolicy):
     """Fast-dLLM: commit every eligible position with p(x0) >= threshold, always at least the best.
     factor=f instead: the n-th best token (1-based) needs (n + 1)(1 - c_n) < f."""
     threshold: float = 0.9
@@ -137,7 +166,7 @@ class Threshold:
                       info={"forced": [int(order[0])] if c[0] < self.threshold and self.factor is None else []})
 
 
-class _EarlyExitOnLowConfidence:
+class _EarlyExitOnLowConfidence(DiffusionPolicy):
     """Prophet and SchED: LLaDA low-confidence steps, unless a statistic passes the step's
     threshold, when every remaining mask is committed at once."""
 
@@ -213,7 +242,7 @@ class Sched(_EarlyExitOnLowConfidence):
 
 
 @dataclass
-class LocalLeap:
+class LocalLeap(DiffusionPolicy):
     """Anchors (eligible positions with p >= threshold) relax the threshold to `relaxed` for
     positions within `radius` of any anchor; at least one token per step."""
     threshold: float = 0.9
@@ -242,7 +271,7 @@ class LocalLeap:
 
 
 @dataclass
-class FreeDave:
+class FreeDave(DiffusionPolicy):
     """Draft-and-verify, lossless against one-token-per-step greedy decoding: `draft_steps`
     drafts (canvases) checked in one batched forward (the loop lives in speclab.decoding.freedave).
     The drafts form a tree of guesses at the next commits: each node branches to the `branch_slots`
@@ -262,7 +291,7 @@ class FreeDave:
 
 
 @dataclass
-class EntropyBound:
+class EntropyBound(DiffusionPolicy):
     """DiffusionGemma's acceptance rule as a commit policy: sort the eligible positions by entropy,
     lowest first, and commit each whose predecessors' entropies sum to <= `entropy_bound` (nats);
     the lowest-entropy position always. Here unmask-only: a mask-based model keeps what it commits
@@ -286,28 +315,3 @@ class EntropyBound:
         commit[order[keep]] = True
         return Choice(commit, None, info={"entropy_bound": self.entropy_bound,
                                           "entropy_sum": round(float(e[keep].sum()), 4)})
-
-
-# the policies that revise (dllm_revise.py) and that adapt or learn (dllm_adapt.py) build on the
-# ones above; their names are handed on from here, loaded on first use, so any of the three modules
-# may be imported first
-ELSEWHERE = {"JointThreshold": "dllm_revise", "R2": "dllm_revise", "p4": "dllm_revise",
-             "Learn2PD": "dllm_adapt", "AdaBlock": "dllm_adapt", "ETE": "dllm_adapt", "FastV2": "dllm_adapt",
-             "delimiter_ids": "dllm_adapt"}
-
-
-def __getattr__(name: str):
-    import importlib
-    if name in ELSEWHERE:
-        return getattr(importlib.import_module(f"speclab.decoding.{ELSEWHERE[name]}"), name)
-    if name == "POLICIES":
-        r = importlib.import_module("speclab.decoding.dllm_revise")
-        a = importlib.import_module("speclab.decoding.dllm_adapt")
-        policies = {"dllm-lowconf": LowConfidence, "dllm-threshold": Threshold, "dllm-prophet": Prophet,
-                    "dllm-sched": Sched, "dllm-localleap": LocalLeap, "dllm-freedave": FreeDave,
-                    "dllm-entropy-bound": EntropyBound, "dllm-llada21-edit": r.JointThreshold, "dllm-r2": r.R2,
-                    "dllm-learn2pd": a.Learn2PD, "dllm-adablock": a.AdaBlock, "dllm-ete": a.ETE,
-                    "dllm-fastv2": a.FastV2}
-        globals()["POLICIES"] = policies         # one dict, built once: registry and runs share it
-        return policies
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """Diffusion commit policies that look back at what they wrote, on the `View` / `Choice` contract
-of dllm_policies.py (whose POLICIES names them): LLaDA 2.1's token editing (JointThreshold), which
+of dllm_policies.py (their method rows are in registry.py): LLaDA 2.1's token editing (JointThreshold), which
 rewrites or re-masks committed tokens, and R²-dLLM (R2), which finalises predictions that have stopped
 changing. Each records what it decided, position by position, as trace Decisions.
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speclab.decoding.dllm_policies import Choice, Threshold, View, ranked
+from speclab.decoding.dllm_policies import Choice, DiffusionPolicy, Threshold, View, ranked
 from speclab.trace import Decision
 
 
@@ -19,7 +19,7 @@ def p4(x) -> float:
 
 
 @dataclass
-class JointThreshold:
+class JointThreshold(DiffusionPolicy):
     """LLaDA 2.1's token editing, as SGLang's JointThreshold runs it. Each step, with x0 = argmax:
     mask to token (M2T): the masked positions of the block with p(x0) >= threshold (the threshold
     policy: at least the best); token to token (T2T): every committed position of the block whose
@@ -76,7 +76,7 @@ class JointThreshold:
 
 
 @dataclass
-class R2:
+class R2(DiffusionPolicy):
     """R²-dLLM's redundancy rules on top of the threshold policy (base: p(x0) >= threshold, at least
     the best), applied in this order to the active block, each reading the canvas the previous left:
     (1) window: every `window` consecutive block slots holding at most `window_unmasked` committed

@@ -1,14 +1,13 @@
 """`speclab.run(target, prompt, "dllm-*", ...)`: load, check, build the policy, decode, trace.
 
-The diffusion engine's seam: `run_dllm(...) -> Trace`; `speclab.api.run` wraps it in a Result."""
+The diffusion engine's seam: `run_dllm(...) -> Trace`; its Engine row (decoding/engines.py) wraps it
+in a Result. The method's row names the policy class (`config`) and the step loop that runs it (`loop`)."""
 from __future__ import annotations
 
 from dataclasses import fields
 
 from speclab.decoding.dgemma import DGemmaSampler, canvas_length, dgemma_decode, is_dgemma
-from speclab.decoding.diffusion import check_shape, denoise
-from speclab.decoding.dllm_policies import POLICIES, FreeDave
-from speclab.decoding.freedave import freedave
+from speclab.decoding.diffusion import check_shape
 from speclab.decoding.registry import get_method, param_types
 from speclab.models.loading import as_model, chat_prompt, encode_prompt, model_info, token_table
 from speclab.params import check_types
@@ -30,9 +29,10 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     if temperature is None or temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     gen_length = gen_length if gen_length is not None else (max_new_tokens or 64)
-    known = [f.name for f in fields(POLICIES[method])]
+    m = get_method(method)
+    known = [f.name for f in fields(m.config)]
     noise_only = [f.name for f in fields(DGemmaSampler) if f.name not in known]
-    noise_canvas = get_method(method).noise_canvas          # the sampler that also runs DiffusionGemma's canvas
+    noise_canvas = m.noise_canvas                  # the sampler that also runs DiffusionGemma's canvas
     if set(params) - set(known) - set(noise_only) or (set(params) & set(noise_only) and not noise_canvas):
         raise ValueError(f"{method} does not take {sorted(set(params) - set(known))}; it takes "
                          f"gen_length, block_length, eos_stop, {', '.join(known)}")
@@ -45,11 +45,8 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
         raise ValueError(f"{sorted(set(params) & set(noise_only))} belong to DiffusionGemma's noise canvas; "
                          f"on a mask-based dLLM {method} takes only entropy_bound")
     check_shape(gen_length, block_length)
-    policy = POLICIES[method](**params)
-    if hasattr(policy, "use_tokenizer"):        # a policy that reads token texts (dllm-adablock's delimiters)
-        policy.use_tokenizer(tok)
-    if hasattr(policy, "bind"):                 # a policy that reads the run's model (dllm-learn2pd)
-        policy.bind(model, tok.eos_token_id)
+    policy = m.config(**params)
+    policy.prepare(model, tok)                  # what it reads of the run's model and tokenizer (DiffusionPolicy)
     den = make_denoiser(model)
     if den.block_causal and block_length is None:  # a block-diffusion LM decodes in its trained blocks
         block_length = min(den.B, gen_length)
@@ -57,8 +54,7 @@ def run_dllm(target, prompt, method: str, gen_length: int | None = None, block_l
     if chat:                                       # a user message in the chat template (smollm2-dllm)
         prompt = chat_prompt(tok, prompt)
     ids = encode_prompt(tok, prompt, gen_length, getattr(model.config, "max_position_embeddings", None))
-    run = freedave if isinstance(policy, FreeDave) else denoise
-    new, steps, totals = run(den, ids, policy, gen_length, block_length, temperature, seed, record,
+    new, steps, totals = m.loop(den, ids, policy, gen_length, block_length, temperature, seed, record,
                                  tok.eos_token_id, eos_stop, progress)
     seen = ids + new + [den.mask_id] + [t for s in steps for t in s.top1 + s.committed_tokens]
     seen += [e.after for s in steps for e in s.edits if e.after != EDIT_MASK]     # a rewrite's token

@@ -12,9 +12,11 @@ the cost gate wraps it (`adaptive`: a predicate on its parameters), and any work
 (`setup`: the oracle decodes the answer it drafts). Every caller (the API, the CLI, the bench, a
 batch, the dashboard's form) reads these rows and nothing else, so a new drafter is one file plus
 one row, and `register()` adds one at run time (a user's own, a test's). Diffusion and DAG methods
-take their parameters from a config dataclass (`config`) the same way, and declare their facts:
-a DAG row its decoding `strategy`, a diffusion row whether it runs on a noise canvas
-(`noise_canvas`: DiffusionGemma's sampler).
+take their parameters from a config dataclass (`config`: a DAG's DecodeConfig, a diffusion row's
+policy class) the same way, and declare their facts: a DAG row its decoding `strategy`, a diffusion
+row its step loop (`loop`: the engine's `denoise`, or FreeDave's draft and verify) and whether it
+runs on a noise canvas (`noise_canvas`: DiffusionGemma's sampler). `engine` names the method's
+Engine row (decoding/engines.py), which says how it runs and how its traces read.
 """
 from __future__ import annotations
 
@@ -25,7 +27,11 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable
 
 from speclab.decoding.dag import DecodeConfig
-from speclab.decoding.dllm_policies import POLICIES
+from speclab.decoding.diffusion import denoise
+from speclab.decoding.dllm_adapt import ETE, AdaBlock, FastV2, Learn2PD
+from speclab.decoding.dllm_policies import EntropyBound, FreeDave, LocalLeap, LowConfidence, Prophet, Sched, Threshold
+from speclab.decoding.dllm_revise import R2, JointThreshold
+from speclab.decoding.freedave import freedave
 from speclab.decoding.guarantees import GUARANTEES, LOSSLESS, check, weakest  # noqa: F401 (re-exported)
 from speclab.decoding.drafters.aded import AdedDrafter
 from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
@@ -34,6 +40,7 @@ from speclab.decoding.drafters.lookahead import LookaheadDrafter
 from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixDrafter, SuffixHistory
 from speclab.decoding.drafters.model import DraftModelDrafter, LayerSkipDrafter
 from speclab.decoding.drafters.oracle import OracleDrafter
+from speclab.decoding.drafters.synthetic import SyntheticDrafter, decode_answer
 from speclab.decoding.drafters.pearl import PearlDrafter
 from speclab.decoding.drafters.recycling import RecyclingDrafter
 from speclab.decoding.drafters.rsd import RSDDrafter
@@ -75,7 +82,7 @@ def vocabulary_of_target(target, draft):
 class Method:
     name: str
     family: str                     # autoregressive | speculative | self-speculative | model-free | ... | dag | diffusion
-    engine: str                     # speculative | diffusion | dag
+    engine: str                     # its Engine row's name (decoding/engines.py): speculative | diffusion | dag | ...
     guarantee: str                  # a key of decoding/guarantees.GUARANTEES, under the exact rule
     summary: str                    # what it does, naming its paper
     drafter: type | None = None     # speculative: the Drafter class; its constructor's parameters are the method's
@@ -92,6 +99,7 @@ class Method:
     strategy: str | None = None     # dag: the decoding strategy (decoding/dag.py DECODERS, or "all")
     rule: str = "exact"             # speculative: the acceptance rule a run takes unless it names one
     noise_canvas: bool = False      # diffusion: DiffusionGemma's sampler over a canvas of random tokens
+    loop: Callable | None = None    # diffusion: the step loop that runs its policy (denoise, freedave)
 
     @property
     def lossless(self) -> bool:
@@ -157,8 +165,10 @@ def register(method: Method) -> Method:
         raise ValueError(f"a method named {method.name!r} is already registered: unregister it first or pick "
                          "another name")
     check(f"method {method.name!r}", method.guarantee)
-    if method.engine == "speculative" and not (isinstance(method.drafter, type) and issubclass(method.drafter, Drafter)):
-        raise ValueError(f"method {method.name!r}: drafter must be a Drafter subclass, got {method.drafter!r}")
+    # a method's parameters are its drafter's (a draft and a verify) or its config's (any other engine)
+    if method.config is None and not (isinstance(method.drafter, type) and issubclass(method.drafter, Drafter)):
+        raise ValueError(f"method {method.name!r}: drafter must be a Drafter subclass (or give a config dataclass "
+                         f"for a method that drafts nothing), got {method.drafter!r}")
     if method.drafter is not None:
         missing = set(method.inputs) - set(constructor_params(method.drafter))
         bad = set(method.aliases.values()) - set(constructor_params(method.drafter))
@@ -219,6 +229,10 @@ for _m in [
     Method(name="oracle", family="model-free", engine="speculative", guarantee=AR,
            summary="drafts the next k tokens of the known answer (ar's, decoded first): the ceiling a perfect "
                    "draft of length k reaches", drafter=OracleDrafter, setup=decode_reference),
+    Method(name="synthetic", family="model-free", engine="speculative", guarantee=AR, sampling=False,
+           summary="synthetic acceptance (vLLM's rejection_sample_method=synthetic): the real round at a chosen "
+                   "per-depth acceptance profile, drafted from the known answer; greedy only",
+           drafter=SyntheticDrafter, setup=decode_answer),
     Method(name="recycling", family="model-free", engine="speculative", guarantee=AR,
            summary="Token Recycling: top-k successor matrix refreshed by every verify", drafter=RecyclingDrafter,
            batchable=True),
@@ -316,45 +330,57 @@ for _s, _d in DAG_SUMMARY.items():
                     sampling=_s in ("sample", "all"), config=DecodeConfig, strategy=_s))
 
 
-DLLM_SUMMARY = {
-    "dllm-lowconf": "LLaDA: fixed steps per block, commit the most confident (or random) masked positions",
-    "dllm-threshold": "Fast-dLLM: commit every position above a confidence threshold (or the factor rule)",
-    "dllm-prophet": "Prophet: low-confidence steps, commit everything once the top-2 logit gap is large",
-    "dllm-sched": "SchED: low-confidence steps, exit when the margin passes a progress-aware threshold",
-    "dllm-localleap": "LocalLeap: high-confidence anchors relax the threshold around them",
-    "dllm-freedave": "FreeDave: K drafts verified in one batched forward; lossless vs one-token-per-step",
-    "dllm-entropy-bound": "DiffusionGemma's sampler: commit the lowest-entropy positions while their entropy sum "
-                          "stays under a bound (on DiffusionGemma: its whole noise-canvas loop)",
-    "dllm-llada21-edit": "LLaDA 2.1 token editing (SGLang JointThreshold): commit above a threshold and rewrite "
-                         "committed tokens the model now proposes otherwise, with post-edit steps",
-    "dllm-r2": "R²-dLLM: threshold commits plus confident windows, same-token runs and predictions "
-               "stable for n steps",
-    "dllm-adablock": "AdaBlock-dLLM: threshold commits in adaptive blocks that end at a confident delimiter "
-                     "(inside the engine's block)",
-    "dllm-ete": "ETE (From Bits to Rounds; speclab's reading): threshold commits, plus uncertain slots "
-                "explored until a round carries a budget of nats",
-    "dllm-learn2pd": "Learn2PD: a filter trained on the dLLM's own runs commits the slots it scores as final; "
-                     "end-of-text prediction",
-    "dllm-fastv2": "threshold commits in sub-blocks filled left to right, each step running only the sub-block on "
-                   "a stale cache of its block where it can (Fast-dLLM v2, Wu et al. 2025)",
-}
+# diffusion: one row per commit policy; FreeDave is lossless against greedy one-token-per-step decoding
+# only (it refuses a temperature); the others commit several tokens a step where one-per-step would one
 DLLM_RUN_PARAMS = ("gen_length", "block_length", "eos_stop")
-for _n, _d in DLLM_SUMMARY.items():
-    # FreeDave is lossless against greedy one-token-per-step decoding only: it refuses a temperature;
-    # the others commit several tokens a step where one-per-step decoding would commit one
-    register(Method(name=_n, family="diffusion", engine="diffusion", summary=_d,
-                    guarantee="identical-to-one-per-step" if _n == "dllm-freedave" else "lossy",
-                    sampling=_n != "dllm-freedave", config=POLICIES[_n], run_params=DLLM_RUN_PARAMS,
-                    noise_canvas=_n == "dllm-entropy-bound"))
+DLLM = dict(family="diffusion", engine="diffusion", guarantee="lossy", run_params=DLLM_RUN_PARAMS, loop=denoise)
+for _m in [
+    Method(name="dllm-lowconf", config=LowConfidence, **DLLM,
+           summary="LLaDA: fixed steps per block, commit the most confident (or random) masked positions"),
+    Method(name="dllm-threshold", config=Threshold, **DLLM,
+           summary="Fast-dLLM: commit every position above a confidence threshold (or the factor rule)"),
+    Method(name="dllm-prophet", config=Prophet, **DLLM,
+           summary="Prophet: low-confidence steps, commit everything once the top-2 logit gap is large"),
+    Method(name="dllm-sched", config=Sched, **DLLM,
+           summary="SchED: low-confidence steps, exit when the margin passes a progress-aware threshold"),
+    Method(name="dllm-localleap", config=LocalLeap, **DLLM,
+           summary="LocalLeap: high-confidence anchors relax the threshold around them"),
+    Method(name="dllm-freedave", config=FreeDave, **DLLM | dict(guarantee="identical-to-one-per-step",
+                                                                  loop=freedave), sampling=False,
+           summary="FreeDave: K drafts verified in one batched forward; lossless vs one-token-per-step"),
+    Method(name="dllm-entropy-bound", config=EntropyBound, **DLLM, noise_canvas=True,
+           summary="DiffusionGemma's sampler: commit the lowest-entropy positions while their entropy sum stays "
+                   "under a bound (on DiffusionGemma: its whole noise-canvas loop)"),
+    Method(name="dllm-llada21-edit", config=JointThreshold, **DLLM,
+           summary="LLaDA 2.1 token editing (SGLang JointThreshold): commit above a threshold and rewrite committed "
+                   "tokens the model now proposes otherwise, with post-edit steps"),
+    Method(name="dllm-r2", config=R2, **DLLM,
+           summary="R²-dLLM: threshold commits plus confident windows, same-token runs and predictions stable for "
+                   "n steps"),
+    Method(name="dllm-adablock", config=AdaBlock, **DLLM,
+           summary="AdaBlock-dLLM: threshold commits in adaptive blocks that end at a confident delimiter (inside "
+                   "the engine's block)"),
+    Method(name="dllm-ete", config=ETE, **DLLM,
+           summary="ETE (From Bits to Rounds; speclab's reading): threshold commits, plus uncertain slots explored "
+                   "until a round carries a budget of nats"),
+    Method(name="dllm-learn2pd", config=Learn2PD, **DLLM,
+           summary="Learn2PD: a filter trained on the dLLM's own runs commits the slots it scores as final; "
+                   "end-of-text prediction"),
+    Method(name="dllm-fastv2", config=FastV2, **DLLM,
+           summary="threshold commits in sub-blocks filled left to right, each step running only the sub-block on "
+                   "a stale cache of its block where it can (Fast-dLLM v2, Wu et al. 2025)"),
+]:
+    register(_m)
 
 
-def guarantee(method: str, rule: str | None = None, params: dict | None = None) -> str:
+def guarantee(method: str, rule: str | None = None) -> str:
     """What a run of `method` under acceptance `rule` (None: the method's own) keeps: the weaker of
     the method's and the rule's guarantees (a lossy rule makes any method lossy). A method whose
-    drafts its own rule alone keeps lossless (tree-rsd) keeps nothing under another."""
+    drafts its own rule alone keeps lossless (tree-rsd) keeps nothing under another; a method that
+    drafts nothing to verify (no drafter) keeps its own."""
     from speclab.decoding.rules import get_rule
     m = get_method(method)
-    if m.engine != "speculative":
+    if m.drafter is None:
         return m.guarantee
     rule = rule or m.rule
     if rule != m.rule and m.rule != "exact":
@@ -463,11 +489,6 @@ OWNED_PARAMS = ("history", "reference")
 def recorded_params(params: dict) -> dict:
     """The method parameters a trace records: everything but the caller-owned objects."""
     return {k: v for k, v in params.items() if k not in OWNED_PARAMS}
-
-
-def takes_backend(name: str) -> bool:
-    m = get_method(name)
-    return m.drafter is not None and "backend" in constructor_params(m.drafter)
 
 
 def methods() -> list[dict]:

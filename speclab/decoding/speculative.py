@@ -79,9 +79,16 @@ class Drafter:
             prompt's too in the first round. Otherwise the verify scores only the last pending
             token and the draft nodes, the rows acceptance reads (a prompt's rows are most of a
             prefill's LM-head work).
+    Optional capabilities, declared here with their defaults and read by the engine:
+      decode_loop                 None, or a method decode_loop(target, prompt_ids, max_new_tokens,
+            sampler, seed, record, eos_id, progress, rule) -> (new ids, rounds, totals) that runs
+            in place of the rounds (PEARL drafts beside the verify in its own loop)
+      lanes                       timing lanes of work that overlapped, for the trace (PEARL's)
     """
     name = "none"
     all_rows = False
+    decode_loop: Callable | None = None
+    lanes: tuple = ()
 
     def __init__(self):
         self.forwards = 0               # draft model calls (0 for model-free drafters)
@@ -236,7 +243,7 @@ def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_to
     """Run rounds until max_new_tokens or EOS under acceptance `rule` (its parameters; model: the
     target's transformers model, for a rule that reads its weights). Returns (new ids, rounds, totals).
     A drafter with its own loop (`decode_loop`: PEARL drafts beside the verify) runs that instead."""
-    if hasattr(drafter, "decode_loop"):
+    if drafter.decode_loop is not None:
         return drafter.decode_loop(target, prompt_ids, max_new_tokens, sampler, seed, record, eos_id, progress, rule)
     dev = target.device
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -320,7 +327,7 @@ def run(target: TargetLM, drafter: Drafter, tok, prompt_ids: list[int], max_new_
         params.update(rule=rule, rule_params=resolve_rule_params(rule, rule_params))
     models = with_runners(models, target, getattr(getattr(drafter, "inner", drafter), "lm", None))
     trace = trace_of(tok, method, params, models, sampler, seed, record, prompt_ids, new, rounds, totals)
-    trace.lanes = list(getattr(drafter, "lanes", []))     # timing lanes of a drafter that overlaps (PEARL)
+    trace.lanes = list(drafter.lanes)       # timing lanes of a drafter that overlaps (PEARL)
     return trace
 
 

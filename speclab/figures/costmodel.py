@@ -68,7 +68,7 @@ def trace_model(trace) -> dict | None:
     """The cost model from one run alone: its plain rounds (a gate's, or a lookup that found
     nothing) give the ar step; without any, c is unknown (None) and so is the expected speed-up."""
     from types import SimpleNamespace
-    if trace.engine != "speculative" or len(trace.rounds) < 2 or not trace.totals.drafted:
+    if not trace.steps_row().verify or len(trace.rounds) < 2 or not trace.totals.drafted:
         return None
     plain = [r for r in trace.rounds[1:] if not r.drafted]
     ref = SimpleNamespace(rounds=[trace.rounds[0]] + (plain or trace.rounds[1:]), totals=SimpleNamespace(wall_s=0.0))

@@ -109,8 +109,5 @@ def denoise_html(trace: Trace, step: int) -> str:
 
 
 def detail_html(trace: Trace, step: int) -> str:
-    if trace.engine == "dag":
-        return strategy_html(trace, step)
-    if trace.engine == "diffusion":
-        return denoise_html(trace, step)
-    return round_html(trace, step)
+    # by the trace field the engine keeps its steps in (trace.Steps): one table per step type
+    return {"dag": strategy_html, "denoise": denoise_html}.get(trace.steps_row().field, round_html)(trace, step)

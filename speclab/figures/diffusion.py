@@ -37,8 +37,8 @@ from speclab.trace import MASK, DenoiseStep, Trace, TraceError
 
 # -- reading a diffusion trace ---------------------------------------------------------------------
 def denoise_steps(trace: Trace) -> list[DenoiseStep]:
-    if trace.engine != "diffusion":
-        raise TraceError(f"this is a {trace.engine} trace; diffusion figures need a diffusion trace")
+    if not trace.steps_row().canvas:
+        raise TraceError(f"this is a {trace.engine} trace; diffusion figures need a trace that denoises a canvas")
     return trace.denoise
 
 

@@ -64,7 +64,7 @@ def retemper(topk: list[list[float]], ratio: float) -> dict[int, float]:
 def distributions(trace: Trace, step: int, node_id: int | None = None, temperature: float | None = None) -> go.Figure | None:
     """The figure for round `step` (0-based), or None when the round has no node with recorded
     distributions (record="full" and a drafter that has a q)."""
-    if trace.engine != "speculative" or not 0 <= step < len(trace.rounds):
+    if not trace.steps_row().verify or not 0 <= step < len(trace.rounds):
         return None
     n = pick_node(trace.rounds[step], node_id)
     if n is None:

@@ -34,7 +34,7 @@ EARLIER = "#d9d9d9"
 
 
 def has_block_fill(trace: Trace) -> bool:
-    return trace.engine == "speculative" and any(d.policy in POLICIES for r in trace.rounds for d in r.decisions)
+    return trace.steps_row().verify and any(d.policy in POLICIES for r in trace.rounds for d in r.decisions)
 
 
 def slots_of(rnd) -> list:

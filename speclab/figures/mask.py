@@ -145,18 +145,18 @@ def _denoise_mask(trace: Trace, step: int) -> dict:
 
 def mask_size(trace: Trace) -> int:
     """The grid's side over the whole run (fixed, so stepping never resizes the figure)."""
-    if trace.engine == "diffusion":
+    if trace.steps_row().canvas:
         return gen_length(trace) + 1
     return 2 + max((len(r.nodes) for r in trace.rounds), default=0)
 
 
 def mask_dict(trace: Trace, step: int = 0) -> dict:
     """mask_figure as a plain {"data", "layout"} dict (what players and frames update from)."""
-    if trace.engine not in ("speculative", "diffusion"):
+    if not (trace.steps_row().verify or trace.steps_row().canvas):
         raise ValueError(f"a {trace.engine} run has no attention mask to show (a DAG decodes in one forward "
                          "over its own graph): mask views are for speculative and diffusion runs")
     step = check_step(trace, step, n_steps(trace))
-    d = _round_mask(trace, step, mask_size(trace)) if trace.engine == "speculative" else _denoise_mask(trace, step)
+    d = _round_mask(trace, step, mask_size(trace)) if trace.steps_row().verify else _denoise_mask(trace, step)
     d["layout"]["meta"] = dict(step=step, steps=n_steps(trace), engine=trace.engine)
     return d
 

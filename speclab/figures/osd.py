@@ -27,7 +27,7 @@ WINDOW = 8
 
 
 def has_osd_versions(trace: Trace) -> bool:
-    return trace.engine == "speculative" and any("draft_version" in r.info for r in trace.rounds)
+    return trace.steps_row().verify and any("draft_version" in r.info for r in trace.rounds)
 
 
 def osd_updates(trace: Trace) -> list:

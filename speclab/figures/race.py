@@ -28,7 +28,7 @@ def race_lanes(traces: list[Trace], labels: list[str] | None = None) -> list[dic
     round)."""
     lanes = []
     for i, t in enumerate(traces):
-        if t.engine != "speculative" or not t.rounds:
+        if not t.steps_row().verify or not t.rounds:
             raise ValueError(f"the race replays speculative runs with rounds; {t.method} is a {t.engine} run "
                              "(record it with record='light' or 'full')")
         spent = [r.draft_s + r.verify_s for r in t.rounds]

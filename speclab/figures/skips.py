@@ -31,7 +31,7 @@ SEARCH_MARK = {"kept": "#2ca02c", "reverted": "#bbbbbb", "scored": "#1f77b4"}
 
 
 def has_skip_masks(trace: Trace) -> bool:
-    return trace.engine == "speculative" and any("skip" in r.info for r in trace.rounds)
+    return trace.steps_row().verify and any("skip" in r.info for r in trace.rounds)
 
 
 def _colorscale() -> list:

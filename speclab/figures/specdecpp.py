@@ -33,7 +33,7 @@ BINS = 10
 
 
 def has_stop_decisions(trace: Trace) -> bool:
-    return trace.engine == "speculative" and any(d.policy == POLICY for r in trace.rounds for d in r.decisions)
+    return trace.steps_row().verify and any(d.policy == POLICY for r in trace.rounds for d in r.decisions)
 
 
 def head_pairs(trace: Trace) -> list[tuple[int, int, float, bool]]:

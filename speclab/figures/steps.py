@@ -7,30 +7,26 @@ step lands.
 """
 from __future__ import annotations
 
-from speclab.figures.dag import strategies
 from speclab.metrics import n_steps
 from speclab.trace import Trace
 
-STEP_LABEL = {"speculative": "round", "dag": "strategy", "diffusion": "step"}
-
 
 def step_label(trace: Trace) -> str:
-    """What one step is called on a slider."""
-    return STEP_LABEL.get(trace.engine, "step")
+    """What one step is called on a slider: its engine row's noun (trace.Steps)."""
+    return trace.steps_row().noun
 
 
 def step_names(trace: Trace) -> list[str]:
-    """Slider labels: strategy names for a DAG run, 1-based numbers otherwise."""
-    if trace.engine == "dag":
-        return strategies(trace)
-    return [str(k + 1) for k in range(n_steps(trace))]
+    """Slider labels: the engine row's names where it has them (a DAG's strategies), 1-based numbers otherwise."""
+    names = trace.steps_row().names
+    return names(trace) if names is not None else [str(k + 1) for k in range(n_steps(trace))]
 
 
 def step_title(trace: Trace, step: int) -> str:
     """Step `step` (0-based) as people read it: "round 3 of 20", "strategy viterbi (2 of 6)"."""
     n = n_steps(trace)
     step %= n
-    if trace.engine == "dag":
+    if trace.steps_row().names is not None:
         return f"{step_label(trace)} {step_names(trace)[step]} ({step + 1} of {n})"
     return f"{step_label(trace)} {step + 1} of {n}"
 

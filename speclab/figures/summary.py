@@ -32,7 +32,7 @@ def calibration_figure(traces: Trace | list[Trace], bins: int = 10) -> go.Figure
     draft's own q ranks a tree's nodes as the target will: a tree grown by cumulative q (EAGLE-2)
     is then as good as that draft allows, and more tau needs a draft that knows more."""
     traces = [traces] if isinstance(traces, Trace) else list(traces)
-    if not traces or any(t.engine != "speculative" for t in traces):
+    if not traces or any(not t.steps_row().verify for t in traces):
         raise ValueError("calibration_figure takes speculative traces (one run or a list of runs)")
     rows = calibration([r for t in traces for r in t.rounds], bins)
     pts = [(q, share, n) for _, q, n, share in rows if n]

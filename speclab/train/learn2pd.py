@@ -34,6 +34,7 @@ import time
 
 import torch
 
+from speclab.decoding.dllm_policies import DiffusionPolicy
 from speclab.models.learn2pd import FEATURES, Learn2PDFilter, Stability, features, save_filter
 
 # ----------------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ def training_prompts(tok, n_chat: int, n_edit: int, n_code: int, seed: int) -> l
 # ----------------------------------------------------------------------------------------------
 # 2-4. runs and examples
 
-class Recorder:
+class Recorder(DiffusionPolicy):
     """Wraps a commit policy: at every step, the features of the active block's masked slots
     (what the Learn2PD policy will read there), then the inner policy's choice."""
 
@@ -102,7 +103,7 @@ class Recorder:
         return self.inner.select(v)
 
 
-class Oracle:
+class Oracle(DiffusionPolicy):
     """The paper's "extremely greedy" replay: commit every masked slot of the block whose proposal
     already equals the reference's token there; the most confident when none does."""
 

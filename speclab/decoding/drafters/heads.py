@@ -31,6 +31,9 @@ to the device.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -51,20 +54,32 @@ def _name(m) -> str:
     return str(getattr(m, "name_or_path", None) or type(m).__name__)
 
 
+@dataclass(frozen=True)
+class HeadKind:
+    """A feature head's kind: what its draft must be and which target layers it reads."""
+    train: str                                  # `speclab train <train> --target ...` makes one
+    what: str                                   # how a message names it
+    fits: Callable[[object], bool]              # is this module one
+    layers: Callable[[object, int], tuple]      # (its config, the target's layer count) -> layers it reads
+
+
+EAGLE = HeadKind("eagle", "an EAGLE head (e.g. smollm2-eagle)", lambda head: hasattr(head, "eagle_fc"), eagle_layers)
+MEDUSA = HeadKind("medusa", "Medusa heads (e.g. smollm2-medusa)", lambda head: isinstance(head, MedusaHeads),
+                  lambda config, n: (n,))
+
+
 class FeatureReader:
     """Mixin: capture the target's hidden states at each verify (the last layer's; an EAGLE-3 head
     also earlier ones, its `eagle_layers`); keep the committed rows' features in `self.feats`
     (n, C) for positions [self.fed, self.fed + n), not yet given to the head."""
 
-    def read_target(self, target_model, head, kind: str, method: str):
-        if head is None or kind == "eagle" and not hasattr(head, "eagle_fc") or \
-                kind == "medusa" and not isinstance(head, MedusaHeads):
-            what = "an EAGLE head (e.g. smollm2-eagle)" if kind == "eagle" else "Medusa heads (e.g. smollm2-medusa)"
-            raise ValueError(f"method {method!r} needs {what} as its draft, got {_name(head)}: "
-                             f"train one with `speclab train {kind} --target ...`")
+    def read_target(self, target_model, head, kind: HeadKind, method: str):
+        if head is None or not kind.fits(head):
+            raise ValueError(f"method {method!r} needs {kind.what} as its draft, got {_name(head)}: "
+                             f"train one with `speclab train {kind.train} --target ...`")
         check_base(head.config, target_model.config, _name(head), _name(target_model))
         n = len(target_model.model.layers)
-        self.layers = eagle_layers(head.config, n) if kind == "eagle" else (n,)
+        self.layers = kind.layers(head.config, n)
         if self.layers[-1] != n:
             raise ValueError(f"the head {_name(head)} reads target layers {list(self.layers)}, not ending at the "
                              f"last of {_name(target_model)}'s {n}: train a head for this target")
@@ -117,7 +132,7 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
 
     def __init__(self, target_model, draft, vocab: int | None = None, **kw):
         super().__init__(**kw)
-        self.read_target(target_model, draft, "eagle", self.name)
+        self.read_target(target_model, draft, EAGLE, self.name)
         self.head = head = draft
         self.attach_lm(head, "fast")                     # its own one-layer cache, fed by embeds
         if vocab is not None:                            # draft from the `vocab` most frequent ids only
@@ -251,7 +266,7 @@ class MedusaDrafter(FeatureReader, Drafter):
 
     def __init__(self, target_model, draft, paths=None, budget: int | None = None):
         super().__init__()
-        self.read_target(target_model, draft, "medusa", self.name)
+        self.read_target(target_model, draft, MEDUSA, self.name)
         self.heads = heads = draft
         rank_acc = getattr(heads.config, "medusa_rank_acc", None)
         if paths is not None and budget is not None:

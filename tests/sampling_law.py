@@ -16,9 +16,17 @@ mass gains TV in proportion, the other half loses it, the worst case). `draws_fo
 smallest N with P(ncx2(df, 4 N TV^2) > chi2.isf(ALPHA, df)) >= POWER using scipy. With CELLS = 6,
 ALPHA = 1e-3, TV = 0.05, POWER = 0.9: critical value 20.52, lambda = 29.2, N = 2,921 (a table,
 same calculation: df 3 -> 2,594; df 5 -> 2,921; df 9 -> 3,408; at alpha 0.01, df 5 -> 2,203).
-Every family's test draws N at each of T = 0.7 and 1; its broken variant draws N at one
-temperature and must be rejected there. Seeds are fixed, so a run is reproducible: ALPHA is the
-chance that a correct method fails at a fresh set of seeds (after a change to the random stream).
+Every family's test draws N at each of T = 0.7 and 1. Its broken variant is a negative control:
+it runs once, at the temperature where it departs most, and must be rejected there on
+N_BROKEN = draws_for(tv=0.1) = 731 draws (the same calculation for a departure of TV 0.1; the
+controls depart by 0.1 to 0.65, and a control that departs by less needs N). Seeds are fixed, so
+a run is reproducible: ALPHA is the chance that a correct method fails at a fresh set of seeds
+(after a change to the random stream).
+
+Where the time goes: a draw is a few forwards of a one-layer model, each mostly Python overhead,
+so `draw_pairs_in_batch` runs a batchable method's draws as lanes of the batch engine
+(decoding/batch.py), one target forward per round for all of them; a lane is its run alone, bit
+for bit (test_batch), so its law is the single run's.
 """
 from __future__ import annotations
 
@@ -48,6 +56,7 @@ def draws_for(cells: int = CELLS, tv: float = TV, alpha: float = ALPHA, power: f
 
 
 N = draws_for()
+N_BROKEN = draws_for(tv=0.1)
 
 
 @dataclass
@@ -103,6 +112,22 @@ def draw_pairs(lm, drafter, prompt_ids: list[int], sampler: Sampler, n: int = N,
     for seed in range(seed0, seed0 + n):
         new, _, _ = run(lm, drafter, prompt_ids, 2, sampler, seed=seed, record=None)
         out.append((new[0], new[1]))
+    return out
+
+
+def draw_pairs_in_batch(model, make_drafter, prompt_ids: list[int], sampler: Sampler, n: int = N,
+                        seed0: int = 0, lanes: int = 128) -> list[tuple[int, int]]:
+    """draw_pairs for a batchable method: n runs as lanes of the batch engine (seeds seed0 ..),
+    `lanes` at a time (the shared-slot cache's attention grows with its width), each lane's drafter
+    from make_drafter() and reused by the next batch (begin resets it)."""
+    from speclab.decoding.batch import decode_batch
+    drafters = [make_drafter() for _ in range(min(lanes, n))]
+    out = []
+    for s0 in range(seed0, seed0 + n, lanes):
+        b = min(lanes, seed0 + n - s0)
+        runs, _ = decode_batch(model, drafters[:b], [prompt_ids] * b, 2, sampler, list(range(s0, s0 + b)),
+                               record=None)
+        out += [(new[0], new[1]) for new, _, _ in runs]
     return out
 
 

@@ -66,6 +66,43 @@ def test_suffix_automaton_finds_the_longest_earlier_suffix():
     assert a.len[s] == 3 and a.text[a.end[s] + 1] == 4
 
 
+def test_the_automaton_counts_every_substrings_occurrences_as_the_text_grows():
+    import random
+    rng = random.Random(0)
+    text, a = [], SuffixAutomaton()
+    for _ in range(400):
+        text.append(rng.randint(0, 3))
+        a.extend(text[-1])
+        if len(text) % 50:
+            continue
+        for _ in range(40):                                   # random substrings, counted by brute force
+            i, n = rng.randrange(len(text) - 6), rng.randint(1, 6)
+            pat, st = text[i:i + n], 0
+            for c in pat:
+                st = a.next[st][c]
+            assert a.occ[st] == sum(text[j:j + n] == pat for j in range(len(text) - n + 1)), pat
+
+
+def test_suffix_tree_drafts_the_frequent_continuations_first_and_prunes_rare_ones():
+    # the context ends in (9 1 2), its longest earlier suffix; seen before, it went on with 3 three times,
+    # 4 twice and 5 once (1/6 < min_prob 0.2: left out); (9 1 2 3) with 6 twice and 7 once; (9 1 2 4) with 9
+    seq = [1, 2, 3, 6, 9, 1, 2, 3, 6, 9, 1, 2, 4, 9, 1, 2, 3, 6, 9, 1, 2, 3, 7, 9, 1, 2, 4, 9, 1, 2, 5, 9, 1, 2]
+    c = ctx(seq)
+    d = SuffixDrafter(max_k=4, factor=2.0, min_match=2, tree=True, min_prob=0.2)
+    d.begin(c, None, None, None)
+    t = d.propose(c)
+    # best first: 3 (1/2), then 4 (1/3) and 3-6 (1/2 x 2/3) tie, the earlier candidate first, then 4-9 (1/3)
+    assert t.tokens == [3, 4, 6, 9] and t.parents == [-1, -1, 0, 1]
+    freqs = [d_.inputs["frequency"] for d_ in t.decisions]
+    assert freqs == [0.5, 0.3333, 0.6667, 1.0] and all(x.threshold == 0.2 for x in t.decisions)
+    assert 5 not in t.tokens and len(t) == 4 == t.info["budget"]   # budget min(max_k, 2 x match 3)
+    chain = SuffixDrafter(max_k=4, factor=2.0, min_match=2)
+    chain.begin(c, None, None, None)
+    assert chain.propose(c).tokens == [3, 6, 9, 1]           # the chain: what followed the first occurrence
+    with pytest.raises(ValueError, match="min_prob must be"):
+        SuffixDrafter(tree=True, min_prob=1.5)
+
+
 def test_suffix_drafter_continues_a_repeat_and_keeps_history_only_in_the_owners_object():
     h = SuffixHistory()
     d = SuffixDrafter(max_k=4, min_match=2, history=h, key="v")
@@ -196,3 +233,15 @@ def test_the_oracle_rejects_bad_input(target, kw, msg):
         speclab.generate(target, ORACLE_PROMPT, "oracle", max_new_tokens=4, **kw)
     with pytest.raises(ValueError, match="does not run in a batch yet"):
         speclab.generate(target, [ORACLE_PROMPT, ORACLE_PROMPT], "oracle", max_new_tokens=4)
+
+
+def test_suffix_trees_decode_what_ar_decodes(target):
+    """Greedy, fp32: a frequency tree of point masses verified in one forward keeps ar's output."""
+    import speclab
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a,"
+    want = speclab.generate(target, prompt, "ar", max_new_tokens=48, record=None).ids
+    r = speclab.generate(target, prompt, "suffix", max_new_tokens=48, record="light", tree=True, min_prob=0.0,
+                         max_k=8, gate="off")
+    assert r.ids == want
+    assert any(len(set(n.parent for n in rnd.nodes)) < len(rnd.nodes) for rnd in r.trace.rounds)   # a branch
+    assert any(d.policy == "suffix" for rnd in r.trace.rounds for d in rnd.decisions)

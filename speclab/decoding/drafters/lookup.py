@@ -19,12 +19,14 @@ All drafts are point masses (q = 1): under sampling they are accepted with proba
 from __future__ import annotations
 
 import bisect
+import heapq
 import threading
 from collections import OrderedDict
 
 from speclab.decoding.drafters.model import check_k
 from speclab.decoding.speculative import Context, Drafter
 from speclab.decoding.tree import DraftTree
+from speclab.trace import Decision
 
 
 class PromptLookupDrafter(Drafter):
@@ -74,12 +76,15 @@ class SuffixAutomaton:
     """Online suffix automaton over a token sequence (Blumer et al.): O(1) amortised extend.
 
     Each state keeps `end`, the end position of its first occurrence, so a match can be continued
-    by reading the text after it.
+    by reading the text after it, and `occ`, how many times its strings occur (the size of its end
+    set, kept up to date as the text grows: the new position is added to every state on the new
+    state's suffix-link path), so the continuations of a match can be counted (SuffixDecoding's
+    frequencies).
     """
 
     def __init__(self):
         self.next: list[dict[int, int]] = [{}]
-        self.link, self.len, self.end = [-1], [0], [-1]
+        self.link, self.len, self.end, self.occ = [-1], [0], [-1], [0]
         self.last = 0
         self.text: list[int] = []
 
@@ -87,7 +92,7 @@ class SuffixAutomaton:
         self.text.append(c)
         cur = len(self.len)
         self.next.append({}); self.len.append(self.len[self.last] + 1)
-        self.link.append(-1); self.end.append(len(self.text) - 1)
+        self.link.append(-1); self.end.append(len(self.text) - 1); self.occ.append(1)
         p = self.last
         while p != -1 and c not in self.next[p]:
             self.next[p][c] = cur
@@ -101,12 +106,16 @@ class SuffixAutomaton:
             else:
                 clone = len(self.len)
                 self.next.append(dict(self.next[q])); self.len.append(self.len[p] + 1)
-                self.link.append(self.link[q]); self.end.append(self.end[q])
+                self.link.append(self.link[q]); self.end.append(self.end[q]); self.occ.append(self.occ[q])
                 while p != -1 and self.next[p].get(c) == q:
                     self.next[p][c] = clone
                     p = self.link[p]
                 self.link[q] = self.link[cur] = clone
         self.last = cur
+        p = self.link[cur]
+        while p > 0:                        # the new end position: one more occurrence of each suffix
+            self.occ[p] += 1
+            p = self.link[p]
 
     def step(self, state: int, length: int, c: int) -> tuple[int, int]:
         """Matching statistics: extend a match (state, length) by token c, falling back on links."""
@@ -226,14 +235,17 @@ class SuffixDrafter(Drafter):
     name = "suffix"
 
     def __init__(self, max_k: int = 16, factor: float = 1.0, min_match: int = 2,
-                 history: SuffixHistory | None = None, key=None):
+                 history: SuffixHistory | None = None, key=None, tree: bool = False, min_prob: float = 0.1):
         super().__init__()
         check_k(max_k, "max_k")
         if history is not None and not isinstance(history, SuffixHistory):
             raise ValueError(f"history must be a speclab SuffixHistory (or None for no history across requests), "
                              f"got {type(history).__name__}")
+        if not isinstance(min_prob, (int, float)) or isinstance(min_prob, bool) or not 0.0 <= min_prob <= 1.0:
+            raise ValueError(f"min_prob must be a frequency in [0, 1], got {min_prob!r}")
         self.max_k, self.factor, self.min_match = max_k, factor, min_match
         self.history, self.key = history, key
+        self.tree, self.min_prob = bool(tree), float(min_prob)
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
@@ -270,15 +282,18 @@ class SuffixDrafter(Drafter):
         own_len = self.own.len[own_state] if own_state > 0 else 0
         candidates = []
         if own_len:
-            candidates.append((own_len, self.own.text, self.own.end[own_state], "self"))
+            candidates.append((own_len, self.own, own_state, "self"))
         if idx is not None and self.hist_len:
-            candidates.append((self.hist_len, idx.auto.text, idx.auto.end[self.hist_state], "history"))
+            candidates.append((self.hist_len, idx.auto, self.hist_state, "history"))
         if not candidates:
             return DraftTree(info={"match": 0})
-        match, text, e, where = max(candidates, key=lambda c: c[0])
+        match, auto, state, where = max(candidates, key=lambda c: c[0])
         if match < self.min_match:
             return DraftTree(info={"match": match})
         k = max(1, min(self.max_k, int(self.factor * match)))
+        if self.tree:
+            return self._tree(auto, state, match, k, where)
+        text, e = auto.text, auto.end[state]
         cont = []
         for t in text[e + 1: e + 1 + k]:
             if t == SEPARATOR:
@@ -287,6 +302,35 @@ class SuffixDrafter(Drafter):
         if where == "history" and cont:
             self.history.touch(self.key, idx, e)
         return DraftTree.chain(cont, [1.0] * len(cont), f"suffix:{where}", match=match, k=len(cont))
+
+    def _tree(self, auto: SuffixAutomaton, state: int, match: int, budget: int, where: str) -> DraftTree:
+        """SuffixDecoding's speculation tree: from the matched pattern, the continuations seen after it,
+        each scored by its frequency (its occurrences over its siblings'), a node's score the product
+        along its path; the best-scoring nodes are added first (best-first) up to `budget` nodes,
+        a continuation seen less than `min_prob` of the time after its parent left out."""
+        tree = DraftTree(info={"match": match, "where": where, "budget": budget})
+        heap, order = [], 0
+
+        def push(st: int, parent: int, score: float, depth: int):
+            nonlocal order
+            kids = [(c, t) for c, t in auto.next[st].items() if c != SEPARATOR]
+            total = sum(auto.occ[t] for _, t in kids)
+            for c, t in kids:
+                f = auto.occ[t] / total
+                if f >= self.min_prob:
+                    order += 1      # ties: the earlier-seen child first (stable)
+                    heapq.heappush(heap, (-score * f, order, c, t, parent, f, depth))
+        push(state, -1, 1.0, 1)
+        while heap and len(tree) < budget:
+            neg, _, c, t, parent, f, depth = heapq.heappop(heap)
+            node = tree.add(c, parent, 1.0, f"suffix:{where}")       # a point mass: accepted with p(x)
+            if self.record:
+                tree.decisions.append(Decision(self.name, {"frequency": round(f, 4), "score": round(-neg, 4),
+                                                           "occurrences": auto.occ[t], "depth": depth},
+                                               threshold=self.min_prob, output="draft", at=node))
+            push(t, node, -neg, depth + 1)
+        tree.info["k"] = len(tree)
+        return tree
 
     def end(self):
         # this request becomes history for the owner's next ones (and for no one else)

@@ -57,7 +57,14 @@ def imports(name: str, path: Path) -> set[str]:
             found |= subs
             if len(subs) < len(node.names):                 # names from the module itself
                 found.add(mod)
+        elif isinstance(node, ast.Call) and _called(node.func) == "import_module" and node.args \
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            found.add(node.args[0].value)                   # importlib.import_module("speclab.x") counts too
     return found
+
+
+def _called(func) -> str | None:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
 GRAPH = {name: imports(name, path) for name, path in MODULES.items()}
@@ -102,6 +109,13 @@ def circles(graph: dict[str, set[str]], inside: str) -> list[list[str]]:
 
 # every package and subpackage (a folder with __init__.py), from speclab itself down
 PACKAGE_NAMES = sorted(n for n, f in MODULES.items() if f.name == "__init__.py")
+
+
+def test_an_import_module_string_counts_as_an_import(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import importlib\nfrom importlib import import_module\n"
+                 "def f():\n    importlib.import_module('speclab.api')\n    import_module('speclab.cli')\n")
+    assert {"speclab.api", "speclab.cli"} <= imports("speclab.decoding.m", f)
 
 
 def test_the_circle_check_finds_a_circle_and_nothing_else():

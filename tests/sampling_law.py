@@ -102,6 +102,22 @@ def target_law(model, prompt_ids: list[int], sampler: Sampler, cells: int = CELL
     return Law(pairs, probs)
 
 
+def table_law(joint: torch.Tensor, cells: int = CELLS) -> Law:
+    """A law of (x1, x2) given as a (V, V) table (a rule driven over logits tables, no model), binned
+    as target_law bins a model's: its cells - 1 likeliest pairs and "other"."""
+    V = joint.shape[1]
+    v, i = joint.flatten().double().topk(cells - 1)
+    probs = np.array(v.tolist() + [0.0])
+    probs[-1] = 1.0 - probs[:-1].sum()
+    assert probs[-1] > 0.05 and probs[:-1].min() * N > 20, probs     # every cell well filled
+    return Law([divmod(int(k), V) for k in i], probs)
+
+
+def pairs_of(counts: torch.Tensor) -> list[tuple[int, int]]:
+    """The draws a (V, V) table of counts holds, as pairs."""
+    return [(a, b) for (a, b), c in zip(np.ndindex(*counts.shape), counts.flatten().long().tolist()) for _ in range(c)]
+
+
 def draw_pairs(lm, drafter, prompt_ids: list[int], sampler: Sampler, n: int = N, seed0: int = 0,
                decode=None) -> list[tuple[int, int]]:
     """The first two tokens of n runs of `drafter` on the target forward `lm` (seeds seed0 ..),

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from sampling_law import N, N_BROKEN, TEMPERATURES, departs, follows, pairs_of, table_law
 from test_rules import chi2_p, first_two_joint, tally_first_two
 
 from speclab.decoding.acceptance import Sampler, warp
@@ -150,19 +151,19 @@ def spectr_first_two(walk, tables, T: float, n: int, k: int = 3, seed: int = 0):
     return counts, first_two_joint(p_log, s, V)
 
 
-@pytest.mark.parametrize("T", [0.7, 1.0])
+@pytest.mark.parametrize("T", TEMPERATURES)
 def test_spectr_emits_the_targets_joint_distribution(T, tables, one_thread):
     """Three chains of two tokens, K-SEQ per depth with the survivors' rho* recomputed: the joint of
-    the first two tokens is the target's (chi-square, p-value > 0.001 at a fixed seed)."""
-    counts, joint = spectr_first_two(get_rule("k-seq").make({}), tables, T, 3000)
-    assert chi2_p(counts, joint) > 1e-3
+    the first two tokens is the target's (tests/sampling_law.py: N draws, 6 cells, alpha 0.001)."""
+    counts, joint = spectr_first_two(get_rule("k-seq").make({}), tables, T, N)
+    follows(table_law(joint), pairs_of(counts))
 
 
 def test_kseq_with_rho_fixed_at_one_is_caught(tables, one_thread):
     """The negative control: k independent plain tests (rho = 1) over-accept the draft's tokens, and
-    the same test sees the joint move off the target's."""
-    counts, joint = spectr_first_two(make({}, rho=1.0), tables, 1.0, 1000)
-    assert chi2_p(counts, joint) < 1e-3
+    the same test sees the joint move off the target's (at T = 0.7, where it departs most)."""
+    counts, joint = spectr_first_two(make({}, rho=1.0), tables, 0.7, N_BROKEN)
+    departs(table_law(joint), pairs_of(counts))
 
 
 # -- runs on the toy zoo --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import speclab
-from conftest import first_two_sampled_follow_the_target
+from conftest import sampled_drafts_are_point_mass
 from speclab.models import zoo
 from speclab.models.clover import CloverHeads, clover_config
 
@@ -58,10 +58,10 @@ def test_a_round_records_each_heads_candidates(target, clover, heldout_prompts):
     assert none.ids == r.ids
 
 
-def test_second_sampled_token_follows_target_distribution(target, clover):
-    """Round 1 has no draft, so the drafted position is the second token: its joint law with the
-    first must be the target's, p(x1) p(x2 | x1), under recursive rejection over the tree."""
-    first_two_sampled_follow_the_target(target, "clover", draft=clover, budget=4, width=2, depth=2)
+def test_sampled_trees_are_point_mass(target, clover):
+    """Sampled, clover's tree of its heads' top choices tells the rule no q: its law is the point-mass
+    tree walk's, tested with power in test_sampling_power.py."""
+    sampled_drafts_are_point_mass(target, "clover", draft=clover, budget=4, width=2, depth=2)
 
 
 def test_training_forward_equals_drafting_forward(target, clover):

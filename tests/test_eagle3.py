@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import speclab
-from conftest import first_two_sampled_follow_the_target
+from conftest import sampled_drafts_are_point_mass
 from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
 from speclab.models import eagle3 as E
 from speclab.models.eagle3_export import export
@@ -32,20 +32,20 @@ def tiny(target):
     return model, target[1]
 
 
-def make_draft(model, seed=1, aux=AUX) -> E.Eagle3Draft:
+def make_draft(model, seed=1, aux=AUX, n_draft=N_DRAFT) -> E.Eagle3Draft:
     """A random EAGLE-3 draft over a random draft vocabulary of N_DRAFT target ids, its fc reading the
     last aux state almost alone: on the looping text a random target writes, that drafts tokens the
     target accepts, so accepted paths are exercised too."""
     torch.manual_seed(seed)
-    d = E.new_draft(model.config, N_DRAFT, aux, verifier={"name_or_path": "org/tiny-llama",
+    d = E.new_draft(model.config, n_draft, aux, verifier={"name_or_path": "org/tiny-llama",
                                                           "architectures": ["LlamaForCausalLM"]})
-    ids = torch.randperm(V)[:N_DRAFT]
+    ids = torch.randperm(model.config.vocab_size)[:n_draft]
     d.set_vocab(ids)
     C = model.config.hidden_size
     with torch.no_grad():
         for p in d.parameters():
             p.normal_(0, 0.02)
-        d.fc.weight[:, 2 * C:] += torch.eye(C)
+        d.fc.weight[:, -C:] += torch.eye(C)
         for n in (d.norm, d.layers[0].input_layernorm, d.layers[0].hidden_norm, d.layers[0].post_attention_layernorm):
             n.weight.fill_(1.0)
         d.norm.weight.copy_(model.model.norm.weight)
@@ -176,14 +176,34 @@ def test_greedy_identical_to_ar(cls, params, tiny):
     assert drafted > 0 and accepted > 0                 # drafts are made, and some of them are right
 
 
-@pytest.mark.parametrize("cls,params", [(Eagle3Drafter, dict(budget=6, width=2, depth=3)),
-                                        (Eagle3ChainDrafter, dict(k=2))])
-def test_second_sampled_token_follows_target_distribution(cls, params, tiny):
-    """Round 1 has no draft, so the drafted position is the second token: its joint law with the
-    first must be the target's, p(x1) p(x2 | x1), under recursive rejection / speculative sampling."""
+def test_sampled_trees_are_point_mass(tiny):
+    """Sampled, the tree of the draft's top choices tells the rule no q: its law is the point-mass
+    tree walk's, tested with power in test_sampling_power.py."""
     model = tiny[0]
-    first_two_sampled_follow_the_target(tiny, cls(model, make_draft(model), **params), n=600,
-                                        prompt=list(range(40, 52)), top_k=3)
+    sampled_drafts_are_point_mass(tiny, Eagle3Drafter(model, make_draft(model), budget=6, width=2, depth=3),
+                                  prompt=list(range(40, 52)))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_sampled_chain_follows_the_target():
+    """Round 1 has no draft, so the drafted position is the second token: the chain's q, widened from
+    the draft's own ids to the target's (-inf elsewhere), keeps the first two tokens' law the target's
+    (sampling_law: N draws at T = 1; the feature-head family's walk at T = 0.7 and 1 and its broken
+    variant: test_sampling_power.py). A three-layer target of 16 ids, drafted from 12 of them."""
+    from sampling_law import draw_pairs, follows, target_law
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from speclab.decoding.acceptance import Sampler
+    from speclab.models.backends import make_lm
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      initializer_range=0.3, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
+    model = LlamaForCausalLM(cfg).eval()
+    model.name_or_path = "tiny-llama"
+    prompt, sampler = [1, 2, 3], Sampler(1.0)
+    drafter = Eagle3ChainDrafter(model, make_draft(model, aux=[1, 2, 3], n_draft=12), k=2)
+    follows(target_law(model, prompt, sampler), draw_pairs(make_lm(model, "target"), drafter, prompt, sampler))
 
 
 # what vLLM 0.32's llama_eagle3.py (Eagle3LlamaForCausalLM.load_weights) and speculators' eagle3 reader

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import speclab
-from conftest import first_two_sampled_follow_the_target
+from conftest import sampled_drafts_are_point_mass
 from speclab.models import zoo
 from speclab.models.falcon import FalconHead
 
@@ -101,11 +101,10 @@ def test_drafting_forwards_equal_the_training_forward(target, falcon, heldout_pr
     assert checked > 0
 
 
-def test_second_sampled_token_follows_target_distribution(target, falcon):
-    """Round 1 has no draft, so the drafted position is the second token: its joint law with the
-    first must be the target's, p(x1) p(x2 | x1), under recursive rejection over the tree."""
-    first_two_sampled_follow_the_target(target, "falcon", draft=falcon, budget=4, width=2, depth=2,
-                                        threshold=None)
+def test_sampled_trees_are_point_mass(target, falcon):
+    """Sampled, falcon's tree of its heads' top choices tells the rule no q: its law is the point-mass
+    tree walk's, tested with power in test_sampling_power.py."""
+    sampled_drafts_are_point_mass(target, "falcon", draft=falcon, budget=4, width=2, depth=2, threshold=None)
 
 
 def test_wrong_pairings_say_what_to_do(target):

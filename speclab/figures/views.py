@@ -5,6 +5,7 @@ through `add_figure`, shows up in all three.
 
     VIEWS[engine]                  the engine's View: step figures (the main one first), run strip,
                                    summary figures each with its height, whether it has a mask view
+    add_view(view)                 a new engine's View (added_view for a `with` block; remove_view)
     view_of(trace)                 the View for one trace: its engine's figures whose data the trace
                                    holds (decisions, lanes, verdicts show only where recorded), plus
                                    the figures its method added
@@ -108,7 +109,6 @@ class View:
     run_strip: FigureSpec | None = None         # the run at a glance under the step view, first in a summary
     summary: tuple[FigureSpec, ...] = ()
     mask: bool = False                          # the attention mask of a step's forward (figures.mask)
-    rate: str = "tau"                           # what new tokens per forward are called for this engine
 
     @property
     def main(self) -> FigureSpec:
@@ -148,11 +148,11 @@ VIEWS = {
         "diffusion", step=(step_view("canvas", canvas_dict), DECISIONS),
         run_strip=FigureSpec("confidence bands", confidence_bands),
         summary=(FigureSpec("decoding order", decoding_order), DECISIONS_OVER_RUN, LANES),
-        mask=True, rate="tokens per forward"),
+        mask=True),
     "dag": View("dag", step=(step_view("strategies", dag_dict),), summary=(LANES,)),
 }
 
-__all__ = ["FigureSpec", "View", "VIEWS", "view_of", "add_figure", "added_figure", "remove_figure", "step_dict",
+__all__ = ["FigureSpec", "View", "VIEWS", "view_of", "add_view", "added_view", "remove_view", "add_figure", "added_figure", "remove_figure", "step_dict",
            "step_figure", "update_step", "run_strip", "go_to_step", "step_label", "step_names", "step_title"]
 
 # method name -> the figures it added (add_figure); shown for traces of that method only
@@ -174,6 +174,29 @@ def view_of(trace: Trace) -> View:
     mask = base.mask and mask_size(trace) <= MASK_MAX_SLOTS
     return replace(base, step=keep(base.step, "step"), run_strip=strip, summary=keep(base.summary, "summary"),
                    mask=mask)
+
+
+def add_view(view: View) -> View:
+    """The view spec of a new engine (decoding/engines.register_engine adds the engine itself): the
+    player, the dashboard and the export show its traces with these figures."""
+    if view.engine in VIEWS:
+        raise ValueError(f"the {view.engine!r} engine already has a view: remove_view it first")
+    VIEWS[view.engine] = view
+    return view
+
+
+def remove_view(engine: str) -> None:
+    VIEWS.pop(engine, None)
+
+
+@contextlib.contextmanager
+def added_view(view: View):
+    """add_view for the length of a `with` block (a test's engine)."""
+    add_view(view)
+    try:
+        yield view
+    finally:
+        remove_view(view.engine)
 
 
 def add_figure(method: str, spec: FigureSpec) -> FigureSpec:
@@ -243,6 +266,10 @@ add_figure("flexdraft", FigureSpec("block filling", block_fill_figure, "step", w
 # OSD's acceptance over the rounds, its draft updates marked, the draft version (figures.osd imports no view)
 from speclab.figures.osd import has_osd_versions, osd_figure  # noqa: E402
 add_figure("osd", FigureSpec("online draft", osd_figure, when=has_osd_versions, height=380))
+# synthetic acceptance: the profile asked for against the verify's (figures.synthetic imports no view)
+from speclab.figures.synthetic import has_synthetic, synthetic_figure  # noqa: E402
+add_figure("synthetic", FigureSpec("acceptance profile", synthetic_figure, when=has_synthetic, height=380,
+                                   redraw=True))
 
 
 # -- the main step figure and the run strip, for any engine ----------------------------------------

@@ -160,7 +160,7 @@ BOUNDS: dict[str, tuple[float, str]] = {
 # an entropy bound, where a huge value means "commit everything" (each is still finite: parse_value)
 UNBOUNDED = {"threshold", "skip_ratio", "max_score", "alpha", "theta", "relaxed", "edit_threshold",
              "spatial_threshold", "temporal_threshold", "delimiter_threshold", "end_threshold", "top_p",
-             "entropy_bound", "seed"}
+             "entropy_bound", "seed", "min_prob"}
 
 
 def check_bounds(owner: str, params: dict) -> None:

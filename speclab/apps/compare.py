@@ -103,7 +103,8 @@ class ComparePanel:
         """Offer the methods of the form's family (speculative or diffusion), two chosen to start."""
         form = self.page.form
         family = runs.engine(form.method.value)
-        options = [m for m in runs.method_names() if runs.engine(m) == family and family in runs.BASELINE]
+        options = ([m for m in runs.method_names() if runs.same_engine(m, form.method.value)]
+                   if family in runs.BASELINE else [])
         start = [m for m in compare_start(family, form.target.value or "") if m in options]
         # a new family, or a target that changes the start while the start is still chosen untouched
         if list(self.methods.options) != options or list(self.methods.value) == self._start:
@@ -126,7 +127,7 @@ class ComparePanel:
             raise ValueError("a DAG decodes in one forward: choose dag-all in the form and press Run, and the Step "
                              "tab shows every strategy's path and output side by side")
         base, ref = runs.BASELINE[family]
-        chosen = [m for m in self.methods.value if runs.engine(m) == family and m != base]
+        chosen = [m for m in self.methods.value if runs.same_engine(m, base) and m != base]
         if not chosen:
             raise ValueError(f"choose at least one method to compare with {ref}")
         order = [base, *chosen]

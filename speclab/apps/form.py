@@ -138,12 +138,12 @@ class Form:
         """Show only the knobs the chosen method takes, at its defaults when the method changed;
         DAG and diffusion methods get their models."""
         m = self.method.value
-        engine, dag = runs.engine(m), runs.is_dag(m)
+        verify, canvas, dag = runs.verifies(m), runs.on_canvas(m), runs.is_dag(m)
         models = self.kinds[runs.model_kind(m)]
         if list(self.target.options) != models:
             self.target.options = models
             real = self.default_target in REAL_PAIR
-            self.target.value = _pick(models, (REAL_DLLM if real else TOY_DLLM) if engine == "diffusion"
+            self.target.value = _pick(models, (REAL_DLLM if real else TOY_DLLM) if canvas
                                       else self.default_target)
             if self.prompt.value in EXAMPLE_PROMPTS or not self.prompt.value.strip():
                 self.prompt.value = self.example_prompt(self.target.value)
@@ -151,17 +151,17 @@ class Form:
         for name, widget in self.knobs.items():
             widget.visible = name in takes
         self._fit_draft(m)
-        self._fit_temperature(m, engine)
-        self._fit_rule(m, engine)
+        self._fit_temperature(m, canvas)
+        self._fit_rule(m, verify)
         self.chat.visible = self._chat_visible()
-        self._fit_threshold(engine)
-        self.max_new_tokens.visible = engine == "speculative"       # diffusion: gen length instead
+        self._fit_threshold(canvas)
+        self.max_new_tokens.visible = verify                # a canvas: gen length instead
         self.seed.visible = self.extra.visible = not dag
-        n = _config(self.target.value, "num_hidden_layers") if engine == "speculative" and self.target.value else 0
+        n = _config(self.target.value, "num_hidden_layers") if verify and self.target.value else 0
         opts = ["auto"] + [str(i) for i in range(1, n)]
         if list(self.exit_layer.options) != opts:
             self.exit_layer.options, self.exit_layer.value = opts, "auto"
-        if engine == "diffusion" and self.target.value:
+        if canvas and self.target.value:
             self._fit_canvas(_config(self.target.value, "max_position_embeddings"))
         if method_changed and not dag:
             self._set_defaults(m, takes)
@@ -198,11 +198,11 @@ class Form:
         shown = head or f"no {d.kind} head for {self.target.value}"
         self.draft.param.update(options=[shown], value=shown, disabled=True)
 
-    def _fit_temperature(self, method: str, engine: str) -> None:
+    def _fit_temperature(self, method: str, canvas: bool) -> None:
         """A method that decodes greedily only refuses a temperature (FreeDave, DiffusionGemma's own
         schedule) or ignores it (DAG strategies but sampling): the slider hides at 0 and the user's
         value comes back with a method that samples."""
-        dgemma = engine == "diffusion" and _config(self.target.value or "", "model_type") == "diffusion_gemma"
+        dgemma = canvas and _config(self.target.value or "", "model_type") == "diffusion_gemma"
         takes = get_method(method).sampling and not dgemma
         if takes and not self.temperature.visible:
             self.temperature.param.update(visible=True, value=self._temperature)
@@ -210,9 +210,9 @@ class Form:
             self._temperature = self.temperature.value
             self.temperature.param.update(visible=False, value=0.0)
 
-    def _fit_rule(self, method: str, engine: str) -> None:
+    def _fit_rule(self, method: str, verify: bool) -> None:
         """The rules this method can run under, its own first; hidden where there is no verify."""
-        if engine != "speculative":
+        if not verify:
             self.rule.visible = False
             return
         own = get_method(method).rule
@@ -235,7 +235,7 @@ class Form:
         defaults = method_defaults(method)
         for name in set(takes) & set(self.knobs):
             value, widget = defaults.get(name), self.knobs[name]
-            if name == "threshold" and value is None and runs.engine(method) == "speculative":
+            if name == "threshold" and value is None and runs.verifies(method):
                 value = 0.0
             if value is None:
                 continue
@@ -249,15 +249,15 @@ class Form:
 
     def _chat_visible(self) -> bool:
         """Speculative methods: always (any causal LM may have a chat template); diffusion: chat models."""
-        engine = runs.engine(self.method.value)
-        return engine == "speculative" or (engine == "diffusion" and self.target.value in CHAT_MODELS)
+        m = self.method.value
+        return runs.verifies(m) or (runs.on_canvas(m) and self.target.value in CHAT_MODELS)
 
-    def _fit_threshold(self, engine: str) -> None:
+    def _fit_threshold(self, canvas: bool) -> None:
         """Speculative methods: 0 means off (a fixed draft length). Diffusion policies always use a
         threshold: the slider shows the one that runs (0.9 by default), never 0."""
-        if engine == "diffusion" and self.threshold.start == 0.0:
+        if canvas and self.threshold.start == 0.0:
             self.threshold.param.update(name="threshold (commit p >= it)", start=0.05, value=0.9)
-        elif engine != "diffusion" and self.threshold.start != 0.0:
+        elif not canvas and self.threshold.start != 0.0:
             self.threshold.param.update(name="threshold (0 = off)", start=0.0, value=0.0)
 
     def _fit_canvas(self, context: int) -> None:
@@ -271,7 +271,7 @@ class Form:
         m = self.method.value
         if runs.is_dag(m):
             return DAG_PROMPTS.get(target, "2024-03-05")
-        if runs.engine(m) == "diffusion":
+        if runs.on_canvas(m):
             return DLLM_PROMPTS.get(target, DEFAULT_PROMPT)
         return COPY_PROMPT if target in CHAT_MODELS else DEFAULT_PROMPT
 
@@ -301,8 +301,8 @@ class Form:
 
     def total(self) -> int:
         """Tokens the progress bar counts to."""
-        engine = runs.engine(self.method.value)
-        return {"dag": 1, "diffusion": self.gen_length.value}.get(engine, self.max_new_tokens.value)
+        m = self.method.value
+        return 1 if runs.is_dag(m) else self.gen_length.value if runs.on_canvas(m) else self.max_new_tokens.value
 
     def request(self, method: str | None = None, warmup: bool = False) -> dict:
         """Keyword arguments of runs.run_one for the decode the form describes (`method` in its
@@ -315,9 +315,9 @@ class Form:
         knobs = {n: v for n, v in self.knob_values().items() if n in self.knobs_of(method)}
         kw = runs.method_kwargs(method, knobs, self.extra.value if not runs.is_dag(method) else "")
         check_bounds(method, {**kw, "max_new_tokens": self.max_new_tokens.value})    # the "other parameters" too
-        if runs.engine(method) != "dag" and self.chat.value and self.chat.visible:
+        if not runs.is_dag(method) and self.chat.value and self.chat.visible:
             kw["chat"] = True
-        if runs.engine(method) == "speculative" and method == self.method.value and self.rule.value != get_method(method).rule:
+        if runs.verifies(method) and method == self.method.value and self.rule.value != get_method(method).rule:
             kw["rule"] = self.rule.value                # a comparison's other methods run their own rule
         return dict(target=self.target.value, prompt=prompt, method=method, draft=self.draft.value,
                     max_new_tokens=min(2, self.max_new_tokens.value) if warmup else self.max_new_tokens.value,

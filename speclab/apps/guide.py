@@ -76,9 +76,9 @@ PRESETS = {
 def presets(method: str) -> list[tuple[str, str, bool]]:
     """The method's presets: a speculative method's start with the task where it wins and the one
     where it loses, so a class sees both."""
-    from speclab.decoding.registry import get_method
+    from speclab.apps.runs import verifies
     try:
-        speculative = get_method(method).engine == "speculative"
+        speculative = verifies(method)
     except ValueError:
         speculative = False
     return ([COPY_TASK, CHAT_TASK] if speculative else []) + PRESETS.get(method, [])

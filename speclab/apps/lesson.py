@@ -32,7 +32,7 @@ def _words(trace: Trace, ids) -> str:
 
 
 def lesson(trace: Trace | None) -> list[LessonStep] | None:
-    if trace is None or trace.engine != "speculative" or not trace.rounds:
+    if trace is None or not trace.steps_row().verify or not trace.rounds:
         return None
     rounds = trace.rounds
     drafted = [k for k, r in enumerate(rounds) if r.drafted and r.nodes]

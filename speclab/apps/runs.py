@@ -48,17 +48,38 @@ def method_names() -> list[str]:
 
 
 def engine(method: str) -> str:
-    """"speculative", "dag" or "diffusion": which models the method runs on (its registry row)."""
+    """The name of the method's engine (its registry row's): the key of per-engine tables."""
     return get_method(method).engine
 
 
-def is_dag(method: str) -> bool:
-    return engine(method) == "dag"
+def engine_row(method: str):
+    """The method's Engine row (decoding/engines.py): what the page asks instead of comparing names."""
+    from speclab.decoding.engines import get_engine
+    return get_engine(engine(method))
+
+
+def verifies(method: str) -> bool:
+    """A target verifies drafts: rounds, a rule, a cost model, max_new_tokens."""
+    return engine_row(method).verify
+
+
+def on_canvas(method: str) -> bool:
+    """Steps denoise a canvas of gen_length slots (a diffusion policy)."""
+    return engine_row(method).steps.canvas
 
 
 def model_kind(method: str) -> str:
-    """The zoo_models() kind a method needs."""
-    return {"dag": "dag", "diffusion": "diffusion"}.get(engine(method), "causal")
+    """The zoo_models() kind a method needs: its engine's model kind."""
+    return engine_row(method).kind
+
+
+def is_dag(method: str) -> bool:
+    """A DA-Transformer's strategy: its own word-level inputs, one forward, no chat, no seed."""
+    return model_kind(method) == "dag"
+
+
+def same_engine(a: str, b: str) -> bool:
+    return engine_row(a) is engine_row(b)
 
 
 def needs_draft(method: str) -> bool:
@@ -182,7 +203,7 @@ def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "
 def why(trace: Trace, reference: Trace, measured_speedup: float | None) -> str:
     """The cost model in words (metrics.plain_reason) for a speculative run against its ar
     reference, faster or slower; "-" where it has nothing to say (no timed rounds, another engine)."""
-    if trace.engine != "speculative":
+    if not trace.steps_row().verify:
         return "-"
     m = metrics.cost_model(trace, reference)
     if m is None:
@@ -197,7 +218,7 @@ def cost_models(traces: dict[str, Trace], reference: Trace, spread: dict | None 
     the measured speed-up is the comparison's median ratio where one was measured (spread)."""
     out = {}
     for name, t in traces.items():
-        m = metrics.cost_model(t, reference) if t.engine == "speculative" and t.totals.drafted else None
+        m = metrics.cost_model(t, reference) if t.steps_row().verify and t.totals.drafted else None
         if m is not None and m["k"]:
             if spread and name in spread:
                 m["measured_speedup"] = spread[name].median
@@ -242,13 +263,13 @@ def trace_json(trace: Trace) -> bytes:
 
 def prompt_text(trace: Trace) -> str:
     """The prompt as the trace itself records it (token table), not as a widget holds it."""
-    if trace.engine == "dag":
+    if trace.dag is not None:           # a DA-Transformer's input: its words, without the markers
         return "".join(trace.text_of(t) for t in trace.prompt_ids if trace.text_of(t) not in ("<bos>", "<eos>"))
     return "".join(trace.text_of(t) for t in trace.prompt_ids)
 
 
 def output_text(trace: Trace) -> str:
-    sep = " " if trace.engine == "dag" else ""
+    sep = " " if trace.dag is not None else ""      # a DA-Transformer's tokens are words
     return sep.join(trace.text_of(t) for t in trace.output_ids)
 
 

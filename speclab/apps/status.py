@@ -34,9 +34,9 @@ def status_html(trace: Trace) -> str:
     a = token_alpha(trace.rounds)
     alpha = "-" if a is None else f"{a:.2f}"
     models = ", ".join(f"{role} {m.name} ({m.runs_on()})" for role, m in trace.models.items())
-    if trace.engine == "diffusion":     # no draft: one model checks its own parallel proposals
+    if trace.steps_row().canvas:        # no draft: one model checks its own parallel proposals
         stats = f"{t.new_tokens} new tokens in {t.target_forwards} forwards ({t.tau:.2f} tokens per forward)"
-    elif trace.engine == "dag":         # no draft, no rounds: one forward, then a path through the DAG
+    elif trace.dag is not None:         # no draft, no rounds: one forward, then a path through the DAG
         stats = f"{t.new_tokens} output tokens from {t.target_forwards} forward(s)"
         if trace.dag is not None:
             run = trace.dag
@@ -50,7 +50,7 @@ def status_html(trace: Trace) -> str:
                  f"{t.accepted} of {t.drafted} drafted tokens kept, target forwards {t.target_forwards}, "
                  f"draft forwards {t.draft_forwards}")
     T = trace.sampling.temperature
-    if trace.engine == "dag":           # one forward; only the sampling strategy draws, at its own T
+    if trace.dag is not None:           # one forward; only the sampling strategy draws, at its own T
         chosen = trace.dag.chosen if trace.dag is not None else ""
         stats += f", sampled at T = {T:g}" if chosen == "sample" and T else ""
     else:

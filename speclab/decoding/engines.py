@@ -25,7 +25,6 @@ A fourth engine (a Jacobi decoder, a batched GPU engine) is one file with its lo
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -38,6 +37,7 @@ from speclab.decoding.spec_run import generate
 from speclab.models.loading import as_model, model_kind
 from speclab.params import check_types
 from speclab.trace import STEPS, Steps, Trace, register_steps, unregister_steps
+from speclab.scoped import scoped
 
 
 def check_params(m: Method, params: dict) -> None:
@@ -102,14 +102,9 @@ def unregister_engine(name: str) -> None:
     unregister_steps(name)
 
 
-@contextlib.contextmanager
 def registered_engine(row: Engine):
     """`with registered_engine(Engine(...)):` the engine exists inside the block only."""
-    register_engine(row)
-    try:
-        yield row
-    finally:
-        unregister_engine(row.name)
+    return scoped(register_engine, unregister_engine, row, row.name)
 
 
 def get_engine(name: str) -> Engine:

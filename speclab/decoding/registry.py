@@ -20,7 +20,6 @@ Engine row (decoding/engines.py), which says how it runs and how its traces read
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -49,6 +48,7 @@ from speclab.decoding.drafters.swift import SwiftDrafter, UnifiedSkipDrafter
 from speclab.decoding.drafters.spectr import SpecTrDrafter
 from speclab.decoding.drafters.trees import DynamicTreeDrafter, StaticTreeDrafter
 from speclab.decoding.speculative import Drafter
+from speclab.scoped import scoped
 
 
 @dataclass(frozen=True)
@@ -183,14 +183,9 @@ def unregister(name: str) -> None:
     METHODS.pop(name, None)
 
 
-@contextlib.contextmanager
 def registered(method: Method):
     """`with registered(Method(...)):` the method exists inside the block only."""
-    register(method)
-    try:
-        yield method
-    finally:
-        unregister(method.name)
+    return scoped(register, unregister, method, method.name)
 
 
 AR = "identical-to-ar"

@@ -28,7 +28,6 @@ A method adds its own figure in the file that defines it, beside its registry ro
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -45,6 +44,7 @@ from speclab.figures.steps import go_to_step, step_label, step_names, step_title
 from speclab.figures.summary import acceptance_summary, round_strip, timing
 from speclab.figures.verdicts import has_verdicts, rescued_figure
 from speclab.trace import Trace, TraceError
+from speclab.scoped import scoped
 
 WHERE = ("step", "summary")
 # the attention mask is a grid of slots x slots, redrawn at every step: past 512 (a quarter of a
@@ -189,14 +189,9 @@ def remove_view(engine: str) -> None:
     VIEWS.pop(engine, None)
 
 
-@contextlib.contextmanager
 def added_view(view: View):
     """add_view for the length of a `with` block (a test's engine)."""
-    add_view(view)
-    try:
-        yield view
-    finally:
-        remove_view(view.engine)
+    return scoped(add_view, remove_view, view, view.engine)
 
 
 def add_figure(method: str, spec: FigureSpec) -> FigureSpec:
@@ -243,14 +238,9 @@ def remove_figure(method: str, name: str) -> None:
         METHOD_FIGURES.pop(method, None)
 
 
-@contextlib.contextmanager
 def added_figure(method: str, spec: FigureSpec):
     """add_figure for the length of a `with` block (what a test, or a notebook cell, wants)."""
-    add_figure(method, spec)
-    try:
-        yield spec
-    finally:
-        remove_figure(method, spec.name)
+    return scoped(lambda s: add_figure(method, s), lambda name: remove_figure(method, name), spec, spec.name)
 
 
 # PEARL's lanes over its modes (figures.pearl imports no view, so it is wired here)

@@ -45,13 +45,13 @@ run; `register_rule` adds one at run time, as `registry.register` adds a method.
 """
 from __future__ import annotations
 
-import contextlib
 from functools import partial
 from dataclasses import dataclass, field
 from typing import Callable
 
 from speclab.decoding.acceptance import Form, Verify, walk
 from speclab.decoding.guarantees import check
+from speclab.scoped import scoped
 
 SHARED_PATHS = ("first", "longest")     # the paths acceptance.walk knows
 
@@ -127,14 +127,9 @@ def unregister_rule(name: str) -> None:
         RULES.pop(name, None)
 
 
-@contextlib.contextmanager
 def registered_rule(rule: Rule):
     """`with registered_rule(Rule(...)):` the rule exists inside the block only."""
-    register_rule(rule)
-    try:
-        yield rule
-    finally:
-        unregister_rule(rule.name)
+    return scoped(register_rule, unregister_rule, rule, rule.name)
 
 
 def get_rule(name: str) -> Rule:

@@ -1,0 +1,19 @@
+"""`scoped(add, remove, row, key)`: a row in a registry for the length of a `with` block.
+
+Every registry of the package (methods, engines and their steps, acceptance rules, views) offers
+`registered_x(row)` for tests and notebooks; each is this, so a block that raises still removes its
+row. No imports of the package: any layer may use it.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+
+@contextlib.contextmanager
+def scoped(add: Callable[[Any], Any], remove: Callable[[Any], None], row, key):
+    add(row)
+    try:
+        yield row
+    finally:
+        remove(key)

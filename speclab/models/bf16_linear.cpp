@@ -247,11 +247,19 @@ std::string isa() { return ISA_NAME; }
 // What a pass prefetches: lines [from, to) of 64 bytes from base (the next chunk), `per` a k-pair.
 // Every pass over a chunk takes its share of the next chunk's lines, so the memory stays busy while
 // the passes that read from L1 run (were it the first pass alone, memory would idle through the others).
+// measurement knobs (-D at build time, as CHUNK_PAIRS and PREFETCH): the prefetch's cache level, or
+// none at all (NO_FETCH). L2 (_MM_HINT_T1) measured no faster than L1 on the Xeon VM, and no
+// prefetch made a 6-row AVX2 verify 1.72 -> 2.11 one-row forwards.
+#ifndef FETCH_HINT
+#define FETCH_HINT _MM_HINT_T0
+#endif
 struct Fetch {
   const char* base;
   int64_t from, to, per;
   inline void at(int64_t i) const {
-    for (int64_t l = from + i * per, e = std::min(to, l + per); l < e; ++l) _mm_prefetch(base + 64 * l, _MM_HINT_T0);
+#ifndef NO_FETCH
+    for (int64_t l = from + i * per, e = std::min(to, l + per); l < e; ++l) _mm_prefetch(base + 64 * l, FETCH_HINT);
+#endif
   }
 };
 
@@ -346,7 +354,8 @@ static inline void fma_pass8(const float* xw, int64_t K, const bf16* Wb, int64_t
     for (int j = 0; j < G8; ++j) acc[t][j] = start ? _mm256_setzero_ps() : _mm256_loadu_ps(part + t * B + 8 * (j0 + j));
   // The pair's two halves by byte shuffles: port 5 on Intel cores, where a shift and an AND would
   // take turns with the FMAs on ports 0 and 1 (llvm-mca, Skylake-X: 13.6 -> 15.8 of the 16
-  // multiply-adds a cycle two 256-bit FMA units do, 3 rows x 4 groups). The same bits as the shift.
+  // multiply-adds a cycle two 256-bit FMA units do, 3 rows x 4 groups). The same bits as the shift;
+  // measured on a Xeon VM, no different (within 4% at 1-8 rows: BENCHMARKS.md, "Kernel paths").
   const __m256i even_c = _mm256_setr_epi8(-128, -128, 0, 1, -128, -128, 4, 5, -128, -128, 8, 9, -128, -128, 12, 13,
                                           -128, -128, 0, 1, -128, -128, 4, 5, -128, -128, 8, 9, -128, -128, 12, 13);
   const __m256i odd_c = _mm256_setr_epi8(-128, -128, 2, 3, -128, -128, 6, 7, -128, -128, 10, 11, -128, -128, 14, 15,

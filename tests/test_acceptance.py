@@ -8,6 +8,10 @@ from speclab.decoding.acceptance import (Sampler, accept_prob, greedy_chain, gre
                                          speculative_sampling_chain, walk_tree, warp)
 
 N_DRAWS = 100_000
+# the tree walk draws one host walk per sample (~0.3 ms each): 12,000 over 8 cells detect a TV of
+# 0.03 from p with power > 0.9 at P_MIN (noncentral chi-square, df 7: lambda >= 4 N TV^2 = 43 against
+# the 24.3 critical value), far past the 0.05 the sampling-power tests (tests/sampling_law.py) ask
+N_TREE_DRAWS = 12_000
 P_MIN = 1e-3
 
 
@@ -96,7 +100,7 @@ def _tree_first_token_counts(p_row, children_q, sampler, point_mass, g):
     """First committed token from a root with 3 children: i.i.d. from q, or distinct point masses."""
     V = p_row.shape[0]
     counts = torch.zeros(V)
-    for _ in range(N_DRAWS):
+    for _ in range(N_TREE_DRAWS):
         if point_mass:
             toks = torch.randperm(V, generator=g)[:3].tolist()
             qmap = {}

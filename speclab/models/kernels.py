@@ -177,7 +177,7 @@ def module():
                 # back to the next one this CPU runs, and past the last to torch's ops
                 tries = supported()[supported().index(path):] if path != "torch" and requested() == "auto" else [path]
                 for p in tries:
-                    if p == "torch" or _select(p) is not None:
+                    if _select(p) is not None or p == "torch":     # torch: the choice made, once
                         break
                     why = f"{p} did not build (a warning said why)"
                 else:

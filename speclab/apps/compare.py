@@ -168,25 +168,31 @@ class ComparePanel:
             return []
         return self.show(*result)
 
-    async def _on_compare(self, event=None):
+    async def _queued(self, make_job, note, what: str):
+        """Build a job (ValueError: one line on the page), queue it on the page's service and wait
+        for it with `note` showing; the result, or None when it failed or its page went away."""
         page = self.page
         try:
-            work = self.job()
+            work = make_job()
             models = runs.models_of(page.form.request())
         except ValueError as e:
             page.error(e)
-            return
-        base = runs.BASELINE.get(runs.engine(page.form.method.value), ("ar",))[0]
-        note = (f"running {base} and {', '.join(self.methods.value)}: each once untimed, "
-                f"then {self.repeats.value} timed runs each, interleaved")
+            return None
         try:
-            result = await page.wait(page.service.submit(work, models, owner=page), 1, note)
+            return await page.wait(page.service.submit(work, models, owner=page), 1, note())
         except asyncio.CancelledError:
-            return
+            return None
         except Exception as e:
-            page.error(f"the comparison failed unexpectedly: {type(e).__name__}: {e}")
-            return
-        self.show(*result)
+            page.error(f"{what} failed unexpectedly: {type(e).__name__}: {e}")
+            return None
+
+    async def _on_compare(self, event=None):
+        base = runs.BASELINE.get(runs.engine(self.page.form.method.value), ("ar",))[0]
+        note = lambda: (f"running {base} and {', '.join(self.methods.value)}: each once untimed, "
+                        f"then {self.repeats.value} timed runs each, interleaved")
+        result = await self._queued(self.job, note, "the comparison")
+        if result is not None:
+            self.show(*result)
 
     # -- the results --------------------------------------------------------------------------------
     def show(self, traces, reference, errors, measured=None) -> list[dict]:
@@ -262,19 +268,7 @@ class ComparePanel:
         return pt
 
     async def _on_run_it(self, event=None):
-        page = self.page
-        try:
-            work = self.run_it_job()
-            models = runs.models_of(page.form.request())
-        except ValueError as e:
-            page.error(e)
-            return
-        note = f"running ar and synthetic[alpha={self.run_alpha.value:.2f}; k={self.run_k.value}], interleaved"
-        try:
-            pt = await page.wait(page.service.submit(work, models, owner=page), 1, note)
-        except asyncio.CancelledError:
-            return
-        except Exception as e:
-            page.error(f"run it failed unexpectedly: {type(e).__name__}: {e}")
-            return
-        self.add_point(pt)
+        note = lambda: f"running ar and synthetic[alpha={self.run_alpha.value:.2f}; k={self.run_k.value}], interleaved"
+        pt = await self._queued(self.run_it_job, note, "run it")
+        if pt is not None:
+            self.add_point(pt)

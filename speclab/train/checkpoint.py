@@ -31,6 +31,26 @@ def save_checkpoint(ckpt: Path, model, opt, state: dict):
     (ckpt / "state.tmp").replace(ckpt / "state.json")
 
 
+def start(model, params: list, out: Path, lr: float, resume: bool) -> tuple:
+    """A head / adapter trainer's start: AdamW over `params`, the checkpoint folder (the user cache's
+    ckpt/<out's name>: optimizer state stays out of the package) and the loop's state, resumed from
+    either with `resume`. Returns (opt, ckpt, state)."""
+    from speclab.models.gguf import cache_root
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    ckpt = cache_root() / "ckpt" / Path(out).name
+    state = {"step": 0, "elapsed": 0.0, "epoch": 0, "pos": 0, "log": []}
+    if resume:
+        state = resume_state(ckpt, out, model, opt, state)
+    return opt, ckpt, state
+
+
+def write_json(path: Path, obj) -> None:
+    """`obj` as indented json, written beside `path` and then renamed into place."""
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)
+
+
 def load_checkpoint(ckpt: Path, model, opt) -> dict:
     from safetensors.torch import load_file
     params = trainable(model)
@@ -79,3 +99,10 @@ def load_matching(model, state: dict) -> list[str]:
             params[k].copy_(state[k].to(params[k].dtype))
     return got
 
+
+def start_from(model, init: dict | None, name: str) -> None:
+    """Copy into `model` what fits of `init` (load_matching: the weights of the head `name`), and say
+    how much; nothing when `init` is None."""
+    if init is not None:
+        got = load_matching(model, init)
+        print(f"started from {name}: {len(got)} of its {len(init)} tensors")

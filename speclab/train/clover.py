@@ -25,17 +25,16 @@ saved when the held-out agreement (mean over heads) is the best so far, with `sp
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from speclab.train.head_data import DATA_DIRS, batch, first_rows, load_data, set_features, target_features, windows
-from speclab.train.heads import soft_ce
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, set_lr, slot_agreement
+from speclab.train.heads import heads_loss
+from speclab.train.loop import (BudgetLoop, add_options, command_line, cosine_lr, held_out, held_out_agreement,
+                                optimizer_step, set_lr)
 from speclab.train.smollm2_data import merge, split_rows
 
 CACHE = "~/.cache/speclab/clover"
@@ -44,17 +43,7 @@ CACHE = "~/.cache/speclab/clover"
 def clover_loss(heads, x: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor, m: torch.Tensor):
     """Head k (1..K) at t reads tokens t+1..t+k: soft CE to p_{t+k}, the target's distribution of
     token t+1+k. Returns the loss and per head the top-1 agreement with the target's greedy token."""
-    logits = heads.train_logits(x, tok)                                      # (K, B, T, N)
-    K, T = heads.n_heads, x.shape[1]
-    total, stats = 0.0, {}
-    for k in range(1, K + 1):
-        valid = m[:, :T - k] & m[:, k:]
-        ce = soft_ce(logits[k - 1, :, :T - k], lp[:, k:])
-        total = total + (ce * valid).sum() / valid.sum().clamp(min=1)
-        hit = (logits[k - 1, :, :T - k].argmax(-1) == lp[:, k:].argmax(-1)) & valid
-        stats[f"acc{k}"] = float(hit.sum()) / max(int(valid.sum()), 1)
-        stats[f"n{k}"] = int(valid.sum())
-    return total / K, stats
+    return heads_loss(heads.train_logits(x, tok), lp, m)                   # logits (K, B, T, N)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -76,34 +65,39 @@ def self_text(target, tok, name: str, n_code: int, max_new: int, seed: int) -> d
             "has_top": torch.zeros(int(lens.sum()), dtype=torch.uint8)}
 
 
-def text_and_features(base, tok, args) -> tuple[dict, torch.Tensor]:
-    """The training text (the --data-dirs sets, then --self-text) and the target's last-layer
-    states over it (sum T, C)."""
-    L = base.config.num_hidden_layers
+def text_and_states(base, tok, args, layers: list[int]) -> tuple[dict, list[torch.Tensor]]:
+    """The training text (the --data-dirs sets, then --self-text) and the target's pre-norm states
+    after each of `layers` over it [(sum T, C)] (the last layer's: Clover's features; Falcon's fusion
+    may take more)."""
     dirs = args.data_dirs if args.data_dirs is not None else ([] if args.self_text else DATA_DIRS)
     parts = []
     if dirs:
-        parts.append((first_rows(load_data(dirs), args.limit_rows), set_features(base, dirs, [L], args.limit_rows)[L]))
+        feats = set_features(base, dirs, layers, args.limit_rows)
+        parts.append((first_rows(load_data(dirs), args.limit_rows), [feats[l] for l in layers]))
     if args.self_text:
         data = self_text(base, tok, args.target, args.self_text, args.max_new, args.seed)
-        cache = Path(CACHE).expanduser() / f"{Path(args.target).name}-features.safetensors"
-        parts.append((data, target_features(base, data, {L: cache})[L]))
+        L = base.config.num_hidden_layers
+        name = Path(args.target).name
+        caches = {l: Path(CACHE).expanduser() / (f"{name}-features" + (f"-l{l}" if l != L else "") + ".safetensors")
+                  for l in layers}
+        feats = target_features(base, data, caches)
+        parts.append((data, [feats[l] for l in layers]))
     if not parts:
         raise SystemExit("no training text: give --data-dirs (sets written by `speclab train smollm2-draft --gen-only`) "
                          "or --self-text N")
     data, X = parts[0]
     for d, x in parts[1:]:
-        data, X = merge(data, d), torch.cat([X, x])
+        data, X = merge(data, d), [torch.cat([a, b]) for a, b in zip(X, x)]
     return data, X
 
 
-# ----------------------------------------------------------------------------------------------
-# main
-
-def get_args(argv):
-    ap = argparse.ArgumentParser(prog="speclab train clover", description=__doc__.split("\n")[0])
+def head_parser(kind: str, doc: str) -> argparse.ArgumentParser:
+    """The command line of a head trained on the target's own text (Clover's, Falcon's), up to its own
+    options: the target, the directory written (default speclab/zoo/smollm2-<kind>) and the options
+    that choose the training text (text_and_states)."""
+    ap = argparse.ArgumentParser(prog=f"speclab train {kind}", description=doc.split("\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--out", default=None, help="default: speclab/zoo/smollm2-clover")
+    ap.add_argument("--out", default=None, help=f"default: speclab/zoo/smollm2-{kind}")
     ap.add_argument("--data-dirs", nargs="*", default=None,
                     help=f"sets written by `speclab train smollm2-draft --gen-only` (default: {' '.join(DATA_DIRS)}, "
                          "unless --self-text is given)")
@@ -111,6 +105,40 @@ def get_args(argv):
                     help="the target writes greedy continuations of N stdlib prefixes (+ answers to the seed "
                          "questions where it has a chat template) to train on, cached in " + CACHE)
     ap.add_argument("--max-new", type=int, default=64, help="--self-text: tokens the target writes per prompt")
+    ap.add_argument("--limit-rows", type=int, default=0, help="use only the first N rows of --data-dirs (a smoke run)")
+    return ap
+
+
+def save_head(head, out: Path, kind: str, argv: list[str], args, state: dict, data: dict, ev: dict) -> None:
+    """A head trained on the target's text into `out` (save_draft), with speclab_train.json beside it:
+    the command, its options, the steps, the training positions and the held-out agreement."""
+    from speclab.models.adapter import save_draft
+    from speclab.train.checkpoint import write_json
+    save_draft(head, out, args.target, kind=kind)
+    write_json(out / "speclab_train.json", {"command": shlex.join(["speclab", "train", kind, *argv]),
+                                            "options": vars(args), "steps": state["step"],
+                                            "positions": len(data["tokens"]), "held_out": ev})
+    print(f"saved {out}", flush=True)
+
+
+def describe(kind: str, params: list, what: str, head_ids, train_rows, held_rows, data: dict) -> None:
+    """One line on what a head trainer trains (`what`: the head's own shape) and on how much text."""
+    print(f"{kind}: {sum(p.numel() for p in params) / 1e6:.2f}M trained params, {what}, head {len(head_ids)} ids, "
+          f"{len(train_rows)} train rows, {len(held_rows)} held out, {len(data['tokens'])} positions")
+
+
+def train_and_held_windows(data: dict, train_rows, held_rows, T: int) -> tuple[list, list]:
+    """The training windows and the held-out ones (the first twentieth of the training windows when
+    the held-out rows make none)."""
+    spans = windows(data, train_rows, T)
+    return spans, windows(data, held_rows, T) or spans[:max(1, len(spans) // 20)]
+
+
+# ----------------------------------------------------------------------------------------------
+# main
+
+def get_args(argv):
+    ap = head_parser("clover", __doc__)
     add_options(ap, minutes=30.0, batch=8, seq_len=256, lr=1e-3, warmup=50, dev_help="unused: the heads are "
                 "kept by held-out agreement on the training text's own split")
     ap.add_argument("--heads", type=int, default=4, help="draft depth: head k guesses token t+1+k")
@@ -120,7 +148,6 @@ def get_args(argv):
     ap.add_argument("--init-from", default=None,
                     help="start from the Medusa or Clover heads in this directory (their blocks and trimmed vocabulary)")
     ap.add_argument("--eval-every", type=float, default=5.0, help="minutes between held-out evals + saves")
-    ap.add_argument("--limit-rows", type=int, default=0, help="use only the first N rows of --data-dirs (a smoke run)")
     args = ap.parse_args(argv)
     if args.heads < 1 or args.minutes <= 0:
         ap.error("--heads must be >= 1 and --minutes > 0")
@@ -147,33 +174,26 @@ def build(base, head_ids, args):
 @torch.no_grad()
 def evaluate(head, data, X, spans, norm, W_sub, args, autocast: bool) -> dict:
     """Held-out top-1 agreement with the target's greedy token, per head."""
-    head.eval()
 
     def stats():
         for i in range(0, len(spans), args.batch):
             tok, xs, _, lp, m = batch(data, [X], spans[i:i + args.batch], norm, W_sub)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 yield clover_loss(head, xs[-1], tok, lp, m)[1]
-    out = slot_agreement(stats(), head.n_heads)
-    head.train()
-    return out
+    return held_out_agreement(head, stats(), head.n_heads)
 
 
 def main(argv=None):
     from speclab.models import zoo
-    from speclab.models.adapter import save_draft
-    from speclab.train.checkpoint import load_matching, resume_state, save_checkpoint, trainable
+    from speclab.train.checkpoint import save_checkpoint, start, start_from, trainable
     from speclab.train.vocab import text_head_ids
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = get_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    argv, args = command_line(get_args, argv)
     out = Path(args.out or "speclab/zoo/smollm2-clover")
     base, tok = zoo.load(args.target)
     for p in base.parameters():
         p.requires_grad_(False)
-    data, X = text_and_features(base, tok, args)
+    data, (X,) = text_and_states(base, tok, args, [base.config.num_hidden_layers])
     if base.dtype != torch.float32:                             # fp32 master weights (bf16 autocast where native)
         base = zoo.load(args.target, dtype="fp32")[0]
         for p in base.parameters():
@@ -187,40 +207,19 @@ def main(argv=None):
         init = load_file(str(init_dir(args.init_from) / "model.safetensors"))
         head_ids = init.pop("head_ids")
     head = build(base, head_ids, args)
-    if init is not None:
-        got = load_matching(head, init)
-        print(f"started from {args.init_from}: {len(got)} of its {len(init)} tensors")
+    start_from(head, init, args.init_from)
     W_sub = head.lm_head.weight.detach().float()
     nw, eps = base.model.norm.weight.detach().float(), base.config.rms_norm_eps
     norm = lambda x: F.rms_norm(x.float(), x.shape[-1:], nw, eps)         # noqa: E731
-    params = trainable(head)
-    print(f"clover: {sum(p.numel() for p in params.values()) / 1e6:.2f}M trained params, {head.n_heads} heads, "
-          f"head {len(head_ids)} ids, {len(train_rows)} train rows, {len(held_rows)} held out, "
-          f"{len(data['tokens'])} positions")
-    opt = torch.optim.AdamW(list(params.values()), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    from speclab.models.gguf import cache_root
-    ckpt = cache_root() / "ckpt" / out.name
-    state = {"step": 0, "elapsed": 0.0, "epoch": 0, "pos": 0, "log": []}
-    if args.resume:
-        state = resume_state(ckpt, out, head, opt, state)
-    spans = windows(data, train_rows, args.seq_len)
-    held = windows(data, held_rows, args.seq_len) or spans[:max(1, len(spans) // 20)]
+    params = list(trainable(head).values())
+    describe("clover", params, f"{head.n_heads} heads", head_ids, train_rows, held_rows, data)
+    opt, ckpt, state = start(head, params, out, args.lr, args.resume)
+    spans, held = train_and_held_windows(data, train_rows, held_rows, args.seq_len)
 
     def save():
         ev = evaluate(head, data, X, held, norm, W_sub, args, autocast)
-        score = sum(ev.values()) / len(ev)
-        state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
-        print(f"\nheld-out agreement step {state['step']}: {ev}", flush=True)
-        if score >= state.get("best", -1.0):
-            state["best"] = score
-            save_draft(head, out, args.target, kind="clover")
-            info = {"command": shlex.join(["speclab", "train", "clover", *argv]), "options": vars(args),
-                    "steps": state["step"],
-                    "positions": len(data["tokens"]), "held_out": ev}
-            tmp = out / "speclab_train.tmp"
-            tmp.write_text(json.dumps(info, indent=2))
-            tmp.replace(out / "speclab_train.json")
-            print(f"saved {out}", flush=True)
+        if held_out(state, ev):
+            save_head(head, out, "clover", argv, args, state, data, ev)
         save_checkpoint(ckpt, head, opt, state)
 
     if not state["log"]:
@@ -231,10 +230,7 @@ def main(argv=None):
         tok_b, xs, _, lp, m = batch(data, [X], [spans[j] for j in idx], norm, W_sub)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss, st = clover_loss(head, xs[-1], tok_b, lp, m)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, params)
         loop.bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **{k: f"{v:.2f}" for k, v in st.items()
                                                                   if k.startswith("acc")})
     save()

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from speclab.train.head_data import DATA_DIRS, batch, first_rows, load_data, set_features, windows
+from speclab.train.loop import held_out, optimizer_step
 from speclab.train.heads import soft_ce, ttt_mask
 
 
@@ -233,11 +234,7 @@ def main(argv=None):
 
     def save(final=False):
         ev = evaluate(draft, data, X, held, norm, W_sub, args, embed)
-        score = sum(ev.values()) / len(ev)
-        state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
-        print(f"\nheld-out agreement step {state['step']}: {ev}", flush=True)
-        if score >= state.get("best", -1.0):
-            state["best"] = score
+        if held_out(state, ev):
             export(draft, out, k=args.k, extra_files={"speclab_train.json": json.dumps(
                 {"command": recipe, "step": state["step"], "held_out": ev, "log": state["log"]}, indent=2)})
             print(f"saved {out}", flush=True)
@@ -265,10 +262,7 @@ def main(argv=None):
         tok_b, xs, _, lp, m = batch(data, X, pick, norm, W_sub)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, st = ttt_loss(draft, tok_b, xs[:3], lp, m, U, embed)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, list(params.values()))
         state["step"] += 1
         state["elapsed"] = elapsed0 + time.time() - t_start
         bar.n = int(min(state["elapsed"], budget))

@@ -33,17 +33,16 @@ slots) is the best so far, with `speclab_train.json` beside the head.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from speclab.train.clover import describe, head_parser, save_head, text_and_states, train_and_held_windows
 from speclab.train.heads import soft_ce
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, set_lr, slot_agreement
+from speclab.train.loop import (BudgetLoop, add_options, command_line, cosine_lr, held_out, held_out_agreement,
+                                optimizer_step, set_lr)
 
 
 def falcon_loss(head, fin, f, tok, lp, m, reg_weight=0.5, hard_weight=0.1):
@@ -103,50 +102,10 @@ def csgd_loss(head, fin, f, tok, lp, m, lam: float, gen: torch.Generator, reg_we
 
 
 # ----------------------------------------------------------------------------------------------
-# the text and the target's states
-
-def text_and_states(base, tok, args, layers: list[int]) -> tuple[dict, list[torch.Tensor]]:
-    """The training text (the --data-dirs sets, then --self-text) and the target's pre-norm states
-    after each of `layers` over it [(sum T, C)]."""
-    from speclab.train.clover import CACHE, self_text
-    from speclab.train.head_data import DATA_DIRS, first_rows, load_data, set_features, target_features
-    from speclab.train.smollm2_data import merge
-    dirs = args.data_dirs if args.data_dirs is not None else ([] if args.self_text else DATA_DIRS)
-    parts = []
-    if dirs:
-        feats = set_features(base, dirs, layers, args.limit_rows)
-        parts.append((first_rows(load_data(dirs), args.limit_rows), [feats[l] for l in layers]))
-    if args.self_text:
-        data = self_text(base, tok, args.target, args.self_text, args.max_new, args.seed)
-        L = base.config.num_hidden_layers
-        name = Path(args.target).name
-        caches = {l: Path(CACHE).expanduser() / (f"{name}-features" + (f"-l{l}" if l != L else "") + ".safetensors")
-                  for l in layers}
-        feats = target_features(base, data, caches)
-        parts.append((data, [feats[l] for l in layers]))
-    if not parts:
-        raise SystemExit("no training text: give --data-dirs (sets written by `speclab train smollm2-draft --gen-only`) "
-                         "or --self-text N")
-    data, X = parts[0]
-    for d, x in parts[1:]:
-        data, X = merge(data, d), [torch.cat([a, b]) for a, b in zip(X, x)]
-    return data, X
-
-
-# ----------------------------------------------------------------------------------------------
 # main
 
 def get_args(argv):
-    ap = argparse.ArgumentParser(prog="speclab train falcon", description=__doc__.split("\n")[0])
-    ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--out", default=None, help="default: speclab/zoo/smollm2-falcon")
-    ap.add_argument("--data-dirs", nargs="*", default=None,
-                    help="sets written by `speclab train smollm2-draft --gen-only` (default: head_data.DATA_DIRS, "
-                         "unless --self-text is given)")
-    ap.add_argument("--self-text", type=int, default=0, metavar="N",
-                    help="the target writes greedy continuations of N stdlib prefixes (+ answers to the seed "
-                         "questions where it has a chat template) to train on (Clover's text and cache)")
-    ap.add_argument("--max-new", type=int, default=64, help="--self-text: tokens the target writes per prompt")
+    ap = head_parser("falcon", __doc__)
     add_options(ap, minutes=60.0, batch=8, seq_len=128, lr=1e-3, warmup=20, dev_help="unused: the head is kept "
                 "by held-out agreement on the training text's own split")
     ap.add_argument("--k", type=int, default=2, help="tokens a forward drafts (k_mask: 1 real + k-1 mask slots)")
@@ -160,7 +119,6 @@ def get_args(argv):
     ap.add_argument("--init-from", default=None, help="start from the EAGLE or Falcon head in this directory or zoo "
                     "name (its fusion, layers and trimmed vocabulary)")
     ap.add_argument("--eval-every", type=float, default=5.0, help="minutes between held-out evals + saves")
-    ap.add_argument("--limit-rows", type=int, default=0, help="use only the first N rows of --data-dirs (a smoke run)")
     args = ap.parse_args(argv)
     if args.k < 2 or args.n_layers < 1 or args.minutes <= 0:
         ap.error("--k must be >= 2, --n-layers >= 1 and --minutes > 0")
@@ -207,31 +165,22 @@ def batch_of(data, X, spans, head, W_sub):
 @torch.no_grad()
 def evaluate(head, data, X, spans, W_sub, args) -> dict:
     """Held-out top-1 agreement with the target's greedy token per slot, teacher-forced."""
-    head.eval()
 
     def stats():
         for i in range(0, len(spans), args.batch):
             tok, fin, f, lp, m = batch_of(data, X, spans[i:i + args.batch], head, W_sub)
             yield falcon_loss(head, fin, f, tok, lp, m)[2]
-    out = slot_agreement(stats(), head.k)
-    head.train()
-    return out
+    return held_out_agreement(head, stats(), head.k)
 
 
 def main(argv=None):
     from speclab.models import zoo
-    from speclab.models.adapter import save_draft
-    from speclab.models.gguf import cache_root
-    from speclab.train.checkpoint import load_matching, resume_state, save_checkpoint, trainable
-    from speclab.train.head_data import windows
+    from speclab.train.checkpoint import save_checkpoint, start, start_from, trainable
     from speclab.train.heads import parse_layers
     from speclab.train.smollm2_data import split_rows
     from speclab.train.vocab import text_head_ids
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = get_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    argv, args = command_line(get_args, argv)
     out = Path(args.out or "speclab/zoo/smollm2-falcon")
     init, init_cfg = init_state(args.init_from)
     base, tok = zoo.load(args.target)
@@ -245,37 +194,18 @@ def main(argv=None):
     head_ids = init.pop("head_ids") if init else text_head_ids(tok, data, train_rows, args.head_size,
                                                                base.config.vocab_size)
     head = build(base, head_ids, args, layers)
-    if init is not None:
-        got = load_matching(head, init)
-        print(f"started from {args.init_from}: {len(got)} of its {len(init)} tensors")
+    start_from(head, init, args.init_from)
     W_sub = head.lm_head.weight.detach().float()
-    params = trainable(head)
-    print(f"falcon: {sum(p.numel() for p in params.values()) / 1e6:.2f}M trained params, k={head.k}, "
-          f"{len(head.layers)} layers, head {len(head_ids)} ids, {len(train_rows)} train rows, "
-          f"{len(held_rows)} held out, {len(data['tokens'])} positions")
-    opt = torch.optim.AdamW(list(params.values()), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    ckpt = cache_root() / "ckpt" / out.name
-    state = {"step": 0, "elapsed": 0.0, "epoch": 0, "pos": 0, "log": []}
-    if args.resume:
-        state = resume_state(ckpt, out, head, opt, state)
-    spans = windows(data, train_rows, args.seq_len)
-    held = windows(data, held_rows, args.seq_len) or spans[:max(1, len(spans) // 20)]
+    params = list(trainable(head).values())
+    describe("falcon", params, f"k={head.k}, {len(head.layers)} layers", head_ids, train_rows, held_rows, data)
+    opt, ckpt, state = start(head, params, out, args.lr, args.resume)
+    spans, held = train_and_held_windows(data, train_rows, held_rows, args.seq_len)
     gen = torch.Generator().manual_seed(args.seed)
 
     def save():
         ev = evaluate(head, data, X, held, W_sub, args)
-        score = sum(ev.values()) / len(ev)
-        state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
-        print(f"\nheld-out agreement step {state['step']}: {ev}", flush=True)
-        if score >= state.get("best", -1.0):
-            state["best"] = score
-            save_draft(head, out, args.target, kind="falcon")
-            info = {"command": shlex.join(["speclab", "train", "falcon", *argv]), "options": vars(args),
-                    "steps": state["step"], "positions": len(data["tokens"]), "held_out": ev}
-            tmp = out / "speclab_train.tmp"
-            tmp.write_text(json.dumps(info, indent=2))
-            tmp.replace(out / "speclab_train.json")
-            print(f"saved {out}", flush=True)
+        if held_out(state, ev):
+            save_head(head, out, "falcon", argv, args, state, data, ev)
         save_checkpoint(ckpt, head, opt, state)
 
     if not state["log"]:
@@ -288,10 +218,7 @@ def main(argv=None):
         tok_b, fin, f, lp, m = batch_of(data, X, [spans[j] for j in idx], head, W_sub)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss, st = csgd_loss(head, fin, f, tok_b, lp, m, lam, gen, args.reg_weight, args.hard_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        opt.step()
+        optimizer_step(opt, loss, params)
         loop.bar.set_postfix(loss=f"{float(loss.detach()):.3f}", lam=f"{lam:.2f}",
                              **{key: f"{v:.2f}" for key, v in st.items() if key.startswith("acc")})
     save()

@@ -72,9 +72,14 @@ def eagle_loss(head, tok, xs, f, lp, m, U: int, reg_weight: float, hard_weight: 
 
 def medusa_loss(heads, xs, lp, m):
     """Head k (1..K) at position t: soft CE to p_{t+k}."""
-    x = xs[-1]
-    K, T = heads.n_heads, x.shape[1]
-    logits = heads.hidden(x) @ heads.lm_head.weight.t()              # (K, B, T, N)
+    return heads_loss(heads.hidden(xs[-1]) @ heads.lm_head.weight.t(), lp, m)
+
+
+def heads_loss(logits: torch.Tensor, lp: torch.Tensor, m: torch.Tensor):
+    """logits (K, B, T, N) of K heads; head k (1..K) at t: soft CE to p_{t+k}, the target's
+    distribution of token t+1+k, averaged over heads. Returns the loss and per head the top-1
+    agreement with the target's greedy token (acc{k}) over its n{k} valid positions."""
+    K, T = logits.shape[0], logits.shape[2]
     total, stats = 0.0, {}
     for k in range(1, K + 1):
         valid = m[:, :T - k] & m[:, k:]

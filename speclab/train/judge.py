@@ -39,7 +39,9 @@ from pathlib import Path
 import torch
 
 from speclab.models.judge import JudgeProbe, save_judge
-from speclab.train.specdecpp import auc, cached_examples, cached_text, prompts_for, split, write_text
+from speclab.train.loop import add_threads_and_seed
+from speclab.train.specdecpp import (add_text_options, auc, cached_examples, cached_text, prompts_for, split,
+                                     write_text)
 
 
 @torch.inference_mode()
@@ -143,17 +145,13 @@ def main(argv=None):
     ap.add_argument("--draft", default="smollm2-draft")
     ap.add_argument("--out", required=True, help="the probe's directory (judge.json, judge.safetensors)")
     ap.add_argument("--dtype", default="bf16", help="the dtype the target writes its text in (the text cache's)")
-    ap.add_argument("--chat", type=int, default=64, help="seed questions the target answers")
-    ap.add_argument("--code", type=int, default=32, help="stdlib prefixes the target continues")
-    ap.add_argument("--max-new", type=int, default=96, help="tokens the target writes per prompt")
-    ap.add_argument("--cache", default=None, help="the target's text (default ~/.cache/speclab/specdecpp/TARGET)")
+    add_text_options(ap, chat=64, code=32, max_new=96)
     ap.add_argument("--window", type=int, default=8, help="tokens of the target's continuation a label reads")
     ap.add_argument("--margin", type=float, default=6.0, help="nats over the window a swap may cost and pass")
     ap.add_argument("--precision", type=float, default=0.8, help="training precision the default threshold keeps")
     ap.add_argument("--l2", type=float, default=0.01, help="the weights' L2 penalty")
     ap.add_argument("--held-frac", type=float, default=0.2)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
+    add_threads_and_seed(ap)
     args = ap.parse_args(argv)
     if args.window < 1 or args.margin < 0 or not 0 < args.precision <= 1:
         raise SystemExit("speclab train judge: --window >= 1, --margin >= 0 and 0 < --precision <= 1")

@@ -36,6 +36,7 @@ import torch
 
 from speclab.decoding.dllm_policies import DiffusionPolicy
 from speclab.models.learn2pd import FEATURES, Learn2PDFilter, Stability, features, save_filter
+from speclab.train.loop import add_threads_and_seed
 
 # ----------------------------------------------------------------------------------------------
 # 1. prompts
@@ -266,8 +267,7 @@ def main(argv=None):
     ap.add_argument("--held-frac", type=float, default=0.15, help="share of the prompts held out")
     ap.add_argument("--threshold", type=float, default=0.9, help="the threshold the held-out numbers lead with")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
+    add_threads_and_seed(ap)
     args = ap.parse_args(argv)
     for name in ("minutes", "gen_length", "hidden", "epochs"):
         if not getattr(args, name) > 0:

@@ -31,7 +31,12 @@ def add_options(ap, *, minutes: float, batch: int, seq_len: int, lr: float, warm
     ap.add_argument("--held-frac", type=float, default=0.05)
     ap.add_argument("--dev-prompts", default="chat-dev", help=dev_help)
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--threads", type=int, default=2)
+    add_threads_and_seed(ap, threads=2)
+
+
+def add_threads_and_seed(ap, *, threads: int = 1) -> None:
+    """--threads (torch's CPU threads) and --seed, the last options of every trainer."""
+    ap.add_argument("--threads", type=int, default=threads)
     ap.add_argument("--seed", type=int, default=0)
 
 
@@ -45,6 +50,40 @@ def cosine_lr(lr: float, step: int, warmup: int, frac: float, floor: float = 0.1
 def set_lr(opt, lr: float) -> None:
     for g in opt.param_groups:
         g["lr"] = lr
+
+
+def command_line(get_args, argv) -> tuple[list[str], object]:
+    """A trainer's (argv, args): argv (sys.argv[1:] when None) parsed by `get_args`, with torch's
+    thread count and seed set from --threads and --seed."""
+    import sys
+
+    import torch
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = get_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    return argv, args
+
+
+def optimizer_step(opt, loss, params: list, clip: float = 1.0) -> None:
+    """Backward, gradient norm clipped to `clip`, one step."""
+    import torch
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+
+
+def held_out(state: dict, ev: dict) -> bool:
+    """Log the held-out agreement per slot `ev` at this step in state["log"] and print it. True when
+    its mean is at least the best so far (kept as state["best"]): the caller then saves."""
+    score = sum(ev.values()) / len(ev)
+    state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
+    print(f"\nheld-out agreement step {state['step']}: {ev}", flush=True)
+    if score < state.get("best", -1.0):
+        return False
+    state["best"] = score
+    return True
 
 
 class BudgetLoop:
@@ -97,6 +136,16 @@ class BudgetLoop:
                     last = time.time()
         finally:
             self.bar.close()
+
+
+def held_out_agreement(model, stats, n_slots: int) -> dict:
+    """slot_agreement(stats, n_slots) with `model` in eval mode while `stats` (a generator over the
+    held-out batches) runs, then back in train mode."""
+    model.eval()
+    try:
+        return slot_agreement(stats, n_slots)
+    finally:
+        model.train()
 
 
 def slot_agreement(stats, n_slots: int) -> dict:

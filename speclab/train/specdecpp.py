@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from speclab.models.acceptance_head import AcceptanceHead, for_draft, save_head
-from speclab.train.loop import BudgetLoop, cosine_lr, set_lr
+from speclab.train.loop import BudgetLoop, add_threads_and_seed, cosine_lr, set_lr
 
 
 
@@ -325,6 +325,15 @@ def split(rows: list, held_frac: float, seed: int) -> tuple[list, list]:
     return [rows[i] for i in sorted(idx[n:])], [rows[i] for i in sorted(idx[:n])]
 
 
+def add_text_options(ap, *, chat: int, code: int, max_new: int) -> None:
+    """The options of the target's text (write_text over prompts_for, kept by cached_text), for each
+    trainer that labels it: this head's, the judge's probe (speclab/train/judge.py)."""
+    ap.add_argument("--chat", type=int, default=chat, help="seed questions the target answers")
+    ap.add_argument("--code", type=int, default=code, help="stdlib prefixes the target continues")
+    ap.add_argument("--max-new", type=int, default=max_new, help="tokens the target writes per prompt")
+    ap.add_argument("--cache", default=None, help="the target's text (default ~/.cache/speclab/specdecpp/TARGET)")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="speclab train specdecpp", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
@@ -333,10 +342,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--minutes", type=float, default=20.0, help="the head's training budget (wall time)")
     ap.add_argument("--epochs", type=float, default=4, help="passes over the examples (or --minutes, first)")
-    ap.add_argument("--chat", type=int, default=124, help="seed questions the target answers")
-    ap.add_argument("--code", type=int, default=96, help="stdlib prefixes the target continues")
-    ap.add_argument("--max-new", type=int, default=128, help="tokens the target writes per prompt")
-    ap.add_argument("--cache", default=None, help="the target's text (default ~/.cache/speclab/specdecpp/TARGET)")
+    add_text_options(ap, chat=124, code=96, max_new=128)
     ap.add_argument("--labels", choices=("greedy", "soft"), default="greedy")
     ap.add_argument("--mixing", type=float, default=0.15)
     ap.add_argument("--reads", choices=("token", "context"), default="token",
@@ -352,8 +358,7 @@ def main(argv=None):
     ap.add_argument("--compare-new", type=int, default=64)
     ap.add_argument("--max-k", type=int, default=8)
     ap.add_argument("--thresholds", default="0.3", help="specdec++ thresholds compared, comma-separated")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
+    add_threads_and_seed(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from speclab.models.zoo import load

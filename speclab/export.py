@@ -11,10 +11,10 @@ one figure with a frame per step and a slider (plus play / pause); frames carry 
 that change, so a long run stays a reasonable size. Under them: the run strip and the summary
 figures, drawn for the whole run. No model is loaded: everything comes from the trace.
 
-A speculative run recorded "full" also shows, under the step figures, the target's p and the
-draft's q of the step's first draft node (figures.distributions, one panel per step, the one of the
-current step shown) and the alpha / k / c explorer (figures.costmodel). The arrow keys step every
-step figure together (Home / End: the first / last step), and the page opens on the first step
+A spec drawn anew at each step (the step's detail table, p and q, the attention mask) is one panel
+per step, the current step's shown; a folded one (the mask) sits in a <details> element, and is
+left out, with a note, where its panels would make the file large. The arrow keys step every step
+figure and panel together (Home / End: the first / last step), and the page opens on the first step
 that drafted (a feature drafter's first round has no draft yet).
 """
 from __future__ import annotations
@@ -27,8 +27,6 @@ from pathlib import Path
 import plotly.io as pio
 
 from speclab.figures import n_steps, step_label, step_names, view_of
-from speclab.figures.costmodel import costmodel_explorer_figure, trace_model
-from speclab.figures.distributions import distributions
 from speclab.figures.views import FigureSpec
 from speclab.trace import Trace, TraceError
 
@@ -44,7 +42,7 @@ code{{background:#f3f3f3;padding:0 .3em}}</style></head>
 KEYS = """<script>(function(){
 let cur = null;
 const graphs = () => Array.from(document.querySelectorAll('.speclab-figure[data-steps] .plotly-graph-div'));
-const show = k => document.querySelectorAll('.speclab-pq').forEach(d => { d.style.display = (+d.dataset.step === k) ? '' : 'none'; });
+const show = k => document.querySelectorAll('.speclab-per-step').forEach(d => { d.style.display = (+d.dataset.step === k) ? '' : 'none'; });
 function go(k) {
   const gs = graphs(); if (!gs.length) return;
   const n = +gs[0].closest('.speclab-figure').dataset.steps;
@@ -142,21 +140,21 @@ def to_html(trace: Trace, path: str | Path) -> Path:
     if not path.parent.is_dir():
         raise ValueError(f"cannot write {path}: the folder {path.parent} does not exist")
     view, start, n = view_of(trace), first_step(trace), n_steps(trace)
-    figs = [(f.name, animated(trace, f, start), n) for f in view.step]
-    pq = pq_panels(trace)
-    figs += [(f.name, fig, None) for f in view.whole_run if (fig := f.draw(trace, None)) is not None]
-    if (m := trace_model(trace)) is not None:
-        figs.append(("cost model explorer", costmodel_explorer_figure(m if m["c"] is not None else None), None))
     plot = lambda f, first: pio.to_html(f, include_plotlyjs=first, full_html=False, auto_play=False,
                                         config=dict(displaylogo=False))
-    divs = [f'<div class="speclab-figure" data-figure="{html.escape(name)}"'
-            + (f' data-steps="{steps}"' if steps else "") + ">" + plot(f, i == 0) + "</div>"
-            for i, (name, f, steps) in enumerate(figs)]
-    if pq:      # after the step figures: p and q of the current step's first draft node
-        divs.insert(len(view.step), "".join(
-            f'<div class="speclab-pq" data-step="{k}" style="display:{"" if k == start else "none"}">'
-            + (plot(f, False) if f is not None else "<p><i>this step drafted nothing: no p / q to show</i></p>")
-            + "</div>" for k, f in enumerate(pq)))
+    divs = []
+    for i, spec in enumerate(view.step):            # the main step figure first: it carries plotly.js
+        name = html.escape(spec.name)
+        if spec.kind == "html" or spec.fresh:
+            body = per_step(trace, spec, start, plot)
+            div = f'<div class="speclab-figure speclab-{spec.slug}" data-figure="{name}">{body}</div>'
+        else:
+            div = (f'<div class="speclab-figure" data-figure="{name}" data-steps="{n}">'
+                   + plot(animated(trace, spec, start), i == 0) + "</div>")
+        divs.append(f"<details><summary>{name} of this {step_label(trace)}</summary>{div}</details>"
+                    if spec.folded else div)
+    divs += [f'<div class="speclab-figure" data-figure="{html.escape(f.name)}">' + plot(fig, False) + "</div>"
+             for f in view.whole_run if (fig := f.draw(trace, None)) is not None]
     title = html.escape(f"speclab: {trace.engine} / {trace.method}")
     page = PAGE.format(title=title, stats=stats_table(trace), figures="\n".join(divs), start=start, keys=KEYS)
     tmp = path.with_name(path.name + ".tmp")    # a failed write leaves no half page where the page goes
@@ -168,13 +166,26 @@ def to_html(trace: Trace, path: str | Path) -> Path:
     return path
 
 
-def pq_panels(trace: Trace) -> list | None:
-    """Per step, the p / q figure of its first draft node (None where it drafted nothing), for a
-    speculative run recorded "full"; None where no step has one."""
-    if not trace.steps_row().verify or trace.record != "full":
-        return None
-    figs = [distributions(trace, k) for k in range(len(trace.rounds))]
-    return figs if any(f is not None for f in figs) else None
+# a folded spec's panels (the attention mask: a grid of slots x slots a step) stay out of the file
+# past this size over the run: the dashboard and the player draw them on request
+MAX_FOLDED_BYTES = 5 * 2**20
+
+
+def per_step(trace: Trace, spec: FigureSpec, start: int, plot) -> str:
+    """One panel per step of a spec drawn anew at each step (its HTML or its figure), the one of
+    step `start` shown; the arrow keys and the sliders show the others."""
+    n = n_steps(trace)
+    out = []
+    for k in range(n):
+        got = spec.draw(trace, k)
+        body = (got if spec.kind == "html" else plot(got, False)) if got is not None else \
+            f"<p><i>this {trace.steps_row().noun} has no {html.escape(spec.name)} to show</i></p>"
+        out.append(f'<div class="speclab-per-step speclab-{spec.slug}-step" data-step="{k}" '
+                   f'style="display:{"" if k == start else "none"}">{body}</div>')
+        if spec.folded and sum(map(len, out)) > MAX_FOLDED_BYTES:
+            return (f"<p><i>{html.escape(spec.name)}: left out of this file (over {MAX_FOLDED_BYTES >> 20} MB for "
+                    f"{n} steps); the dashboard and the Jupyter player draw it</i></p>")
+    return "".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,8 @@ if _WORKERS > 1:
     torch.set_num_threads(_SHARE)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# every info key a method writes must be declared by a record type (speclab/records.py)
+os.environ.setdefault("SPECLAB_STRICT_RECORDS", "1")
 # the dashboard opens on the tiny code zoo in tests (its default is the real model when installed)
 os.environ.setdefault("SPECLAB_DASHBOARD_TARGET", "code-target")
 
@@ -50,6 +52,46 @@ def target():
 def draft():
     from speclab.models.zoo import load
     return load("code-draft", device="cpu")
+
+
+BAD_TRACES = [   # a trace file's text -> words of the one-line TraceError every reader of traces gives
+    ("{not json", "not valid JSON"),
+    ('{"engine": "speculative"}', "no 'schema'"),
+    ('{"schema": "speclab.trace/9", "engine": "speculative"}', "newer than this speclab"),
+    ('{"schema": "other/1"}', "unknown trace schema"),
+    ('{"schema": "speclab.trace/1", "engine": "speculative"}', "corrupted trace"),
+]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """A model load fails the test: what must be refused before any model loads (a typo never costs
+    a run's minutes) is refused first."""
+    import speclab.api
+    import speclab.decoding.engines
+    import speclab.decoding.spec_run
+
+    def no_model(*_):
+        raise AssertionError("a model loaded before the error")
+    for door in (speclab.api, speclab.decoding.spec_run, speclab.decoding.engines):   # where runs load models
+        monkeypatch.setattr(door, "as_model", no_model)
+
+
+def refused_in_one_line(capsys, argv: list[str], msg: str) -> None:
+    """`speclab argv` exits 2 with `msg` on stderr, and no traceback."""
+    from speclab.cli import main
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and msg in err and "Traceback" not in err
+
+
+def tiny_llama(seed: int = 0, **cfg):
+    """A random LlamaForCausalLM of config `cfg` in eval mode, its weights drawn after
+    torch.manual_seed(seed)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**cfg)).eval()
 
 
 def toy_heads(target):
@@ -87,3 +129,62 @@ def sampled_drafts_are_point_mass(target, method, prompt=None, **kw) -> None:
 def heldout_prompts():
     from speclab.prompts import load_prompts
     return load_prompts("code-mixed", limit=12)
+
+
+@pytest.fixture(scope="session")
+def heldout_ar(target, heldout_prompts):
+    """ar's ids, 32 new tokens, on the first two held-out prompts: what a lossless method must write."""
+    import speclab
+    return [speclab.generate(target, p, "ar", max_new_tokens=32, record=None).ids for p in heldout_prompts[:2]]
+
+
+def greedy_identical_to_ar(target, prompts, refs, method: str, draft, params: dict, **kw) -> list:
+    """`method` with `draft` and `params` (kw: generate's own, e.g. record) decodes each prompt greedily
+    to ar's ids `refs` (32 new tokens, as heldout_ar), drafting and having drafts accepted. Returns
+    the results."""
+    import speclab
+    runs = []
+    for prompt, ref in zip(prompts, refs):
+        r = speclab.generate(target, prompt, method, draft=draft, max_new_tokens=32, **kw, **params)
+        assert r.ids == ref, f"{method} {params} diverged from ar on {prompt[:40]!r}"
+        runs.append(r)
+    assert sum(r.trace.totals.drafted for r in runs) > 0 and sum(r.trace.totals.accepted for r in runs) > 0
+    return runs
+
+
+def tokens_a_forward(target, prompt, method: str, **kw) -> float:
+    """New tokens per target forward of `method` (kw: its draft and parameters), 32 new tokens."""
+    import speclab
+    t = speclab.generate(target, prompt, method, max_new_tokens=32, record=None, **kw).trace.totals
+    return t.new_tokens / t.target_forwards
+
+
+def trainer_runs(target, tmp_path, monkeypatch, kind: str, *args: str):
+    """`speclab train <kind> --self-text 6` (Clover's, Falcon's) on the toy target with `args`, for a
+    couple of seconds, its text and checkpoints under tmp_path: the saved head loads through the zoo
+    and decodes identically to ar. Returns the head."""
+    import importlib
+
+    import speclab
+    from speclab.models import zoo
+    from speclab.train import clover
+    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))          # the trainer's checkpoints
+    monkeypatch.setattr(clover, "CACHE", str(tmp_path / "text"))
+    out = tmp_path / kind
+    assert importlib.import_module(f"speclab.train.{kind}").main([
+        "--target", "code-target", "--self-text", "6", "--max-new", "12", "--out", str(out), *args, "--minutes", "0.03",
+        "--seq-len", "16", "--batch", "2", "--warmup", "1", "--threads", "1", "--held-frac", "0.2"]) == 0
+    assert (out / "model.safetensors").exists() and (out / "speclab_train.json").exists()
+    head = zoo.load(str(out))[0]
+    ref = speclab.generate(target, "def f(x):", "ar", max_new_tokens=12, record=None).ids
+    assert speclab.generate(target, "def f(x):", kind, draft=(head, target[1]), max_new_tokens=12).ids == ref
+    return head
+
+
+def one_distribution(B: int = 2, T: int = 12, N: int = 400):
+    """A head's training batch with one distribution to learn everywhere: tokens (B, T) over N ids,
+    the target's log-probs (B, T, N), a full mask (B, T)."""
+    import torch
+    tok = torch.randint(0, N, (B, T))
+    lp = (3 * torch.randn(N)).log_softmax(-1).expand(B, T, -1)
+    return tok, lp, torch.ones(B, T, dtype=torch.bool)

@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import BAD_TRACES
 
 import speclab
+from speclab.figures.views import view_of
 from speclab.export import animated, main, to_html
 from speclab.trace import Trace, TraceError
 
@@ -41,7 +43,11 @@ def test_html_is_self_contained_with_frames_and_slider(trace, tmp_path):
     names = re.findall(r'data-figure="([^"]+)"', page)
     assert names[0] == "round" and names[-5:] == ["tokens per round", "acceptance", "timing", "cost model",
                                                   "cost model explorer"]
-    assert page.count("Plotly.newPlot(") == len(names)
+    assert names == view_of(trace).names                 # every spec of the view, in its order
+    # one plot a figure, but the step detail (HTML, a table a round) and the mask (a plot a round)
+    assert names[1:3] == ["step detail", "attention mask"] and page.count("<details>") == 1
+    assert page.count("Plotly.newPlot(") == len(names) - 2 + len(trace.rounds)
+    assert page.count('class="speclab-per-step speclab-detail-step"') == len(trace.rounds)
 
 
 def test_cli_exports_a_saved_trace_in_a_fresh_process_without_loading_a_model(trace, tmp_path):
@@ -56,13 +62,7 @@ def test_cli_exports_a_saved_trace_in_a_fresh_process_without_loading_a_model(tr
     assert (tmp_path / "run.html").exists()
 
 
-@pytest.mark.parametrize("content, match", [
-    (None, "not found"),
-    ("this is not json", "not valid JSON"),
-    ('{"engine": "speculative"}', "no 'schema'"),
-    ('{"schema": "speclab.trace/99"}', "newer"),
-    ('{"schema": "other/1"}', "unknown trace schema"),
-])
+@pytest.mark.parametrize("content, match", [(None, "not found"), *BAD_TRACES])
 def test_bad_traces_give_one_line_errors(tmp_path, content, match):
     src = tmp_path / "run.json"
     if content is not None:

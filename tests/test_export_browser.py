@@ -123,12 +123,12 @@ def test_arrow_keys_step_every_figure_and_the_pq_panel(tmp_path, target, draft):
     n, start = len(r.trace.rounds), first_step(r.trace)
     assert n >= 3 and r.trace.rounds[start].drafted
     active = "() => document.querySelector('.speclab-figure[data-steps] .plotly-graph-div').layout.sliders[0].active"
-    shown = ("() => Array.from(document.querySelectorAll('.speclab-pq'))"
+    shown = ("() => Array.from(document.querySelectorAll('.speclab-dist-step'))"
              ".filter(d => d.style.display !== 'none').map(d => +d.dataset.step)")
     with chromium(tmp_path) as (page, errors):
         page.goto(Path(page_file).as_uri())
         page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
-        page.wait_for_function("() => window.Plotly && document.querySelectorAll('.speclab-pq').length > 0")
+        page.wait_for_function("() => window.Plotly && document.querySelectorAll('.speclab-dist-step').length > 0")
         assert page.evaluate(active) == start and page.evaluate(shown) == [start]
         page.keyboard.press("ArrowRight")
         page.wait_for_function(f"() => ({active})() === {start + 1}", timeout=10_000)

@@ -70,28 +70,31 @@ def names(specs) -> list[str]:
 # -- (a) the spec of each engine ------------------------------------------------------------------
 def test_speculative_view_names_its_figures_and_sizes_side_by_side():
     v = VIEWS["speculative"]
-    assert v.main.name == "round" and v.mask and STEPS["speculative"].rate == "tau"
+    assert v.main.name == "round" and STEPS["speculative"].rate == "tau"
+    assert names(v.step) == ["round", "step detail", "decisions", "p and q", "attention mask"]
+    assert [f.slug for f in v.step if f.folded] == ["mask"] and [f.kind for f in v.step][1] == "html"
     assert (v.run_strip.name, v.run_strip.height) == ("tokens per round", 260)
     sized = {f.name: f.height for f in v.summary}
     assert sized["acceptance"] == 380 and sized["timing"] == 300 and sized["cost model"] == 380
     tr = spec_trace()
     shown = view_of(tr)       # nothing but rounds recorded: no decisions, lanes or verdicts figures
-    assert names(shown.step) == ["round"]
-    assert names(shown.whole_run) == ["tokens per round", "acceptance", "timing", "cost model"]
+    assert names(shown.step) == ["round", "step detail", "attention mask"]      # no p / q: recorded "light"
+    assert names(shown.whole_run) == ["tokens per round", "acceptance", "timing", "cost model"]  # no explorer:
+    # this run has no cost model (nothing drafted)
     assert F.step_dict(tr, 1) == round_dict(tr, 1)
 
 
 def test_diffusion_and_dag_views():
     d = VIEWS["diffusion"]
-    assert d.main.name == "canvas" and d.mask and STEPS["diffusion"].rate == "tokens per forward"
+    assert d.main.name == "canvas" and "attention mask" in names(d.step) and STEPS["diffusion"].rate == "tokens per forward"
     assert d.run_strip.name == "confidence bands" and d.run_strip.height is None   # sized by the figure
     tr = dllm_trace()
     assert names(view_of(tr).whole_run) == ["confidence bands", "decoding order"]
     fig = d.run_strip.draw(tr, 0)
     assert d.run_strip.pane_height(fig) == fig.layout.height + 20
     g = VIEWS["dag"]
-    assert not g.mask and g.run_strip is None and F.run_strip(dag_trace()) is None
-    assert names(view_of(dag_trace()).step) == ["strategies"] and view_of(dag_trace()).whole_run == ()
+    assert "attention mask" not in names(g.step) and g.run_strip is None and F.run_strip(dag_trace()) is None
+    assert names(view_of(dag_trace()).step) == ["strategies", "step detail"] and view_of(dag_trace()).whole_run == ()
     assert F.step_dict(dag_trace(), 1) == dag_dict(dag_trace(), 1)
     with pytest.raises(ValueError, match="no view for the 'other' engine"):
         view_of(Trace(engine="other", method="x"))
@@ -217,7 +220,7 @@ def with_decisions() -> Trace:
 
 def test_decisions_step_table_lists_each_record_of_the_step():
     tr = with_decisions()
-    assert names(view_of(tr).step) == ["round", "decisions"]
+    assert names(view_of(tr).step) == ["round", "step detail", "decisions", "attention mask"]
     assert names(view_of(tr).summary)[-1] == "decisions over the run"
     cols = dict(zip(("policy", "at", "inputs", "threshold", "output", "note"),
                     map(list, decision_table(tr, 0).data[0].cells.values)))

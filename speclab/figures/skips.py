@@ -9,11 +9,11 @@
                                     candidate's score and the best so far; `step` marked
     has_skip_masks(trace)           some round recorded a mask
 
-The masks are the rounds' info["skip"] strings (a character a layer: "." runs, "a" attention
-skipped, "m" MLP skipped, "x" both), so the figure draws at every recording level; the search
-points come from `swift-search` decisions and show where decisions were recorded. Shown for the
-methods registered below, through the view spec (figures.views.add_figure), so the player, the
-dashboard and the export draw it; the method names are the figure's only link to decoding.
+The masks are the rounds' SkipMask records (speclab.records: info["skip"], a character a layer:
+"." runs, "a" attention skipped, "m" MLP skipped, "x" both), so the figure draws at every recording
+level; the search points come from `swift-search` decisions and show where decisions were recorded.
+It is the SkipMask record's figure (figures.views.add_record_figure): every trace holding skip
+masks shows it in the player, the dashboard and the export, whichever method skipped.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from plotly.subplots import make_subplots
 
 from speclab.figures import colors
 from speclab.figures._util import check_step, num
-from speclab.figures.views import FigureSpec, add_figure
+from speclab.figures.views import FigureSpec, add_record_figure
+from speclab.records import SkipMask
 from speclab.trace import Trace
 
 STATES = ".amx"
@@ -31,7 +32,7 @@ SEARCH_MARK = {"kept": "#2ca02c", "reverted": "#bbbbbb", "scored": "#1f77b4"}
 
 
 def has_skip_masks(trace: Trace) -> bool:
-    return trace.steps_row().verify and any("skip" in r.info for r in trace.rounds)
+    return trace.steps_row().verify and any(SkipMask.of(r) is not None and r.info.get("skip") for r in trace.rounds)
 
 
 def _colorscale() -> list:
@@ -50,7 +51,7 @@ def _current(step: int | None, lo: float, hi: float) -> go.Scatter:
 
 def skip_mask_figure(trace: Trace, step: int | None = None) -> go.Figure:
     step = check_step(trace, step, len(trace.rounds))
-    masks = [r.info.get("skip") for r in trace.rounds]
+    masks = [getattr(SkipMask.of(r), "skip", None) for r in trace.rounds]
     L = max((len(m) for m in masks if m), default=0)
     xs = list(range(1, len(masks) + 1))
     # z[layer][round]: the state's index (None: the round ran no mask, e.g. a gated plain round)
@@ -103,6 +104,4 @@ def skip_mask_figure(trace: Trace, step: int | None = None) -> go.Figure:
     return fig
 
 
-SKIP_MASK = FigureSpec("skip mask", skip_mask_figure, when=has_skip_masks)
-for _method in ("swift", "unified-layer-skip", "layer-skip"):
-    add_figure(_method, SKIP_MASK)
+SKIP_MASK = add_record_figure(FigureSpec("skip mask", skip_mask_figure, record=SkipMask, when=has_skip_masks))

@@ -3,13 +3,17 @@ size. The Jupyter player (speclab/widgets/player.py), the dashboard (speclab/app
 static export (speclab/export.py) read these specs and nothing else, so a figure added here, or by a method
 through `add_figure`, shows up in all three.
 
-    VIEWS[engine]                  the engine's View: step figures (the main one first), run strip,
-                                   summary figures each with its height, whether it has a mask view
+    VIEWS[engine]                  the engine's View: step figures (the main one first, then the
+                                   detail table, decisions, p / q, the mask), run strip, summary
+                                   figures each with its height
     add_view(view)                 a new engine's View (added_view for a `with` block; remove_view)
     view_of(trace)                 the View for one trace: its engine's figures whose data the trace
                                    holds (decisions, lanes, verdicts show only where recorded), plus
                                    the figures its method added
-    add_figure(method, spec)       a method's own figure, for traces of that method only;
+    add_record_figure(spec)        a figure of a typed record (speclab.records): shown for every
+                                   trace that holds the record, whatever method wrote it
+    added_record_figure(spec)      the same for a `with` block; remove_record_figure undoes it
+    add_figure(method, spec)       a figure for traces of one method only (a notebook's own);
     added_figure(method, spec)     the same for a `with` block (tests); remove_figure undoes it
     step_dict / step_figure        the main step figure (a dict for frames, a Figure)
     update_step(fig, trace, step)  a drawn main step figure moved to `step` in place
@@ -17,14 +21,19 @@ through `add_figure`, shows up in all three.
     go_to_step, step_title, ...    how steps are numbered and moved: figures.steps, re-exported here
 
 A figure is a pure function `fn(trace, step) -> plotly Figure` (or None: nothing to draw for this
-run). Step figures draw step `step` (0-based) and keep their trace count and height over the run,
-so a player redraws them in place; summary figures draw the whole run with a "current" marker at
-`step` (None: unmarked, as the export draws them) that a player moves without redrawing.
+run), or, of kind "html", `fn(trace, step) -> str` (the step's detail table). Step figures draw step
+`step` (0-based) and keep their trace count and height over the run, so a player redraws them in
+place, unless `fresh` (p and q, the attention mask: their size changes with the step, so each step
+is drawn anew); summary figures draw the whole run with a "current" marker at `step` (None:
+unmarked, as the export draws them) that a player moves without redrawing. `folded` ones (the
+mask) are shown on request: an accordion, a checkbox, a <details>. Every front end shows every
+spec of the view, in its order: the detail table, p / q, the mask and the cost model explorer are
+specs like any other, so the player, the dashboard and the export show the same set.
 
-A method adds its own figure in the file that defines it, beside its registry row:
+A method's own figure follows the record it draws, declared beside the drafter that writes it:
 
-    from speclab.figures.views import FigureSpec, add_figure
-    add_figure("my-method", FigureSpec("drafts kept", kept_figure, where="summary", height=300))
+    from speclab.figures.views import FigureSpec, add_record_figure
+    add_record_figure(FigureSpec("beam per level", beam_figure, record=BeamLevel, height=300))
 """
 from __future__ import annotations
 
@@ -34,12 +43,15 @@ from typing import Callable
 
 import plotly.graph_objects as go
 
+from speclab import records
 from speclab.figures.compose import STEP_LAYOUT_KEYS, dag_dict, move_current, round_dict, update_figure
-from speclab.figures.costmodel import costmodel_summary
+from speclab.figures.costmodel import costmodel_explorer_figure, costmodel_summary, trace_model
 from speclab.figures.decisions import decision_summary, decision_table, has_decisions
+from speclab.figures.detail import detail_html
 from speclab.figures.diffusion import canvas_dict, confidence_bands, decoding_order
+from speclab.figures.distributions import distributions
 from speclab.figures.lanes import has_lanes, lanes_figure
-from speclab.figures.mask import mask_size
+from speclab.figures.mask import mask_dict, mask_size
 from speclab.figures.steps import go_to_step, step_label, step_names, step_title  # numbering, defined there
 from speclab.figures.summary import acceptance_summary, round_strip, timing
 from speclab.figures.verdicts import has_verdicts, rescued_figure
@@ -47,6 +59,7 @@ from speclab.trace import Trace, TraceError
 from speclab.scoped import scoped
 
 WHERE = ("step", "summary")
+KINDS = ("figure", "html")
 # the attention mask is a grid of slots x slots, redrawn at every step: past 512 (a quarter of a
 # million cells) it takes seconds a step and its cells are too small to read, so such runs have none
 MASK_MAX_SLOTS = 512
@@ -67,35 +80,62 @@ class FigureSpec:
                                                 # static=False (what frames and players send)
     redraw: bool = False                        # a summary figure redrawn at every step (its marker
                                                 # is more than a line: the lanes' current spans)
+    record: type | None = None                  # the typed record it draws (speclab.records): shown only
+                                                # for traces that hold it (add_record_figure: for all such)
+    kind: str = "figure"                        # "figure": fn gives a plotly Figure; "html": an HTML string
+    fresh: bool = False                         # a step figure whose size changes with the step: drawn anew
+    folded: bool = False                        # shown on request (an accordion, a checkbox, <details>)
+    tempered: bool = False                      # fn(trace, step, temperature=T) re-tempers it (p and q)
+    key: str = ""                               # a short id for pages and tests (css class speclab-KEY);
+                                                # "" : the name, lower case, dashes for spaces
 
     def __post_init__(self):
         if self.where not in WHERE:
             raise ValueError(f"figure {self.name!r}: where must be one of {WHERE}, got {self.where!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"figure {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.record is not None and self.record.level not in records.LEVELS:
+            raise ValueError(f"figure {self.name!r}: record must be a declared speclab.records type")
+
+    @property
+    def slug(self) -> str:
+        return self.key or "-".join(self.name.lower().split())
 
     def applies(self, trace: Trace) -> bool:
-        return self.when is None or bool(self.when(trace))
+        return ((self.record is None or records.holds(trace, self.record))
+                and (self.when is None or bool(self.when(trace))))
 
-    def draw(self, trace: Trace, step: int | None = 0) -> go.Figure | None:
+    def draw(self, trace: Trace, step: int | None = 0):
+        """The figure (kind "html": the HTML) at `step`, or None where it has nothing to draw."""
         return self.fn(trace, step)
 
     def at(self, trace: Trace, step: int, static: bool = True) -> dict:
-        """The figure at `step` as a plain {"data", "layout"} dict (frames, in-place updates)."""
+        """The figure at `step` as a plain {"data", "layout"} dict (frames, in-place updates); a
+        fresh figure with nothing to draw at this step is an empty one that says so."""
         if self.frame is not None:
             return self.frame(trace, step, static)
-        d = self.fn(trace, step).to_plotly_json()
+        fig = self.fn(trace, step)
+        if fig is None:
+            return dict(data=[], layout=dict(title=dict(text=f"{self.name}: nothing at this {trace.steps_row().noun}",
+                                                        font=dict(size=13)), height=120,
+                                             xaxis=dict(visible=False), yaxis=dict(visible=False)))
+        d = fig.to_plotly_json()
         d["layout"].pop("template", None)
         return d
 
     def moving_keys(self, d: dict) -> tuple:
-        """The layout keys a step changes: the main step figures name theirs; others all but the size."""
-        return STEP_LAYOUT_KEYS if self.frame is not None else tuple(k for k in d["layout"] if k not in FIXED_LAYOUT)
+        """The layout keys a step changes: the main step figures name theirs; others all but the size
+        (a fresh figure all, its size too)."""
+        if self.frame is not None:
+            return STEP_LAYOUT_KEYS
+        return tuple(k for k in d["layout"] if k != "template" and (self.fresh or k not in FIXED_LAYOUT))
 
     def follow(self, fig: go.Figure, trace: Trace, step: int) -> go.Figure:
         """Move `fig` (drawn by this spec for `trace`) to `step` in place: what players call."""
         if self.where == "summary" and not self.redraw:
             return move_current(fig, step)
         d = self.at(trace, step, static=False)
-        return update_figure(fig, d, self.moving_keys(d))
+        return update_figure(fig, d, self.moving_keys(d))     # a fresh one's other trace count: replaced
 
     def pane_height(self, fig: go.Figure) -> int:
         return self.height or int(fig.layout.height or 450) + 20
@@ -103,12 +143,11 @@ class FigureSpec:
 
 @dataclass(frozen=True)
 class View:
-    """What an engine's traces show: a step view, a run strip, a summary, maybe a mask view."""
+    """What an engine's traces show: step figures, a run strip, a summary."""
     engine: str
     step: tuple[FigureSpec, ...]                # the main step figure first: the one the export animates
     run_strip: FigureSpec | None = None         # the run at a glance under the step view, first in a summary
     summary: tuple[FigureSpec, ...] = ()
-    mask: bool = False                          # the attention mask of a step's forward (figures.mask)
 
     @property
     def main(self) -> FigureSpec:
@@ -118,6 +157,14 @@ class View:
     def whole_run(self) -> tuple[FigureSpec, ...]:
         """The run strip (where there is one) and the summary figures: a Summary tab, the export."""
         return ((self.run_strip,) if self.run_strip is not None else ()) + self.summary
+
+    @property
+    def names(self) -> list[str]:
+        """Every figure of the view, in the order front ends show them."""
+        return [f.name for f in self.step + self.whole_run]
+
+    def spec(self, name: str) -> FigureSpec | None:
+        return next((f for f in self.step + self.whole_run if f.name == name), None)
 
 
 def figure_from(frame: Callable) -> Callable:
@@ -133,30 +180,56 @@ def step_view(name: str, frame: Callable) -> FigureSpec:
 DECISIONS = FigureSpec("decisions", decision_table, "step", when=has_decisions)
 DECISIONS_OVER_RUN = FigureSpec("decisions over the run", decision_summary, when=has_decisions)
 LANES = FigureSpec("timing lanes", lanes_figure, when=has_lanes, redraw=True)
+# everything recorded about the step, as a table (a round's nodes, a step's slots, a strategy's path)
+DETAIL = FigureSpec("step detail", lambda trace, step: detail_html(trace, 0 if step is None else step), "step",
+                    kind="html", key="detail")
+
+
+def has_pq(trace: Trace) -> bool:
+    """p and q were recorded (record="full") for some round's draft node."""
+    return trace.record == "full" and any(n.p_topk and n.q_topk for r in trace.rounds for n in r.nodes)
+
+
+def _mask_fits(trace: Trace) -> bool:
+    return mask_size(trace) <= MASK_MAX_SLOTS
+
+
+# p and q of the round's first draft node at the temperature that ran (the dashboard re-tempers it)
+PQ = FigureSpec("p and q", lambda trace, step, temperature=None: distributions(
+    trace, 0 if step is None else step, temperature=temperature), "step", when=has_pq, fresh=True, tempered=True,
+    key="dist")
+# the attention mask the step's forward used: a verify's tree mask, a diffusion step's block mask
+MASK = FigureSpec("attention mask", lambda trace, step: go.Figure(mask_dict(trace, 0 if step is None else step)),
+                  "step", when=_mask_fits, fresh=True, folded=True, key="mask")
+# alpha / k / c: this run's cost model, with sliders that work offline
+COST_EXPLORER = FigureSpec("cost model explorer", lambda trace, step: costmodel_explorer_figure(
+    m if (m := trace_model(trace))["c"] is not None else None), when=lambda t: trace_model(t) is not None, height=460)
 
 VIEWS = {
     "speculative": View(
-        "speculative", step=(step_view("round", round_dict), DECISIONS),
+        "speculative", step=(step_view("round", round_dict), DETAIL, DECISIONS, PQ, MASK),
         run_strip=FigureSpec("tokens per round", round_strip, height=260),
         summary=(FigureSpec("acceptance", acceptance_summary, height=380),
                  FigureSpec("timing", timing, height=300),
-                 FigureSpec("cost model", costmodel_summary, height=380),
+                 FigureSpec("cost model", costmodel_summary, height=380), COST_EXPLORER,
                  FigureSpec("rescued tokens", rescued_figure, height=280, when=has_verdicts),
-                 DECISIONS_OVER_RUN, LANES),
-        mask=True),
+                 DECISIONS_OVER_RUN, LANES)),
     "diffusion": View(       # heights None: the canvas and the order map grow with the run
-        "diffusion", step=(step_view("canvas", canvas_dict), DECISIONS),
+        "diffusion", step=(step_view("canvas", canvas_dict), DETAIL, DECISIONS, MASK),
         run_strip=FigureSpec("confidence bands", confidence_bands),
-        summary=(FigureSpec("decoding order", decoding_order), DECISIONS_OVER_RUN, LANES),
-        mask=True),
-    "dag": View("dag", step=(step_view("strategies", dag_dict),), summary=(LANES,)),
+        summary=(FigureSpec("decoding order", decoding_order), DECISIONS_OVER_RUN, LANES)),
+    "dag": View("dag", step=(step_view("strategies", dag_dict), DETAIL), summary=(LANES,)),
 }
 
-__all__ = ["FigureSpec", "View", "VIEWS", "view_of", "add_view", "added_view", "remove_view", "add_figure", "added_figure", "remove_figure", "step_dict",
-           "step_figure", "update_step", "run_strip", "go_to_step", "step_label", "step_names", "step_title"]
+__all__ = ["FigureSpec", "View", "VIEWS", "view_of", "add_view", "added_view", "remove_view", "add_figure",
+           "added_figure", "remove_figure", "add_record_figure", "added_record_figure", "remove_record_figure",
+           "step_dict", "step_figure", "update_step", "run_strip", "go_to_step", "step_label", "step_names",
+           "step_title"]
 
 # method name -> the figures it added (add_figure); shown for traces of that method only
 METHOD_FIGURES: dict[str, tuple[FigureSpec, ...]] = {}
+# figures of typed records (add_record_figure): shown for every trace holding the record
+RECORD_FIGURES: dict[str, FigureSpec] = {}
 
 
 def engine_view(trace: Trace) -> View:
@@ -168,12 +241,11 @@ def engine_view(trace: Trace) -> View:
 def view_of(trace: Trace) -> View:
     """The figures this trace shows: its engine's, less those whose data it did not record, plus
     its method's own."""
-    base, own = engine_view(trace), METHOD_FIGURES.get(trace.method, ())
+    base = engine_view(trace)
+    own = tuple(RECORD_FIGURES.values()) + METHOD_FIGURES.get(trace.method, ())
     keep = lambda specs, where: tuple(f for f in specs + tuple(f for f in own if f.where == where) if f.applies(trace))
     strip = base.run_strip if base.run_strip is not None and base.run_strip.applies(trace) else None
-    mask = base.mask and mask_size(trace) <= MASK_MAX_SLOTS
-    return replace(base, step=keep(base.step, "step"), run_strip=strip, summary=keep(base.summary, "summary"),
-                   mask=mask)
+    return replace(base, step=keep(base.step, "step"), run_strip=strip, summary=keep(base.summary, "summary"))
 
 
 def add_view(view: View) -> View:
@@ -194,8 +266,29 @@ def added_view(view: View):
     return scoped(add_view, remove_view, view, view.engine)
 
 
+def add_record_figure(spec: FigureSpec) -> FigureSpec:
+    """Show `spec` (its `record` set) for every trace that holds that record, after its engine's
+    figures: the figure follows the data, whichever method wrote it."""
+    if spec.record is None:
+        raise ValueError(f"figure {spec.name!r} names no record: give FigureSpec(record=...) or use add_figure")
+    if spec.name in RECORD_FIGURES:
+        raise ValueError(f"a record figure named {spec.name!r} exists; remove_record_figure it first")
+    RECORD_FIGURES[spec.name] = reading_records(f"{spec.record.name!r} record", spec)
+    return spec
+
+
+def remove_record_figure(name: str) -> None:
+    RECORD_FIGURES.pop(name, None)
+
+
+def added_record_figure(spec: FigureSpec):
+    """add_record_figure for the length of a `with` block (a test's, a notebook cell's)."""
+    return scoped(add_record_figure, remove_record_figure, spec, spec.name)
+
+
 def add_figure(method: str, spec: FigureSpec) -> FigureSpec:
-    """Show `spec` for every trace of `method` (a registry name), after its engine's figures."""
+    """Show `spec` for every trace of `method` (a registry name), after its engine's figures (a
+    figure of data only that method writes; a figure of a typed record: add_record_figure)."""
     mine = METHOD_FIGURES.get(method, ())
     if any(f.name == spec.name for f in mine):
         raise ValueError(f"{method!r} already has a figure named {spec.name!r}; remove_figure it first")
@@ -210,7 +303,7 @@ def add_figure(method: str, spec: FigureSpec) -> FigureSpec:
 RECORD_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError, ZeroDivisionError)
 
 
-def reading_records(method: str, spec: FigureSpec) -> FigureSpec:
+def reading_records(owner: str, spec: FigureSpec) -> FigureSpec:
     """`spec` with a failure of its figure on records it cannot read raised as one TraceError."""
     def guarded(fn: Callable | None) -> Callable | None:
         if fn is None:
@@ -224,7 +317,7 @@ def reading_records(method: str, spec: FigureSpec) -> FigureSpec:
                 raise
             except RECORD_ERRORS as e:
                 why = (str(e).splitlines() or [""])[0][:120]
-                raise TraceError(f"the {method} records in this trace do not fit its figure {spec.name!r} "
+                raise TraceError(f"the {owner} records in this trace do not fit its figure {spec.name!r} "
                                  f"({type(e).__name__}: {why}); re-record the run") from e
         return run
     return replace(spec, fn=guarded(spec.fn), when=guarded(spec.when), frame=guarded(spec.frame))
@@ -243,23 +336,26 @@ def added_figure(method: str, spec: FigureSpec):
     return scoped(lambda s: add_figure(method, s), lambda name: remove_figure(method, name), spec, spec.name)
 
 
-# PEARL's lanes over its modes (figures.pearl imports no view, so it is wired here)
+# the records' own figures (each figures module imports no view, so they are wired here): each shows
+# for every trace holding its record, whichever method wrote it
 from speclab.figures.pearl import has_pearl_lanes, pearl_figure  # noqa: E402
-add_figure("pearl", FigureSpec("lanes and modes", pearl_figure, when=has_pearl_lanes, redraw=True))
-# SpecDec++'s head against the target and its draft lengths (figures.specdecpp imports no view)
 from speclab.figures.specdecpp import has_stop_decisions, stopping_figure  # noqa: E402
-add_figure("specdec++", FigureSpec("stopping rule", stopping_figure, when=has_stop_decisions, height=360))
-# dllm-draft's block filled forward by forward, over the verify's verdicts (figures.dllm_draft imports no view)
 from speclab.figures.dllm_draft import block_fill_figure, has_block_fill  # noqa: E402
-add_figure("dllm-draft", FigureSpec("block filling", block_fill_figure, "step", when=has_block_fill))
-add_figure("flexdraft", FigureSpec("block filling", block_fill_figure, "step", when=has_block_fill))
-# OSD's acceptance over the rounds, its draft updates marked, the draft version (figures.osd imports no view)
 from speclab.figures.osd import has_osd_versions, osd_figure  # noqa: E402
-add_figure("osd", FigureSpec("online draft", osd_figure, when=has_osd_versions, height=380))
-# synthetic acceptance: the profile asked for against the verify's (figures.synthetic imports no view)
 from speclab.figures.synthetic import has_synthetic, synthetic_figure  # noqa: E402
-add_figure("synthetic", FigureSpec("acceptance profile", synthetic_figure, when=has_synthetic, height=380,
-                                   redraw=True))
+for _spec in (
+        # PEARL's lanes over its modes
+        FigureSpec("lanes and modes", pearl_figure, record=records.PearlMode, when=has_pearl_lanes, redraw=True),
+        # a stopping rule's head against the target, and the draft lengths it chose (SpecDec++)
+        FigureSpec("stopping rule", stopping_figure, record=records.StopReason, when=has_stop_decisions, height=360),
+        # a block drafter's block filled forward by forward, over the verify's verdicts
+        FigureSpec("block filling", block_fill_figure, "step", record=records.BlockFill, when=has_block_fill),
+        # an online draft's acceptance over the rounds, its updates marked, its version
+        FigureSpec("online draft", osd_figure, record=records.DraftVersion, when=has_osd_versions, height=380),
+        # synthetic acceptance: the profile asked for against the verify's
+        FigureSpec("acceptance profile", synthetic_figure, record=records.SyntheticRound, when=has_synthetic,
+                   height=380, redraw=True)):
+    add_record_figure(_spec)
 
 
 # -- the main step figure and the run strip, for any engine ----------------------------------------

@@ -3,14 +3,15 @@
     view = speclab.widgets.show(result)   # a Result, a Trace, or the path of a saved trace
     view.update(3)                        # what moving the slider to step 3 does (testable)
 
-What it shows is the trace's view spec (figures.views.view_of), the same the dashboard and the
-export read: the main step figure (token strip over draft tree, the diffusion canvas, or the DAG)
-and any other step figures (a policy's decisions), a detail panel for the step, the whole run as a
-strip (tokens per round, confidence bands) and, folded, the summary figures (a method's own
-included) and the attention mask the step's forward used (figures.mask). Each figure is one
-`go.FigureWidget`, created once and moved in place per step (`FigureSpec.follow`: redrawn in a
-`batch_update`, or only its "current" marker moved), so the page never re-renders a whole figure.
-No model is needed: everything comes from the trace.
+What it shows is the trace's view spec (figures.views.view_of), every spec of it, the same set the
+dashboard and the export show: the main step figure (token strip over draft tree, the diffusion
+canvas, or the DAG), then the other step specs in order (the step's detail table, a policy's
+decisions, p and q, a record's figure; the attention mask folded), the whole run as a strip (tokens
+per round, confidence bands) and, folded, the summary figures (the cost model explorer and a
+method's own included). Each figure is one `go.FigureWidget`, created once and moved in place per
+step (`FigureSpec.follow`: redrawn in a `batch_update`, or only its "current" marker moved), so the
+page never re-renders a whole figure; an "html" spec is an HTML widget whose text changes. No model
+is needed: everything comes from the trace.
 """
 from __future__ import annotations
 
@@ -19,9 +20,7 @@ from pathlib import Path
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from speclab.figures import go_to_step, n_steps, step_label, step_title, update_figure, view_of
-from speclab.figures.detail import detail_html
-from speclab.figures.mask import mask_dict
+from speclab.figures import go_to_step, n_steps, step_label, step_title, view_of
 from speclab.figures.offline import keep_figures, offline_html
 from speclab.trace import Trace, TraceError
 
@@ -58,32 +57,42 @@ class Player(widgets.VBox):
                                         layout=widgets.Layout(width="60%"))
         self.label = widgets.Label(step_title(trace, 0))
         widgets.jslink((self.play, "value"), (self.slider, "value"))   # in the browser, no kernel round trip
-        # every figure drawn once, by the spec's name; stepping moves each in place (spec.follow)
+        # every spec drawn once, by its name; stepping moves each in place (spec.follow) or, an
+        # "html" spec, sets its text
         self.specs = {f.name: f for f in view.step + view.whole_run}
         self.figures: dict[str, go.FigureWidget] = {}
+        self.html: dict[str, widgets.HTML] = {}
         for spec in view.step:
-            self.figures[spec.name] = self._widget(spec.at(trace, 0))
+            if spec.kind == "html":
+                self.html[spec.name] = widgets.HTML(spec.draw(trace, 0))
+            else:
+                self.figures[spec.name] = self._widget(spec.at(trace, 0))
         for spec in view.whole_run:
             fig = spec.draw(trace, 0)
             if fig is not None:                 # a maker with nothing to draw for this run
                 self.figures[spec.name] = self._widget(fig)
         self.figure = self.figures[view.main.name]
         self.strip = self.figures.get(view.run_strip.name) if view.run_strip is not None else None
-        self.detail = widgets.HTML(detail_html(trace, 0))
-        # the attention mask the step's forward used, folded away until asked for
-        self.mask = self._widget(mask_dict(trace, 0)) if view.mask else None
+        # the step's detail table and the attention mask, by their keys (None: this view has none)
+        self.detail = next((self.html[f.name] for f in view.step if f.slug == "detail"), widgets.HTML(""))
+        self.mask = next((self.figures[f.name] for f in view.step if f.slug == "mask"), None)
         self.step = 0
         self.slider.observe(lambda change: self.update(change["new"]), names="value")
-        parts = [widgets.HBox([self.play, self.slider, self.label]), self.figure, self.detail]
-        parts += [self.figures[f.name] for f in view.step[1:]]
+        parts = [widgets.HBox([self.play, self.slider, self.label])]
+        for spec in view.step:
+            shown = self.html.get(spec.name) or self.figures[spec.name]
+            parts.append(folded(shown, f"{spec.name} of this {label}") if spec.folded else shown)
         parts += [self.strip] if self.strip is not None else []
         summary = [self.figures[f.name] for f in view.summary if f.name in self.figures]
         if summary:
             parts.append(folded(widgets.VBox(summary), "the whole run: " + ", ".join(f.name for f in view.summary
                                                                                       if f.name in self.figures)))
-        if self.mask is not None:
-            parts.append(folded(self.mask, "attention mask of this step"))
         super().__init__(parts)
+
+    @property
+    def shown(self) -> list[str]:
+        """The names of the specs on the page, in order (what a test compares across front ends)."""
+        return [f.name for f in self.view.step + self.view.whole_run if f.name in self.figures or f.name in self.html]
 
     @staticmethod
     def _widget(fig) -> go.FigureWidget:
@@ -107,9 +116,8 @@ class Player(widgets.VBox):
         step = go_to_step(self.trace, step)
         for name, fig in self.figures.items():
             self.specs[name].follow(fig, self.trace, step)
-        if self.mask is not None:
-            update_figure(self.mask, mask_dict(self.trace, step))
-        self.detail.value = detail_html(self.trace, step)
+        for name, w in self.html.items():
+            w.value = self.specs[name].draw(self.trace, step)
         self.label.value = step_title(self.trace, step)
         self.step = step
         if self.slider.value != step:

@@ -30,7 +30,7 @@ def page_state(form: Form, method: str, targets=(REAL_PAIR[0], TOY_PAIR[0])) -> 
     """The form fitted to `method` (on the toy target when the real one has no head for it): the
     request the page would send, and the example's key (method, target, draft shown)."""
     form.method.value = method
-    if runs.engine(method) == "speculative":
+    if runs.verifies(method):
         for target in targets:                              # the real pair unless it has no head for the method
             if target in form.target.options and form.target.value != target:
                 form.target.value = target
@@ -60,18 +60,18 @@ def main(argv=None) -> None:
         path = guide.example_path(*key)
         if path.exists() and not a.force:
             continue
-        tokens = TOKENS if runs.engine(method) == "speculative" else request["max_new_tokens"]
+        tokens = TOKENS if runs.verifies(method) else request["max_new_tokens"]
         start = time.perf_counter()
         try:
             trace = record(request, tokens)
-            while len(runs.trace_json(trace)) > MAX_BYTES and tokens > 8 and runs.engine(method) == "speculative":
+            while len(runs.trace_json(trace)) > MAX_BYTES and tokens > 8 and runs.verifies(method):
                 tokens //= 2
                 trace = record(request, tokens)
         except Exception as e:                # say which; a speculative method gets the toy zoo, then the next
             print(f"FAILED {method} on {key[1]}: {type(e).__name__}: {e}", flush=True)
             if key[1] in (TOY_PAIR[0], TOY_DLLM) or runs.is_dag(method):
                 continue
-            if runs.engine(method) == "speculative":
+            if runs.verifies(method):
                 request, key = page_state(form, method, targets=(TOY_PAIR[0],))
             else:                                 # a diffusion method whose own model the toy zoo ships
                 form.target.value = TOY_DLLM

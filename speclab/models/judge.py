@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from speclab.models.parts import paired_part, part_dir, read_part, save_part
+from speclab.models.parts import paired_part, read_part, resolve_part, save_part
 
 KEY = "speclab_judge"
 CONFIG, WEIGHTS = "judge.json", "judge.safetensors"
@@ -87,14 +87,5 @@ def paired_judge(target_name: str | None) -> Path | None:
 def resolve_judge(judge: str | None, model) -> Path:
     """The probe's directory: `judge` (a zoo name or a directory), or the zoo's probe for the target."""
     name = getattr(model, "name_or_path", None)
-    if judge is None:
-        found = paired_judge(name)
-        if found is None:
-            raise ValueError(f"rule 'judge': the zoo has no judge probe for the target {Path(str(name)).name!r}: "
-                             f"train one with `speclab train judge --target NAME --out DIR` and pass judge=DIR")
-        return found
-    where = part_dir(judge)
-    if where is None:
-        raise ValueError(f"rule 'judge': judge={judge!r} is neither a zoo name nor a directory; pass the directory "
-                         "`speclab train judge` wrote, or leave it out for the zoo's probe")
-    return where
+    return resolve_part(judge, lambda: paired_judge(name), "rule 'judge'", "judge", "judge probe for the target "
+                        f"{Path(str(name)).name!r}", "judge --target NAME", "leave it out for the zoo's probe")

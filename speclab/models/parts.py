@@ -50,3 +50,22 @@ def part_dir(given) -> Path | None:
     from speclab.models.zoo import ZOO_DIR
     where = ZOO_DIR / str(given) if (ZOO_DIR / str(given)).is_dir() else Path(str(given)).expanduser()
     return where if where.is_dir() else None
+
+
+def resolve_part(given, paired, user: str, param: str, what: str, train: str, omit: str) -> Path:
+    """A part's directory: `given` (a zoo name or a directory) or, with `given` None, `paired()`, the
+    zoo's part for the model. Else one ValueError line, for `user` (who reads the part: "specdec++")
+    whose parameter `param` names it: the zoo has no `what` ("acceptance head for the draft 'x'"):
+    train one with `speclab train <train> --out DIR`; or `given` is no directory: pass the one
+    `speclab train` wrote, or `omit` ("None for the zoo's head")."""
+    if given is None:
+        found = paired()
+        if found is None:
+            raise ValueError(f"{user}: the zoo has no {what}: train one with `speclab train {train} --out DIR` and pass "
+                             f"{param}=DIR")
+        return found
+    where = part_dir(given)
+    if where is None:
+        raise ValueError(f"{user}: {param}={given!r} is neither a zoo name nor a directory; pass the directory "
+                         f"`speclab train {train.split()[0]}` wrote, or {omit}")
+    return where

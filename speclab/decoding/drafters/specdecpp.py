@@ -35,7 +35,7 @@ from speclab.decoding.drafters.model import DraftModelDrafter
 from speclab.decoding.speculative import Context
 from speclab.decoding.tree import DraftTree
 from speclab.models.acceptance_head import head_info, load_head, paired_head
-from speclab.models.parts import part_dir
+from speclab.models.parts import resolve_part
 from speclab.trace import Decision
 
 STOP, GO = "stop", "go"
@@ -52,17 +52,8 @@ def _eos_ids(model) -> set[int]:
 def resolve_head(head: str | None, draft) -> Path:
     """The head's directory: `head` (a zoo name or a directory), or the zoo's head for this draft."""
     name = getattr(draft, "name_or_path", None)
-    if head is None:
-        found = paired_head(name)
-        if found is None:
-            raise ValueError(f"specdec++: the zoo has no acceptance head for the draft {name!r}: train one with "
-                             f"`speclab train specdecpp --draft {name} --out DIR` and pass head=DIR")
-        return found
-    where = part_dir(head)
-    if where is None:
-        raise ValueError(f"specdec++: head={head!r} is neither a zoo name nor a directory; pass the directory "
-                         f"`speclab train specdecpp` wrote, or None for the zoo's head")
-    return where
+    return resolve_part(head, lambda: paired_head(name), "specdec++", "head", f"acceptance head for the draft {name!r}",
+                        f"specdecpp --draft {name}", "None for the zoo's head")
 
 
 class SpecDecPPDrafter(DraftModelDrafter):

@@ -51,7 +51,7 @@ from typing import Callable
 
 from speclab.decoding.acceptance import Form, Verify, walk
 from speclab.decoding.guarantees import check
-from speclab.scoped import scoped
+from speclab.scoped import lookup, scoped
 
 SHARED_PATHS = ("first", "longest")     # the paths acceptance.walk knows
 
@@ -133,9 +133,7 @@ def registered_rule(rule: Rule):
 
 
 def get_rule(name: str) -> Rule:
-    if name not in RULES:
-        raise ValueError(f"unknown acceptance rule {name!r}; known rules: {', '.join(RULES)}")
-    return RULES[name]
+    return lookup(RULES, name, "acceptance rule", "rules")
 
 
 def rule_params(name: str, params: dict | None) -> dict:

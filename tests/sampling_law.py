@@ -155,3 +155,31 @@ def follows(law: Law, drawn) -> None:
 def departs(law: Law, drawn) -> None:
     p = law.pvalue(drawn)
     assert p <= ALPHA, f"the broken variant passed: p-value {p:.2e}, binned TV {law.tv(drawn):.3f}"
+
+
+def next_two_joint(model, prompt_ids: list[int], sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor]:
+    """The law p1 (V,) of the model's next token after prompt_ids under `sampler` and the joint
+    (V, V) of its next two, exact (a forward per first token), float64."""
+    with torch.no_grad():
+        p1 = warp(model(torch.tensor([prompt_ids])).logits[0, -1], sampler)
+        joint = torch.stack([p1[x] * warp(model(torch.tensor([prompt_ids + [x]])).logits[0, -1], sampler)
+                             for x in range(len(p1))]).double()                          # (V, V)
+    return p1, joint
+
+
+def own_text(lm, start: list[int] = [1, 2, 3], n: int = 30) -> list[int]:
+    """`start` and the n tokens the target `lm` writes greedily after it: a prompt on its own text."""
+    from speclab.decoding.speculative import Drafter, decode
+    return start + decode(lm, Drafter(), start, n, Sampler(0.0), record=None)[0]
+
+
+def pooled_chisquare(exp: torch.Tensor, obs: torch.Tensor) -> float:
+    """Pearson's p-value of the counts `obs` against the expected counts `exp` (flat, the same total),
+    the cells expected under 5 pooled into one; asserts nothing was counted where nothing is expected."""
+    from scipy.stats import chisquare
+    assert obs[exp == 0].sum() == 0
+    keep = exp >= 5                                            # pool the rare cells into one
+    e, o = exp[keep], obs[keep]
+    if exp[~keep].sum() > 0:
+        e, o = torch.cat([e, exp[~keep].sum()[None]]), torch.cat([o, obs[~keep].sum()[None]])
+    return float(chisquare(o.numpy(), e.numpy()).pvalue)

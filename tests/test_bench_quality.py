@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
+from conftest import refused_in_one_line
 
 import speclab
 from speclab.bench.quality import distinct_n, first_divergence, token_agreement
 from speclab.bench.report import markdown
 from speclab.bench.runner import DEFAULT_SEED, bench, parse_methods, sampling_seeds
-from speclab.cli import main
 from speclab.decoding.acceptance import Sampler, accept_prob, warp
 from speclab.decoding.rules import get_rule, rule_params
 from speclab.decoding.rules.base import total_variation
@@ -155,17 +155,6 @@ def test_a_sampled_bench_without_a_seed_uses_the_default_seed(sampled, target):
     (["--methods", "draft-model[rule=typical]"], "has no greedy form"),
     (["--methods", "draft-model[rule=typical;rule.nope=1]", "--temperature", "0.7"], "does not take ['nope']"),
 ])
-def test_sampling_flags_fail_in_one_line_before_a_model_loads(capsys, monkeypatch, args, msg):
-    import speclab.api
-
-    def no_model(*_):
-        raise AssertionError("a model loaded before the error")
-
-    import speclab.decoding.engines
-    import speclab.decoding.spec_run
-    for door in (speclab.api, speclab.decoding.spec_run, speclab.decoding.engines):   # where runs load models
-        monkeypatch.setattr(door, "as_model", no_model)
-    code = main(["bench", "--target", "code-target", "--draft", "code-draft", "--limit", "1",
-                 "--max-new-tokens", "4"] + args)
-    err = capsys.readouterr().err
-    assert code == 2 and msg in err and "Traceback" not in err
+def test_sampling_flags_fail_in_one_line_before_a_model_loads(capsys, no_model_loads, args, msg):
+    refused_in_one_line(capsys, ["bench", "--target", "code-target", "--draft", "code-draft", "--limit", "1",
+                                 "--max-new-tokens", "4"] + args, msg)

@@ -1,7 +1,7 @@
 """Pins the transformers behaviour the adapter relies on: cache crop, 4-D tree masks, early exit."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
 
 from speclab.models.geometry import tree_attention
 from speclab.models.hf import CausalLM, early_exit_view
@@ -11,10 +11,8 @@ TOL = 1e-4  # fp32 logits: tree forward vs each path alone
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+    return tiny_llama(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    return LlamaForCausalLM(cfg).eval()
 
 
 def test_crop_takes_negative_count(tiny):

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+from conftest import BAD_TRACES
 
 from speclab.cli import main
 
@@ -103,12 +104,7 @@ def test_vocab_mismatch_names_both_sizes(capsys, tmp_path):
     assert code == 2 and "different vocabularies (target 8192 tokens, draft 1000)" in err
 
 
-@pytest.mark.parametrize("content,words", [
-    ("{not json", "not valid JSON"),
-    ('{"schema": "speclab.trace/9", "engine": "speculative"}', "newer than this speclab"),
-    ('{"schema": "other/1"}', "unknown trace schema"),
-    ('{"schema": "speclab.trace/1", "engine": "speculative"}', "corrupted trace"),
-])
+@pytest.mark.parametrize("content,words", BAD_TRACES)
 def test_bad_trace_files(tmp_path, content, words):
     from speclab.trace import Trace, TraceError
     f = tmp_path / "t.json"

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
 
 from speclab.models.hf import CausalLM
 from speclab.models.lean.forward import LeanLM
@@ -18,10 +18,8 @@ MEMBERS = [n for n in dir(TargetLM) if not n.startswith("_")] + list(TargetLM.__
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    return tiny_llama(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    return LlamaForCausalLM(cfg).eval()
 
 
 def accepts(impl, proto) -> list[str]:

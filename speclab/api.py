@@ -1,5 +1,6 @@
 """The Python API: `speclab.run(...)` and `speclab.generate(...)` -> Result: look the method's engine
-row up (decoding/engines.py), check the pairing and what the engine takes, and call its door."""
+row up (decoding/engines.py), check what the engine takes, the method's parameters (the row's `check`)
+and the pairing, and call its door."""
 from __future__ import annotations
 
 import functools
@@ -22,10 +23,12 @@ def generate(target, prompt, method: str = "ar", draft=None, **kw) -> Result | l
 def run(target, prompt, method: str = "ar", **kw) -> Result | list[Result]:
     """Any engine by method name (or a Drafter instance, which runs on the speculative engine): the
     method's Engine row (decoding/engines.py) says what the run takes and which door decodes it.
-    The one dispatcher: the CLI, the dashboard and the bench call it. The target / draft pairing is
-    checked first, for every engine. The same keywords mean the same thing everywhere (record, seed,
-    device, dtype, chat, temperature); max_new_tokens is the canvas length of a diffusion run unless
-    gen_length is given, and a DAG's output length is its graph's."""
+    The one dispatcher: the CLI, the dashboard and the bench call it. The method's parameters (the
+    keywords the row's door does not name itself, through the row's `check`) and the target / draft
+    pairing are checked first, for every engine, before any weights load. The same keywords mean the
+    same thing everywhere (record, seed, device, dtype, chat, temperature); max_new_tokens is the
+    canvas length of a diffusion run unless gen_length is given, and a DAG's output length is its
+    graph's."""
     if isinstance(method, Drafter):                 # a user's own drafter plugs into the speculative slot
         return SPECULATIVE.run(target, prompt, method, **kw)
     m = get_method(method)
@@ -34,6 +37,7 @@ def run(target, prompt, method: str = "ar", **kw) -> Result | list[Result]:
         if kw.pop("rule", None) not in (None, "exact") or kw.pop("rule_params", None):
             raise ValueError(f"{m.name} has no verify to take an acceptance rule: rule= is for methods whose "
                              "drafts a target verifies (speculative)")
+    row.check_method(m, kw)                         # unknown or mistyped method parameters: one line
     draft = kw.get("draft")
     check_pairing(row, m.name, target, draft if m.needs_draft or not row.draft else None, m.draft_kind)
     if is_batch(prompt) and not row.batch:

@@ -1,6 +1,7 @@
 """One Engine row per engine (decoding/engines.py): a fourth engine joins by one row, one method
-row and one view, run, replayed, counted and exported with no edit elsewhere; and nothing outside
-the rows compares engine names."""
+row and one view, and is run, replayed, counted, benched beside ar and drawn step by step in the
+Jupyter player, the dashboard's viewer and the export with no edit elsewhere; its run parameters are
+checked by its row at the one door; and nothing outside the rows compares engine names."""
 from __future__ import annotations
 
 import re
@@ -9,16 +10,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import plotly.graph_objects as go
 import pytest
 import torch
 
 import speclab
-from speclab.decoding.engines import (DIFFUSION, ENGINES, SPECULATIVE, Engine, check_pairing, engine_of, get_engine,
-                                      registered_engine)
+from speclab.decoding.engines import (DIFFUSION, ENGINES, SPECULATIVE, Engine, check_pairing, engine_for, engine_of,
+                                      get_engine, registered_engine)
 from speclab.decoding.registry import METHODS, Method, get_method, registered
 from speclab.decoding.result import Result
 from speclab.export import to_html
 from speclab.figures import n_steps, step_label, step_title
+from speclab.figures.summary import current
 from speclab.figures.views import VIEWS, FigureSpec, View, added_view, step_view, view_of
 from speclab.models.loading import as_model, encode_prompt, model_info, token_table
 from speclab.trace import STEPS, Round, Sampling, Steps, Totals, Trace, TraceError, replay
@@ -67,8 +70,16 @@ def tokens_frame(trace: Trace, step: int = 0, static: bool = True) -> dict:
                 layout=dict(title=dict(text=step_title(trace, step)), height=300))
 
 
+def forwards_figure(trace: Trace, step: int | None = None) -> go.Figure:
+    """The whole run: one target forward per token, the current step marked."""
+    n = len(trace.rounds)
+    fig = go.Figure([go.Bar(x=list(range(1, n + 1)), y=[1] * n, name="forwards"), current(step, 1)])
+    return fig.update_layout(title="target forwards per token", height=240)
+
+
 JACOBI_VIEW = View("jacobi", step=(step_view("tokens", tokens_frame),),
-                   summary=(FigureSpec("forwards", lambda tr, step=None: None),))
+                   summary=(FigureSpec("forwards", forwards_figure, height=260),))
+VIEW_NAMES = [f.name for f in JACOBI_VIEW.step + JACOBI_VIEW.whole_run]          # ["tokens", "forwards"]
 
 
 def test_a_fourth_engine_is_one_row_one_method_and_one_view(target, tmp_path):
@@ -99,6 +110,97 @@ def test_a_fourth_engine_is_one_row_one_method_and_one_view(target, tmp_path):
         Trace.load(tmp_path / "j.json")
 
 
+def test_a_fourth_engine_is_benched_beside_ar(target):
+    """The bench runs the toy engine's method beside ar with no engine named in the bench: the
+    baseline, the verify columns and the step counts come from the rows."""
+    from speclab.bench.runner import bench, parse_methods
+    with registered_engine(JACOBI), registered(JACOBI_METHOD), added_view(JACOBI_VIEW):
+        res = bench(target, None, parse_methods("jacobi[window=2]"), "code-complete", max_new_tokens=6, limit=2,
+                    progress=False, keep_traces=True)
+        alone = speclab.run(target, res["traces"]["ar"][0].prompt_ids, "jacobi", max_new_tokens=6).ids
+        traces = res["traces"]["jacobi[window=2]"]
+        assert [replay(t) for t in traces] == [t.output_ids for t in res["traces"]["ar"]]
+        steps = sum(n_steps(t) for t in traces)                 # counted by its Steps row
+    rows = {r["method"]: r for r in res["rows"]}
+    assert res["baseline"] == "ar" and list(rows) == ["ar", "jacobi[window=2]"]     # the causal row's baseline
+    j, ar = rows["jacobi[window=2]"], rows["ar"]
+    assert j["tokens_per_s"] > 0 and ar["tokens_per_s"] > 0 and j["speedup_vs_ar"] > 0
+    assert j["identical_rate"] == 1.0 and j["guarantee"] == "identical-to-ar"      # greedy: ar's tokens
+    assert j["new_tokens"] == 12 and j["target_forwards"] == 12 and j["tau"] == 1.0
+    assert j["alpha"] is None and j["draft_s"] is None and "cost_model" not in j   # its steps verify nothing
+    assert [t.engine for t in traces] == ["jacobi", "jacobi"] and traces[0].params["window"] == 2
+    assert traces[0].output_ids == alone == res["traces"]["ar"][0].output_ids
+    # the step columns: counted as the traces' Steps rows count them, named as they name them
+    assert (j["steps"], j["step"], j["rate"]) == (steps, "token", "tokens per forward") and steps == 12
+    assert ar["step"] == "round" and ar["steps"] == sum(n_steps(t) for t in res["traces"]["ar"])
+
+
+def test_a_fourth_engine_is_drawn_step_by_step_in_every_front_end(target, tmp_path):
+    """The player, the dashboard's viewer and the export show the toy engine's trace with its View's
+    figures, and moving a step redraws the step figure and moves the summary's marker."""
+    from speclab.widgets import show
+    with registered_engine(JACOBI), registered(JACOBI_METHOD), added_view(JACOBI_VIEW):
+        r = speclab.run(target, PROMPT, "jacobi", max_new_tokens=6)
+        tokens = lambda fig: list(fig.data[0].x)
+        marker = lambda fig: list(next(t for t in fig.data if t.name == "current").x)
+
+        player = show(r)                                                  # speclab/widgets
+        assert list(player.figures) == VIEW_NAMES and player.label.value == "token 1 of 6"
+        assert tokens(player.figures["tokens"]) == [0] and marker(player.figures["forwards"]) == [1, 1]
+        player.update(3)
+        assert player.label.value == "token 4 of 6" and player.figures["tokens"].layout.title.text == "token 4 of 6"
+        assert tokens(player.figures["tokens"]) == [0, 1, 2, 3] and marker(player.figures["forwards"]) == [4, 4]
+
+        pytest.importorskip("panel")
+        from speclab.apps.viewer import Viewer
+        viewer = Viewer()                                                 # speclab/apps/viewer.py
+        viewer.show(r.trace)
+        panes = {spec.name: pane for pane, spec in viewer.shown}
+        assert [viewer.view.main.name] + list(panes) == VIEW_NAMES and panes["forwards"].visible
+        assert panes["forwards"] in viewer.summary_figs and panes["forwards"].height == 260
+        assert tokens(viewer.step_fig.object) == [0] and "token 1 of 6" in viewer.step_text.object
+        viewer.player.value = 5
+        assert tokens(viewer.step_fig.object) == list(range(6)) and "token 6 of 6" in viewer.step_text.object
+        assert viewer.step_fig.object.layout.title.text == "token 6 of 6" and marker(panes["forwards"].object) == [6, 6]
+
+        page = to_html(r.trace, tmp_path / "j.html").read_text(encoding="utf-8")   # speclab/export.py
+        assert re.findall(r'data-figure="([^"]+)"', page) == VIEW_NAMES
+        assert re.findall(r'data-steps="(\d+)"', page) == ["6"]          # the step figure: one frame a step
+        assert all(f"token {k} of 6" in page for k in range(1, 7)) and "target forwards per token" in page
+    for front_end in ("speclab/widgets/player.py", "speclab/apps/viewer.py", "speclab/apps/dashboard.py",
+                      "speclab/export.py", "speclab/bench/runner.py"):
+        assert "jacobi" not in (ROOT / front_end).read_text()
+
+
+def no_model(*_, **__):
+    raise AssertionError("a model loaded before the error")
+
+
+@pytest.mark.parametrize("method,target,params,msg", [
+    ("jacobi", "code-target", dict(windows=3), r"method 'jacobi' does not take \['windows'\]; it takes \['window'\]"),
+    ("jacobi", "code-target", dict(window="wide"), "window"),
+    ("dag-viterbi", "numwords-dat", dict(beams=4), r"method 'dag-viterbi' does not take \['beams'\]"),
+    ("dag-beam", "numwords-dat", dict(beam_size="four"), "beam_size"),
+    ("dllm-threshold", "digits-dllm", dict(t_min=0.1), r"dllm-threshold does not take \['t_min'\]"),
+])
+def test_the_one_door_checks_run_parameters_with_the_row_before_any_model_loads(monkeypatch, method, target,
+                                                                                  params, msg):
+    """speclab.run calls the method's row's `check` on the keywords its door does not name itself:
+    one line, before the door (the toy's loads its model first; so does the DAG's)."""
+    import sys
+    import speclab.api
+    import speclab.decoding.dllm_run
+    import speclab.decoding.spec_run
+    for door in (speclab.api, speclab.decoding.spec_run, speclab.decoding.engines, speclab.decoding.dllm_run,
+                 sys.modules[__name__]):
+        monkeypatch.setattr(door, "as_model", no_model)
+    with registered_engine(JACOBI), registered(JACOBI_METHOD):
+        assert JACOBI.run_keywords >= {"max_new_tokens", "record", "seed", "dtype", "draft"}
+        with pytest.raises(ValueError, match=msg) as e:
+            speclab.run(target, "twenty one", method, max_new_tokens=4, **params)
+    assert "\n" not in str(e.value)
+
+
 def test_the_rows_hold_what_each_engine_decides():
     assert [e.name for e in ENGINES.values()][:3] == ["speculative", "diffusion", "dag"]
     assert (SPECULATIVE.verify, SPECULATIVE.draft, SPECULATIVE.batch) == (True, True, True)
@@ -107,6 +209,9 @@ def test_the_rows_hold_what_each_engine_decides():
         "speculative": ("causal", "round", "tau"), "diffusion": ("diffusion", "step", "tokens per forward"),
         "dag": ("dag", "strategy", "tau")}
     assert {e.steps.field for e in ENGINES.values()} == {"rounds", "denoise", "dag"}
+    # the bench's baseline on each engine's targets (a DAG names none: it is not benched)
+    assert (SPECULATIVE.baseline(None), DIFFUSION.baseline(None), get_engine("dag").baseline) == ("ar", "dllm-lowconf", None)
+    assert engine_for("code-dllm") is DIFFUSION and engine_for("code-target") is SPECULATIVE
     with pytest.raises(ValueError, match="unknown engine 'jacobi'"):
         get_engine("jacobi")
     with pytest.raises(ValueError, match="already registered"):
@@ -142,9 +247,17 @@ def grep(pattern: str, files) -> list[str]:
     return out.stdout.splitlines()
 
 
+# what the bench would ask instead of the rows: a model's diffusion-ness, an engine's step field
+BENCH_BY_ENGINE = r"is_dllm\(|\.denoise\b|\.dag\b|kind\s*[!=]=\s*\"(diffusion|dag)\""
+BENCH_FILES = ["speclab/bench/runner.py", "speclab/bench/cli.py", "speclab/bench/timing.py",
+               "speclab/bench/report.py", "speclab/bench/quality.py"]
+
+
 def test_no_engine_name_is_compared_outside_the_rows():
     hits = [h for h in grep(ENGINE_COMPARISON, ["speclab/*.py"]) if h.split(":")[0] not in ALLOWED]   # apps too
     assert hits == []
+    assert grep(BENCH_BY_ENGINE, BENCH_FILES) == []                    # the bench asks the rows too
+    assert grep(BENCH_BY_ENGINE, ["speclab/bench/dllm_eval.py"])        # (a diffusion-only report may)
     assert grep(ENGINE_COMPARISON, ["speclab/figures/views.py"])        # the pattern does find one
 
 

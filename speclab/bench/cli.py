@@ -84,7 +84,9 @@ def cmd_bench(a):
             vllm_eagle3_dir(s.params.get("model"))
         if s.method not in PEERS:
             m = get_method(s.method)                 # unknown names fail before any model loads
-            if get_engine(m.engine).verify:          # and a rule that cannot serve the run: its one line
+            row = get_engine(m.engine)               # and so do the method's parameters (its row's check)
+            row.check_method(m, {k: v for k, v in s.params.items() if k != "rule" and not k.startswith("rule.")})
+            if row.verify:                           # and a rule that cannot serve the run: its one line
                 from speclab.decoding.rules import check_run, rule_params
                 rule, params = rule_of(s)
                 rule_params(rule, params)
@@ -105,6 +107,10 @@ def cmd_bench(a):
         for s in specs:
             if s.method not in PEERS and unsupported(s.method):
                 raise ValueError(f"--batch-size {a.batch_size}: {unsupported(s.method)}")
+    from speclab.bench.runner import target_row
+    from speclab.models.loading import model_kind
+    if model_kind(a.target) is not None:             # a hub id's kind is known once loaded: bench() checks it then
+        target_row(a.target, specs)                  # a target with no baseline, a method of another kind
     sets = [s.strip() for s in a.prompts.split(",") if s.strip()]
     check_before_run(a, sets)                        # before any model loads: no run's minutes are lost to a typo
     target = as_model(a.target, a.device, a.dtype)

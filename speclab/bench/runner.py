@@ -11,9 +11,15 @@ DEFAULT_SEED where none is given). Every row gets quality columns (bench/quality
 its tokens against ar's, under sampling the TV of each round's first token against the target's p,
 the target's NLL of the text, and distinct-n beside ar's.
 
-A masked-diffusion target (code-dllm) takes dllm-* methods; its baseline is `dllm-lowconf` (one
-token per step), `--max-new-tokens` is the gen length, tau reads as tokens per forward, and
-identical_rate compares with the one-per-step output.
+The bench asks the Engine rows (decoding/engines.py), never an engine's name: the row that decodes
+the target (`engine_for`) names the baseline (`ar` for a causal LM; for a masked-diffusion target
+such as code-dllm `dllm-lowconf`, one token per step, or DiffusionGemma's own sampler), every
+method's row must decode the target's kind, and a run's trace says through its Steps row whether it
+verified drafts (alpha, per-position acceptance, draft / verify time, the cost model) and how many
+steps it took (`steps`, counted as its engine counts them; `step`, what it calls one; `rate`, what
+it calls tau). Only a causal target (the kind read from the model) gets the columns that re-read it
+teacher-forced or against its weights' read: nll, the divergence diagnosis and the bandwidth limit.
+On a diffusion target `--max-new-tokens` is the gen length and tau reads as tokens per forward.
 """
 from __future__ import annotations
 
@@ -30,11 +36,11 @@ from speclab.prompts import load_prompts
 from speclab.params import parse_assignment
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.decoding.acceptance import Sampler
-from speclab.decoding.engines import get_engine
+from speclab.decoding.engines import check_pairing, engine_for, get_engine
 from speclab.decoding.registry import get_method, method_params
 from speclab.decoding.rules import get_rule
 from speclab.decoding.dgemma import is_dgemma
-from speclab.models.dllm import is_dllm
+from speclab.models.loading import model_kind
 
 
 DEFAULT_SEED = 0                   # the seed of a sampled bench run that names none (--seed)
@@ -136,21 +142,21 @@ def run_one(spec: MethodSpec, target, draft, prompt_ids, max_new_tokens, k, exit
                       **params)                 # dllm-*: max_new_tokens canvas slots
     if isinstance(res, list):                   # a batch: one run per lane
         return [_run(r, len(res)) for r in res]
-    if not res.trace.steps_row().verify:         # nothing drafted, nothing verified
-        t = res.trace.totals
-        return dict(ids=res.ids, wall_s=t.wall_s, target_forwards=t.target_forwards, draft_forwards=None,
-                    drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None, trace=res.trace)
     return _run(res, 1)
 
 
 def _run(res, batch: int) -> dict:
     """A Result as a bench run. A lane of a batch shares the batch's wall time and verify forwards:
     its wall_s and verify_s are its 1/batch share (a pass's sums stay the real totals); latency_s is
-    the whole batch's wall time (what its caller waited); draft_s is its own (lanes draft in turn)."""
+    the whole batch's wall time (what its caller waited); draft_s is its own (lanes draft in turn).
+    What was drafted, accepted and verified only where the trace's Steps row says its steps verify."""
     t = res.trace.totals
-    return dict(ids=res.ids, wall_s=t.wall_s / batch, latency_s=t.wall_s, target_forwards=t.target_forwards,
-                draft_forwards=t.draft_forwards, drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s,
-                verify_s=t.verify_s / batch, rounds=[r for r in res.trace.rounds if r.drafted], trace=res.trace)
+    run = dict(ids=res.ids, wall_s=t.wall_s / batch, latency_s=t.wall_s, target_forwards=t.target_forwards,
+               trace=res.trace)
+    if not res.trace.steps_row().verify:        # nothing drafted, nothing verified
+        return run | dict(draft_forwards=None, drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None)
+    return run | dict(draft_forwards=t.draft_forwards, drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s,
+                      verify_s=t.verify_s / batch, rounds=[r for r in res.trace.rounds if r.drafted])
 
 
 def set_name(prompt_set: str) -> str:
@@ -185,12 +191,10 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     prompt_ids = [encode(tok, p, max_new_tokens, max_pos) for p in prompts]
     n = len(prompt_ids)
     jobs = [(ids, sd) for sd in seed_list for ids in prompt_ids]   # (prompt, seed), seed major
-    # the baseline, always measured: plain ar, or for a diffusion LM one token per step
-    noise = is_dgemma(model)                   # DiffusionGemma: its own sampler is the baseline
-    base = "dllm-entropy-bound" if noise else "dllm-lowconf" if is_dllm(model) else "ar"
-    if is_dllm(model) and any(get_engine(get_method(s.method).engine).kind != "diffusion" for s in specs if s.method not in PEERS):
-        raise ValueError("a diffusion LM target takes dllm-* methods only")
-    if any(s.method in PEERS and (s.method == "hf-diffusion") != noise for s in specs):
+    # the baseline, always measured: the one the row that decodes this target names (ar for a causal LM)
+    base = target_row(target, specs).baseline(model)
+    causal = model_kind(target) == "causal"    # the target re-reads a text teacher-forced (nll, diagnosis)
+    if any(s.method in PEERS and (s.method == "hf-diffusion") != is_dgemma(model) for s in specs):
         raise ValueError("hf-diffusion runs DiffusionGemma's generate(); the other hf-* peers decode causal LMs: "
                          "pick the peer that fits the target")
     if not any(s.label == base for s in specs):
@@ -219,7 +223,7 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
                                         getattr(model, "name_or_path", "target"), r["wall_s"])
     specs = ours + vllm
     probe = None                            # the memory system's rates, sampled beside ar's own runs
-    if base == "ar" and batch_size == 1 and hasattr(model, "get_input_embeddings"):
+    if causal and batch_size == 1 and hasattr(model, "get_input_embeddings"):
         from speclab.bench.bandwidth import BandwidthProbe
         p = next(model.parameters())
         probe = BandwidthProbe(p.device, p.dtype, model=model)
@@ -270,12 +274,12 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
         if temperature > 0:      # the same seed draws differently under another method: no identity to count
             row["identical_rate"] = None
             sampling_columns(row, runs[s.label][0], runs[ref[s.label]][0], prompt_ids, seed_list, model,
-                             guarantees[s.label], causal=not is_dllm(model) and not noise)
+                             guarantees[s.label], causal=causal)
         else:
             greedy_columns(row, [r["ids"] for r in runs[ref[s.label]][0]], [r["ids"] for r in runs[s.label][0]])
     # per-repeat speed-up ratios with their spread and verdict; the cost model of each median pass
     timing.annotate_bench_rows(rows, [s.label for s in specs], runs, base, busy, thresholds)
-    if base == "ar":
+    if causal:
         for s, row in zip(specs, rows):
             row["identical_to"] = ref[s.label]
             if temperature > 0 or guarantees[s.label] == "lossy":
@@ -294,6 +298,21 @@ def bench(target, draft, specs: list[MethodSpec], prompt_set: str, max_new_token
     if keep_traces:
         out["traces"] = {s.label: [r["trace"] for r in runs[s.label][0]] for s in specs}
     return out
+
+
+def target_row(target, specs: list[MethodSpec]):
+    """The Engine row that decodes the bench's target (a name or (model, tokenizer)): its `baseline`
+    names the method every row is divided by. One ValueError line, each from the rows, for a target
+    whose engine names no baseline and for a method whose engine decodes another kind of model."""
+    from speclab.bench.vllm_peer import VLLM_PEERS
+    row = engine_for(target)
+    if row.baseline is None:
+        raise ValueError(f"the bench has no baseline for {row.kind_is} (the {row.name} engine names none): "
+                         "bench a target another engine decodes")
+    for s in specs:
+        if s.method not in PEERS and s.method not in VLLM_PEERS:
+            check_pairing(get_engine(get_method(s.method).engine), s.method, target)
+    return row
 
 
 def sampling_seeds(temperature: float, seed: int | None, seeds: int) -> list[int]:
@@ -320,9 +339,9 @@ def row_guarantee(spec: MethodSpec) -> str | None:
 
 
 def reference_label(spec: MethodSpec, specs: list[MethodSpec], base: str) -> str:
-    """The ar row a method's outputs are compared with: ar on the same backend if one ran."""
+    """The baseline row a method's outputs are compared with: the baseline on the same backend if one ran."""
     backend = spec.params.get("backend")
-    same = [s.label for s in specs if s.method == "ar" and s.params.get("backend") == backend]
+    same = [s.label for s in specs if s.method == base and s.params.get("backend") == backend]
     return same[0] if backend and same else base
 
 
@@ -343,6 +362,16 @@ def explain_divergences(row: dict, model, prompt_ids, ar_ids, ids, backend: str 
     row["divergences"] = verdicts
 
 
+def steps_columns(traces: list) -> dict:
+    """steps (summed over the runs, each counted as its engine counts them), step (what the engine
+    calls one) and rate (what it calls new tokens per target forward), read from the traces' Steps
+    row; None where a run left no trace (a transformers peer)."""
+    if not traces or any(t is None for t in traces):
+        return dict(steps=None, step=None, rate=None)
+    row = traces[0].steps_row()
+    return dict(steps=sum(t.steps_row().count(t) for t in traces), step=row.noun, rate=row.rate)
+
+
 def summarise(spec: MethodSpec, reps, ar_ids, ar_wall, prompt_set, k) -> dict:
     first = reps[0]
     walls = [sum(r["wall_s"] for r in rep) for rep in reps]
@@ -356,6 +385,7 @@ def summarise(spec: MethodSpec, reps, ar_ids, ar_wall, prompt_set, k) -> dict:
                speedup_vs_ar=round(ar_wall / wall, 3) if wall else None,
                tau=round(metrics.tau(new, fwd), 3) if fwd else None, new_tokens=new, target_forwards=fwd,
                identical_rate=sum(r["ids"] == a for r, a in zip(first, ar_ids)) / len(ar_ids))
+    row.update(steps_columns([r.get("trace") for r in first]))
     if first[0]["drafted"] is not None:
         drafted, accepted = sum(r["drafted"] for r in first), sum(r["accepted"] for r in first)
         _, cond, unc = metrics.per_position([rnd for r in first for rnd in r["rounds"]])

@@ -1,17 +1,19 @@
 """One row per engine: everything decided per engine, in one place.
 
-    engine        kind        steps (trace field)    noun / rate                     verify  draft  batch
-    speculative   causal      rounds                 round / tau                     yes     yes    yes
-    diffusion     diffusion   denoise                step / tokens per forward       no      no     no
-    dag           dag         dag                    strategy / tau                  no      no     no
+    engine        kind        steps (trace field)    noun / rate                     verify  draft  batch  bench baseline
+    speculative   causal      rounds                 round / tau                     yes     yes    yes    ar
+    diffusion     diffusion   denoise                step / tokens per forward       no      no     no     dllm-lowconf
+    dag           dag         dag                    strategy / tau                  no      no     no     (none)
 
 An `Engine` row holds the model kind it decodes (and how an error names it), `run(target, prompt,
 method, **kw) -> Result` (its door: spec_run.generate, dllm_run.run_dllm, the DAG decoder below), how
 its traces hold and read their steps (a `speclab.trace.Steps` row: the field, `count`, `replay`, the
 step noun and rate, which views and metrics read without a model), what it takes (a verify and its
-acceptance rule, a draft model, a batch of prompts) and its run-parameter check. `speclab.run` is the
-one dispatcher: it looks the method's row up (`get_engine(method.engine)`) and calls its `run`.
-Readers ask the row (`engine_of(trace)`, `trace.steps_row()`), never compare engine names.
+acceptance rule, a draft model, a batch of prompts), its run-parameter check and the bench's baseline
+for its targets. `speclab.run` is the one dispatcher: it looks the method's row up
+(`get_engine(method.engine)`), checks the run's method parameters with the row's `check` (the
+keywords its door does not name itself), and calls its `run`. Readers ask the row (`engine_of(trace)`,
+`engine_for(target)`, `trace.steps_row()`), never compare engine names.
 
 A fourth engine (a Jacobi decoder, a batched GPU engine) is one file with its loop and one row:
 
@@ -25,11 +27,13 @@ A fourth engine (a Jacobi decoder, a batched GPU engine) is one file with its lo
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, fields
 from typing import Callable
 
 from speclab.decoding.dag import DecodeConfig, decode_config, decode_text, run_dag
-from speclab.decoding.dgemma import DGemmaSampler
+from speclab.decoding.dgemma import DGemmaSampler, is_dgemma
 from speclab.decoding.dllm_run import run_dllm
 from speclab.decoding.registry import Method, get_method, method_params, param_types
 from speclab.decoding.result import Result
@@ -51,9 +55,14 @@ def check_params(m: Method, params: dict) -> None:
 
 
 def check_dllm_params(m: Method, params: dict) -> None:
-    """check_params, plus the noise canvas's own knobs for the sampler that runs DiffusionGemma."""
+    """check_params, plus the noise canvas's own knobs for the sampler that runs DiffusionGemma; an
+    unknown name is refused in the diffusion door's own words (dllm_run.run_dllm)."""
     noise = {f.name for f in fields(DGemmaSampler)} if m.noise_canvas else set()
-    check_params(m, {k: v for k, v in params.items() if k not in noise - set(method_params(m))})
+    takes = method_params(m)
+    unknown = set(params) - set(takes) - noise
+    if unknown:
+        raise ValueError(f"{m.name} does not take {sorted(unknown)}; it takes {', '.join(takes)}")
+    check_params(m, {k: v for k, v in params.items() if k not in noise - set(takes)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,10 +79,25 @@ class Engine:
     draft: bool = False                 # takes a draft model (a method whose row names one)
     batch: bool = False                 # decodes a list of prompts as one batch
     check: Callable[[Method, dict], None] = check_params   # its run-parameter check (method parameters)
+    baseline: Callable[..., str] | None = None   # baseline(model) -> the method the bench divides every
+                                                 # row by on this engine's targets; None: not benched
 
     @property
     def noun(self) -> str:
         return self.steps.noun
+
+    @property
+    def run_keywords(self) -> frozenset[str]:
+        """The keywords its door names itself (record, seed, max_new_tokens, ...): read from the door's
+        signature, so they cannot drift from it. A run's other keywords are its method's parameters,
+        which `check` checks."""
+        ps = inspect.signature(self.run).parameters.values()
+        return frozenset(p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+    def check_method(self, m: Method, kw: dict) -> None:
+        """The run's method parameters (what `kw` holds beyond the door's own keywords) through
+        `check`: one ValueError line, before any weights load."""
+        self.check(m, {k: v for k, v in kw.items() if k not in self.run_keywords})
 
     @property
     def rate(self) -> str:
@@ -118,9 +142,25 @@ def engine_of(trace: Trace) -> Engine:
     return get_engine(trace.engine)
 
 
+def kind_row(kind: str) -> Engine | None:
+    """The first registered row that decodes models of `kind` (None: no engine does)."""
+    return next((r for r in ENGINES.values() if r.kind == kind), None)
+
+
+def engine_for(target) -> Engine:
+    """The row that decodes `target` (a loaded model, (model, tokenizer), a zoo name or a folder): the
+    first of its kind. One ValueError line where its kind is unknown before loading or no row takes it."""
+    kind = model_kind(target)
+    row = kind_row(kind) if kind is not None else None
+    if row is None:
+        raise ValueError(f"no engine decodes {_name(target)} (its kind: {kind or 'unknown before loading'}); "
+                         f"the engines decode {', '.join(sorted({r.kind_is for r in ENGINES.values()}))}")
+    return row
+
+
 def kind_words(kind: str) -> tuple[str, str]:
     """(how a message names a model kind, the methods that decode it), from the first row of that kind."""
-    row = next((r for r in ENGINES.values() if r.kind == kind), None)
+    row = kind_row(kind)
     return (row.kind_is, row.decoders) if row else (f"a {kind} model", "its own methods")
 
 
@@ -151,6 +191,7 @@ def _name(m) -> str:
 
 
 # -- the doors of the diffusion and DAG engines (the speculative one is decoding/spec_run.py) ---------
+@functools.wraps(run_dllm, assigned=())   # its keywords are run_dllm's (Engine.run_keywords reads them)
 def run_diffusion(target, prompt, method: str, **kw) -> Result:
     trace = run_dllm(target, prompt, method, **kw)
     tok = as_model(target, kw.get("device"), kw.get("dtype", "auto"))[1]
@@ -181,16 +222,21 @@ def run_dag_method(target, prompt, method: str, record="light", seed=0, device=N
     return Result(text=decode_text(model, trace.output_ids), ids=list(trace.output_ids), trace=trace)
 
 
+def diffusion_baseline(model) -> str:
+    """One token per step; on DiffusionGemma, its own sampler (the entropy-bounded noise canvas)."""
+    return "dllm-entropy-bound" if is_dgemma(model) else "dllm-lowconf"
+
+
 SPECULATIVE = register_engine(Engine(
     name="speculative", kind="causal", kind_is="a causal LM", decoders="ar, draft-model, prompt-lookup, suffix, ...",
     wrong_target="{target} is {its}: decode it with {use}, not {method!r}",
-    run=generate, steps=STEPS["speculative"], verify=True, draft=True, batch=True))
+    run=generate, steps=STEPS["speculative"], verify=True, draft=True, batch=True, baseline=lambda model: "ar"))
 DIFFUSION = register_engine(Engine(
     name="diffusion", kind="diffusion", kind_is="a masked-diffusion LM (bidirectional)",
     decoders="a dllm-* method (dllm-threshold, dllm-lowconf, ...)",
     wrong_target="{target} is not a masked-diffusion LM ({its}): {method} needs a diffusion model such as "
                  "code-dllm or digits-dllm; decode {target} with {use}",
-    run=run_diffusion, steps=STEPS["diffusion"], check=check_dllm_params))
+    run=run_diffusion, steps=STEPS["diffusion"], check=check_dllm_params, baseline=diffusion_baseline))
 DAG = register_engine(Engine(
     name="dag", kind="dag", kind_is="a DA-Transformer", decoders="a dag-* method (dag-viterbi, dag-greedy, ...)",
     wrong_target="{method} needs a DA-Transformer target (numwords-dat, dates-dat), not {target} ({its})",

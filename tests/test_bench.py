@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from conftest import refused_in_one_line
 
 from speclab.bench.runner import parse_methods
 from speclab.bench.whatif import simulate_tau
@@ -166,21 +167,14 @@ def test_bench_a_diffusion_target(capsys, tmp_path):
     (["--methods", "ar", "--prompts", f"code-edit,{PROMPT_DIR / 'code-edit.jsonl'}"],
      "two prompt sets are named 'code-edit'"),
     (["--methods", "ar", "--json", "/no/such/folder/b.json"], "--json /no/such/folder/b.json: no folder"),
+    # what the Engine rows say: a method whose engine decodes another kind, a target no engine benches
+    (["--methods", "ar,dllm-threshold"], "code-target is not a masked-diffusion LM (a causal LM): dllm-threshold"),
+    (["--methods", "ar,prompt-lookup[kk=3]"], "method 'prompt-lookup' does not take ['kk']"),
+    (["--target", "numwords-dat", "--methods", "dag-greedy"], "the bench has no baseline for a DA-Transformer"),
 ])
-def test_bench_errors(capsys, monkeypatch, args, msg):
+def test_bench_errors(capsys, no_model_loads, args, msg):
     """One line each, before any model loads: a typo never costs a run's minutes."""
-    import speclab.api
-
-    def no_model(*_):
-        raise AssertionError("a model loaded before the error")
-
-    import speclab.decoding.engines
-    import speclab.decoding.spec_run
-    for door in (speclab.api, speclab.decoding.spec_run, speclab.decoding.engines):   # where runs load models
-        monkeypatch.setattr(door, "as_model", no_model)
-    code = main(BASE + args)
-    err = capsys.readouterr().err
-    assert code == 2 and msg in err and "Traceback" not in err
+    refused_in_one_line(capsys, BASE + args, msg)
 
 
 def test_parse_methods_keeps_nested_lists():

@@ -306,6 +306,16 @@ class DrafterSource(Record):
 
 # -- a denoising step's records ------------------------------------------------------------------
 @record("step")
+class NoiseCanvas(Record):
+    """A noise-canvas sampler's step (DiffusionGemma): the canvas kind ("noise"), the sampling
+    temperature, the tokens sampled for the block's slots, and the positions it accepted."""
+    canvas: str | None = None
+    temperature: float | None = None
+    sampled: list[int] | None = None
+    accepted: list[int] | None = None
+
+
+@record("step")
 class ForcedCommit(Record):
     """Positions committed although nothing passed the threshold (one a step keeps decoding moving)."""
     forced: list[int] | None = None

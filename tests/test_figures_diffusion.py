@@ -183,7 +183,8 @@ def test_export_steps_through_the_denoising_steps(runs, tmp_path):
         assert f["layout"]["title"]["text"].startswith(f"{tr.method}: step")
     slider = animated(tr)["layout"]["sliders"][0]
     assert slider["currentvalue"]["prefix"] == "step " and len(slider["steps"]) == len(tr.denoise)
-    assert page.count("Plotly.newPlot(") == 3 and "decoding order" in page   # step view, bands, order map
+    # step view, bands, order map, and the attention mask (folded) a plot a step
+    assert page.count("Plotly.newPlot(") == 3 + len(tr.denoise) and "decoding order" in page
     assert "tokens per forward" in page
 
 

@@ -120,9 +120,9 @@ def run_one(target: str, prompt: str, method: str, draft: str | None = None, max
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("empty prompt: type some text to continue")
     import speclab
-    eng = engine(method)
+    canvas = on_canvas(method)            # steps fill a canvas: progress in slots, lengths in slots
     kw["temperature"] = float(temperature)
-    if eng == "diffusion" and progress:
+    if canvas and progress:
         progress = _increments(progress)
     # the draft picker feeds draft-model methods; eagle / medusa take their target's head from the zoo
     if needs_draft(method) and get_method(method).draft_kind == "draft":
@@ -131,7 +131,7 @@ def run_one(target: str, prompt: str, method: str, draft: str | None = None, max
         r = speclab.run(target, prompt, method, max_new_tokens=int(max_new_tokens), seed=int(seed), record=record,
                         progress=progress, **kw)
     except ValueError as e:
-        if eng != "diffusion":
+        if not canvas:
             raise
         # the shared context check counts new tokens: on a diffusion canvas they are slots
         raise ValueError(str(e).replace("max_new_tokens", "the gen length").replace("new tokens", "canvas slots")) from e

@@ -52,8 +52,8 @@ class Viewer:
         self._html_pool: list[pn.pane.HTML] = []
         self._toggles: dict[str, pn.widgets.Checkbox] = {}   # a folded spec's "show" box, by its key
         self.step_more = pn.Column(sizing_mode="stretch_width")
-        self.summary_note = pn.pane.Markdown("Summary figures are for speculative and diffusion runs; the Step "
-                                             "tab shows every strategy of a DAG run.", visible=False)
+        self.summary_note = pn.pane.Markdown("This run's view has no whole-run figures: the Step tab shows "
+                                             "everything it recorded (a DAG run: every strategy).", visible=False)
         self.summary = pn.Column(self.summary_note, sizing_mode="stretch_width")
         self.player.param.watch(lambda e: self.show_step(e.new), "value")
         self.keys = StepKeys(self.move)             # arrow keys, Home / End

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from speclab import records
 from speclab.figures._util import num, per_position, tok, topk_text
 from speclab.figures.dag import output_text
 from speclab.figures.diffusion import label, step_note
@@ -16,14 +17,27 @@ from speclab.trace import Trace
 COLS = ("node", "parent", "token", "q", "p", "u", "decision", "try", "rule", "source")
 
 
+def records_text(info: dict, level: str) -> str:
+    """A step's info as its typed records, one group a record: "draft shape: k=4; skip mask: skip=..m." """
+    groups: dict[str, list[str]] = {}
+    for k, v in info.items():
+        cls = records.owner(level, k)
+        groups.setdefault(cls.name if cls is not None else "other", []).append(f"{k}={v}")
+    return html.escape("; ".join(f"{name}: {', '.join(kv)}" for name, kv in groups.items()))
+
+
 def round_html(trace: Trace, step: int) -> str:
     r = trace.rounds[step]
+    if not trace.steps_row().verify:           # an engine that keeps plain steps in rounds: no draft, no verify
+        head = (f"<b>{step_title(trace, step)}</b>: {r.kept} token(s) committed: <code>"
+                + html.escape("".join(trace.text_of(t) for t in r.tokens)) + "</code>")
+        return head + (f"<br>records: {records_text(r.info, 'round')}" if r.info else "")
     head = (f"<b>{step_title(trace, step)}</b>: drafted {r.drafted}, accepted "
             + (f"{len(r.accepted)}, then the target's {r.emitted_kind} <code>{tok(trace, r.emitted)}</code>; "
                if r.emitted >= 0 else f"{len(r.accepted)}, no target token; ") +
             f"{r.kept} token(s) kept. draft {r.draft_s * 1e3:.1f} ms, verify {r.verify_s * 1e3:.1f} ms")
     if r.info:
-        head += "<br>policy: " + html.escape(", ".join(f"{k}={v}" for k, v in r.info.items()))
+        head += "<br>records: " + records_text(r.info, "round")
     if r.residual_topk:
         head += f"<br>emitted token drawn from: {topk_text(trace, r.residual_topk)}"
     if rescued_in(r):
@@ -88,7 +102,7 @@ def denoise_html(trace: Trace, step: int) -> str:
             + f"<br>canvas after: <code>{html.escape(canvas)}</code>")
     rest = {k: v for k, v in s.info.items() if k not in ("forced", "finish", "gap", "g", "entropy", "tree")}
     if rest:
-        head += "<br>policy: " + html.escape(", ".join(f"{k}={v}" for k, v in rest.items()))
+        head += "<br>records: " + records_text(rest, "step")
     if s.edits:
         shown = lambda t: "mask" if t == MASK else f"<code>{tok(trace, t)}</code>"
         head += "<br>edits: " + "; ".join(f"position {e.pos} {shown(e.before)} &rarr; {shown(e.after)}"

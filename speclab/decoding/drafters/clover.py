@@ -82,11 +82,8 @@ class CloverDrafter(FeatureReader, Drafter):
         self.feats = None
         return h.aug_out(x[-1:], q[:, -1:], *self.kv, causal=False)
 
-    @torch.inference_mode()
-    def propose(self, ctx: Context) -> DraftTree:
-        if self.feats is None:                  # first round: the prompt has no hidden states yet
-            return DraftTree()
-        h, t = self.heads, len(ctx.ids) - 2
+    def draft_at(self, ctx: Context, t: int) -> DraftTree:
+        h = self.heads
         assert self.seen + len(self.feats) == t + 1
         W = h.lm_head.weight                                                        # (N, C)
         state = {"g": h.decode(self.augment(), torch.tensor([ctx.ids[-1]], device=W.device), 1),   # (1, C)

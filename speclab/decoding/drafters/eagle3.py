@@ -88,11 +88,7 @@ class Eagle3ChainDrafter(FeatureReader, ChainDrafter):
             self.named = True
         return tree
 
-    @torch.inference_mode()
-    def propose(self, ctx: Context) -> DraftTree:
-        if self.feats is None:                  # first round: the prompt has no hidden states yet
-            return DraftTree()
-        t = len(ctx.ids) - 2
+    def draft_at(self, ctx: Context, t: int) -> DraftTree:
         state = {}
         subset = self.sampler.greedy and self.record != "full"       # greedy: argmax over the N ids
 
@@ -125,11 +121,7 @@ class Eagle3Drafter(Eagle3ChainDrafter):
         super().__init__(target_model, draft, verifier=verifier, k=depth)
         self.budget, self.width, self.depth, self.tree_threshold = budget, width, depth, threshold
 
-    @torch.inference_mode()
-    def propose(self, ctx: Context) -> DraftTree:
-        if self.feats is None:
-            return DraftTree()
-        t = len(ctx.ids) - 2
+    def draft_at(self, ctx: Context, t: int) -> DraftTree:
         outs, root_q = [], []                   # (1 + N, C): the draft's pre-norm output at the root, per node
 
         def q_at(tree: Growing) -> torch.Tensor:

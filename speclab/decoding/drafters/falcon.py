@@ -96,12 +96,8 @@ class FalconDrafter(FeatureReader, Drafter):
         self.forwards += 1
         return out[m - 1:]                                                        # (k, C)
 
-    @torch.inference_mode()
-    def propose(self, ctx: Context) -> DraftTree:
-        if self.feats is None:                  # first round: the prompt has no hidden states yet
-            return DraftTree()
-        h, k, n = self.head, self.k, len(ctx.ids)
-        t = n - 2
+    def draft_at(self, ctx: Context, t: int) -> DraftTree:
+        h, k = self.head, self.k
         O = {-1: self.root(ctx)}                # expanded node (root -1) -> its forward's slot outputs (k, C)
         Q = {-1: self.dists(O[-1])}             # ... and its slots' distributions (k, N)
         draft_kv, entry_of = None, {}           # the round's real entries: per layer (Hkv, R, D); node -> index

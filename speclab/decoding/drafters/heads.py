@@ -73,6 +73,16 @@ class FeatureReader:
     also earlier ones, its `eagle_layers`); keep the committed rows' features in `self.feats`
     (n, C) for positions [self.fed, self.fed + n), not yet given to the head."""
 
+    @torch.inference_mode()
+    def propose(self, ctx: Context) -> DraftTree:
+        if self.feats is None:                  # first round: the prompt has no hidden states yet
+            return DraftTree()
+        return self.draft_at(ctx, len(ctx.ids) - 2)
+
+    def draft_at(self, ctx: Context, t: int) -> DraftTree:
+        """The round's drafts from the features of positions up to t, the last committed one."""
+        raise NotImplementedError
+
     def read_target(self, target_model, head, kind: HeadKind, method: str):
         if head is None or not kind.fits(head):
             raise ValueError(f"method {method!r} needs {kind.what} as its draft, got {_name(head)}: "
@@ -165,11 +175,7 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         logits = self.lm.forward(None, embeds=self.fuse(feats, nxt), subset=subset)
         return logits[-1], self.lm.captured[1][0, -1:]
 
-    @torch.inference_mode()
-    def propose(self, ctx: Context) -> DraftTree:
-        if self.feats is None:                  # first round: the prompt has no hidden states yet
-            return DraftTree()
-        t = len(ctx.ids) - 2
+    def draft_at(self, ctx: Context, t: int) -> DraftTree:
         state = {}
         ids = self.subset_ids(self.lm)               # greedy: score only the head's own ids
 
@@ -218,11 +224,7 @@ class EagleDrafter(EagleChainDrafter):
                              "greedy decoding only: use temperature 0, or lookup=0 to sample")
         super().begin(ctx, target, sampler, gen, record)
 
-    @torch.inference_mode()
-    def propose(self, ctx: Context) -> DraftTree:
-        if self.feats is None:
-            return DraftTree()
-        t = len(ctx.ids) - 2
+    def draft_at(self, ctx: Context, t: int) -> DraftTree:
         outs, root_q = [], []                   # (1 + N, C): the head's output at the root, then per node
 
         def q_at(tree: Growing) -> torch.Tensor:
@@ -295,11 +297,7 @@ class MedusaDrafter(FeatureReader, Drafter):
         else:
             self.score = lambda h: F.linear(h, W)
 
-    @torch.inference_mode()
-    def propose(self, ctx: Context) -> DraftTree:
-        if self.feats is None:
-            return DraftTree()
-        t = len(ctx.ids) - 2
+    def draft_at(self, ctx: Context, t: int) -> DraftTree:
         h = self.heads.hidden(self.feats[-1:], self.w1, self.w2, self.deepest)[:, 0]
         p = self.score(h).float().softmax(-1)                  # (deepest, N): head k -> token t+1+k
         self.forwards += 1

@@ -44,7 +44,7 @@ import statistics
 import time
 from collections import deque
 
-from speclab.decoding.speculative import Context, Drafter, Outcome
+from speclab.decoding.speculative import Context, Drafter, Outcome, forwards_of
 from speclab.decoding.tree import DraftTree
 
 WINDOW = 8          # recent periods per mode whose median is its cost
@@ -91,13 +91,7 @@ class CostGate(Drafter):
         self.greedy_only, self.window, self.ar_samples, self.clock = greedy_only, window, ar_samples, clock
         self.name = inner.name
 
-    @property
-    def forwards(self):
-        return self.inner.forwards
-
-    @forwards.setter
-    def forwards(self, v):
-        pass
+    forwards = forwards_of("inner")
 
     @property
     def all_rows(self):

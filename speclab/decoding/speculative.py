@@ -107,6 +107,13 @@ class Drafter:
         pass
 
 
+def forwards_of(attr: str) -> property:
+    """`forwards = forwards_of("lm")` in a drafter's class: its draft calls are those of the object it
+    drafts with, self.<attr> (0 before it is made); Drafter.__init__'s reset to 0 is ignored."""
+    return property(lambda self: getattr(self, attr).forwards if hasattr(self, attr) else 0,
+                    lambda self, v: None)
+
+
 @dataclass
 class RunState:
     target: TargetLM

@@ -38,7 +38,7 @@ from speclab.decoding.acceptance import warp
 from speclab.decoding.diffusion import never_propose_mask
 from speclab.decoding.dllm_policies import num_transfer
 from speclab.decoding.drafters.model import check_k, host_read
-from speclab.decoding.speculative import Context, Drafter
+from speclab.decoding.speculative import Context, Drafter, forwards_of
 from speclab.decoding.tree import DraftTree
 from speclab.models.dllm import BlockDenoiser, is_block_causal
 from speclab.trace import Decision
@@ -71,13 +71,7 @@ class DllmDrafter(Drafter):
         self.k, self.steps, self.order, self.tree, self.width = k, steps, order, bool(tree), width
         self.schedule = num_transfer(k, steps)
 
-    @property
-    def forwards(self):
-        return self.den.forwards if hasattr(self, "den") else 0
-
-    @forwards.setter
-    def forwards(self, v):
-        pass
+    forwards = forwards_of("den")
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)

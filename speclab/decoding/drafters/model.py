@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from speclab.decoding.acceptance import greedy_ids, sample, warp
-from speclab.decoding.speculative import Context, Drafter, Outcome
+from speclab.decoding.speculative import Context, Drafter, Outcome, forwards_of
 from speclab.decoding.tree import DraftTree
 from speclab.models.backends import make_lm
 from speclab.models.hf import early_exit_view
@@ -144,13 +144,7 @@ class OwnDraftLM:
     def attach_lm(self, draft_model, backend: str):
         self.lm = make_lm(draft_model, "draft", backend)
 
-    @property
-    def forwards(self):
-        return self.lm.forwards if hasattr(self, "lm") else 0
-
-    @forwards.setter
-    def forwards(self, v):
-        pass
+    forwards = forwards_of("lm")
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)

@@ -2,6 +2,7 @@
 
     serve(port=5006)                   # blocks; prints the address to open
     add_serve(subparsers)              # adds `serve --port --host --show --workers --threads-per-run`
+    proc = start_process(free_port(), log, **env); ...; stop_process(proc)   # a server to drive (tests, scripts)
 
 Same app as `panel serve speclab/apps/dashboard.py`: every session gets a fresh Dashboard, and
 every session's runs go to the server's one RunService (service.py): its workers, queue and limits.
@@ -33,6 +34,51 @@ def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threade
     return pn.serve({"/": page}, port=port, address=host, show=show,
                     threaded=threaded, websocket_origin=[f"{host}:{port}", f"localhost:{port}", f"127.0.0.1:{port}"],
                     websocket_max_message_size=WEBSOCKET_MAX_MESSAGE, title="speclab dashboard", **server_kw)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_process(port: int, log, **env):
+    """`speclab serve --port port` as a subprocess (offline; os.environ plus `env`), its output to
+    the open file `log`, once its page answers: the Popen. RuntimeError (the server stopped) where it
+    exits or does not answer within two minutes."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **env)
+    proc = subprocess.Popen([sys.executable, "-m", "speclab.apps.serve", "serve", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/"
+    for _ in range(240):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=5).read()
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    stop_process(proc)
+    raise RuntimeError(f"the server did not answer at {url}")
+
+
+def stop_process(proc) -> None:
+    """Stop a server start_process started, by its own pid: terminate, then kill if it does not
+    exit within 15 s."""
+    import subprocess
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
 
 
 def cmd_serve(a) -> int:

@@ -138,14 +138,18 @@ def heldout_ar(target, heldout_prompts):
     return [speclab.generate(target, p, "ar", max_new_tokens=32, record=None).ids for p in heldout_prompts[:2]]
 
 
-def greedy_identical_to_ar(target, prompts, refs, method: str, draft, params: dict, **kw) -> list:
+def greedy_identical_to_ar(target, prompts, method: str, draft, params: dict | None = None, refs=None,
+                           max_new_tokens: int = 32, **kw) -> list:
     """`method` with `draft` and `params` (kw: generate's own, e.g. record) decodes each prompt greedily
-    to ar's ids `refs` (32 new tokens, as heldout_ar), drafting and having drafts accepted. Returns
-    the results."""
+    to ar's ids (`refs` where the caller has them, as heldout_ar), drafting and having drafts
+    accepted. Returns the results."""
     import speclab
+    params = params or {}
+    if refs is None:
+        refs = [speclab.generate(target, p, "ar", max_new_tokens=max_new_tokens, record=None).ids for p in prompts]
     runs = []
     for prompt, ref in zip(prompts, refs):
-        r = speclab.generate(target, prompt, method, draft=draft, max_new_tokens=32, **kw, **params)
+        r = speclab.generate(target, prompt, method, draft=draft, max_new_tokens=max_new_tokens, **kw, **params)
         assert r.ids == ref, f"{method} {params} diverged from ar on {prompt[:40]!r}"
         runs.append(r)
     assert sum(r.trace.totals.drafted for r in runs) > 0 and sum(r.trace.totals.accepted for r in runs) > 0

@@ -5,11 +5,10 @@ import pytest
 import torch
 
 import speclab
-from conftest import sampled_drafts_are_point_mass
+from conftest import (greedy_identical_to_ar, one_distribution, sampled_drafts_are_point_mass, tokens_a_forward,
+                      trainer_runs)
 from speclab.models import zoo
 from speclab.models.clover import CloverHeads, clover_config
-
-NEW = 32
 
 
 @pytest.fixture(scope="module")
@@ -18,27 +17,15 @@ def clover(target):
     return zoo.load("code-clover")[0], target[1]
 
 
-@pytest.fixture(scope="module")
-def ar_ids(target, heldout_prompts):
-    return [speclab.generate(target, p, "ar", max_new_tokens=NEW, record=None).ids for p in heldout_prompts[:2]]
-
-
 @pytest.mark.parametrize("params", [dict(), dict(budget=4, width=2, depth=2), dict(paths=[[0], [1], [0, 0], [0, 0, 0]])],
                          ids=["defaults", "small-tree", "static-paths"])
-def test_greedy_identical_to_ar(params, target, clover, heldout_prompts, ar_ids):
-    drafted = accepted = 0
-    for prompt, ref in zip(heldout_prompts[:2], ar_ids):
-        r = speclab.generate(target, prompt, "clover", draft=clover, max_new_tokens=NEW, **params)
-        assert r.ids == ref, f"clover {params} diverged from ar on {prompt[:40]!r}"
+def test_greedy_identical_to_ar(params, target, clover, heldout_prompts, heldout_ar):
+    for r in greedy_identical_to_ar(target, heldout_prompts[:2], "clover", clover, params, heldout_ar):
         assert not r.trace.rounds[0].drafted            # round 1: the prompt has no hidden state yet
-        drafted, accepted = drafted + r.trace.totals.drafted, accepted + r.trace.totals.accepted
-    assert drafted > 0 and accepted > 0
 
 
 def test_the_trained_toy_accepts_more_than_one_token_a_round(target, clover, heldout_prompts):
-    r = speclab.generate(target, heldout_prompts[0], "clover", draft=clover, max_new_tokens=NEW, record=None)
-    t = r.trace.totals
-    assert t.new_tokens / t.target_forwards > 1.3
+    assert tokens_a_forward(target, heldout_prompts[0], "clover", draft=clover) > 1.3
 
 
 def test_a_round_records_each_heads_candidates(target, clover, heldout_prompts):
@@ -114,24 +101,13 @@ def test_the_trainer_runs_and_its_heads_load_and_draft(target, tmp_path, monkeyp
     """`speclab train clover --self-text N` on the toy target: the target writes its text, a few
     steps run, and the saved heads load through the zoo and decode identically to ar."""
     from speclab.train import clover as tc
-    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))          # the trainer's checkpoints
-    monkeypatch.setattr(tc, "CACHE", str(tmp_path / "text"))
-    out = tmp_path / "heads"
-    assert tc.main(["--target", "code-target", "--self-text", "6", "--max-new", "12", "--out", str(out),
-                    "--heads", "2", "--ffn", "0", "--minutes", "0.03", "--seq-len", "16", "--batch", "2",
-                    "--warmup", "1", "--threads", "1", "--held-frac", "0.2"]) == 0
-    assert (out / "model.safetensors").exists() and (out / "speclab_train.json").exists()
-    heads = zoo.load(str(out))[0]
+    heads = trainer_runs(target, tmp_path, monkeypatch, "clover", "--heads", "2", "--ffn", "0")
     assert isinstance(heads, CloverHeads) and heads.n_heads == 2
-    ref = speclab.generate(target, "def f(x):", "ar", max_new_tokens=12, record=None).ids
-    assert speclab.generate(target, "def f(x):", "clover", draft=(heads, target[1]), max_new_tokens=12).ids == ref
     loss0 = None
     base = target[0]
     head = tc.build(base, torch.arange(400), tc.get_args(["--heads", "2", "--ffn", "0"]))
     x = torch.randn(2, 12, base.config.hidden_size)
-    tok = torch.randint(0, 400, (2, 12))
-    lp = (3 * torch.randn(400)).log_softmax(-1).expand(2, 12, -1)           # one distribution to learn everywhere
-    m = torch.ones(2, 12, dtype=torch.bool)
+    tok, lp, m = one_distribution()
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
     for _ in range(8):
         loss, _ = tc.clover_loss(head, x, tok, lp, m)

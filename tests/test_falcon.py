@@ -6,11 +6,10 @@ import pytest
 import torch
 
 import speclab
-from conftest import sampled_drafts_are_point_mass
+from conftest import (greedy_identical_to_ar, one_distribution, sampled_drafts_are_point_mass, tokens_a_forward,
+                      trainer_runs)
 from speclab.models import zoo
 from speclab.models.falcon import FalconHead
-
-NEW = 32
 
 
 @pytest.fixture(scope="module")
@@ -19,26 +18,14 @@ def falcon(target):
     return zoo.load("code-falcon")[0], target[1]
 
 
-@pytest.fixture(scope="module")
-def ar_ids(target, heldout_prompts):
-    return [speclab.generate(target, p, "ar", max_new_tokens=NEW, record=None).ids for p in heldout_prompts[:2]]
-
-
 @pytest.mark.parametrize("params, n", [(dict(), 2), (dict(budget=10, width=2, depth=5, threshold=None), 1)],
                          ids=["defaults", "deep-tree"])
-def test_greedy_identical_to_ar(params, n, target, falcon, heldout_prompts, ar_ids):
-    drafted = accepted = 0
-    for prompt, ref in zip(heldout_prompts[:n], ar_ids):
-        r = speclab.generate(target, prompt, "falcon", draft=falcon, max_new_tokens=NEW, record=None, **params)
-        assert r.ids == ref, f"falcon {params} diverged from ar on {prompt[:40]!r}"
-        drafted, accepted = drafted + r.trace.totals.drafted, accepted + r.trace.totals.accepted
-    assert drafted > 0 and accepted > 0
+def test_greedy_identical_to_ar(params, n, target, falcon, heldout_prompts, heldout_ar):
+    greedy_identical_to_ar(target, heldout_prompts[:n], "falcon", falcon, params, heldout_ar, record=None)
 
 
 def test_the_trained_toy_accepts_more_than_one_token_a_round(target, falcon, heldout_prompts):
-    r = speclab.generate(target, heldout_prompts[0], "falcon", draft=falcon, max_new_tokens=NEW, record=None)
-    t = r.trace.totals
-    assert t.new_tokens / t.target_forwards > 1.3
+    assert tokens_a_forward(target, heldout_prompts[0], "falcon", draft=falcon) > 1.3
 
 
 def test_each_node_records_its_forward_and_slot(target, falcon, heldout_prompts):
@@ -135,26 +122,14 @@ def test_the_glance_keeps_the_target_features_in_chosen_blocks():
 def test_the_trainer_runs_and_its_head_loads_and_drafts(target, tmp_path, monkeypatch):
     """`speclab train falcon --self-text N` on the toy target: the target writes its text, a few CSGD
     steps run, and the saved head loads through the zoo and decodes identically to ar."""
-    from speclab.train import clover as tc
     from speclab.train import falcon as tf
-    monkeypatch.setenv("SPECLAB_CACHE", str(tmp_path / "cache"))          # the trainer's checkpoints
-    monkeypatch.setattr(tc, "CACHE", str(tmp_path / "text"))
-    out = tmp_path / "head"
-    assert tf.main(["--target", "code-target", "--self-text", "6", "--max-new", "12", "--out", str(out),
-                    "--n-layers", "1", "--ffn", "64", "--minutes", "0.03", "--seq-len", "16", "--batch", "2",
-                    "--warmup", "1", "--threads", "1", "--held-frac", "0.2"]) == 0
-    assert (out / "model.safetensors").exists() and (out / "speclab_train.json").exists()
-    head = zoo.load(str(out))[0]
+    head = trainer_runs(target, tmp_path, monkeypatch, "falcon", "--n-layers", "1", "--ffn", "64")
     assert isinstance(head, FalconHead) and head.k == 2 and len(head.layers) == 1
-    ref = speclab.generate(target, "def f(x):", "ar", max_new_tokens=12, record=None).ids
-    assert speclab.generate(target, "def f(x):", "falcon", draft=(head, target[1]), max_new_tokens=12).ids == ref
     base = target[0]
     torch.manual_seed(0)
     head = tf.build(base, torch.arange(400), tf.get_args(["--n-layers", "1", "--ffn", "64"]))
     f = head.rms(torch.randn(2, 12, base.config.hidden_size))
-    tok = torch.randint(0, 400, (2, 12))
-    lp = (3 * torch.randn(400)).log_softmax(-1).expand(2, 12, -1)           # one distribution to learn everywhere
-    m = torch.ones(2, 12, dtype=torch.bool)
+    tok, lp, m = one_distribution()
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=1e-2)
     gen = torch.Generator().manual_seed(0)
     losses = []

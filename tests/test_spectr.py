@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import greedy_identical_to_ar
 from sampling_law import N, N_BROKEN, TEMPERATURES, departs, follows, pairs_of, table_law
 from test_rules import chi2_p, first_two_joint, tally_first_two
 
@@ -171,11 +172,7 @@ PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, item):"]
 
 
 def test_spectr_greedy_is_identical_to_ar(target, draft):
-    import speclab
-    for prompt in PROMPTS:
-        want = speclab.generate(target, prompt, "ar", max_new_tokens=24, record=None).ids
-        r = speclab.generate(target, prompt, "spectr", draft=draft, max_new_tokens=24)
-        assert r.ids == want
+    for r in greedy_identical_to_ar(target, PROMPTS, "spectr", draft, max_new_tokens=24):
         assert r.trace.totals.tau > 1.2 and all(rnd.info["k"] == 1 for rnd in r.trace.rounds)
 
 

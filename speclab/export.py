@@ -16,6 +16,10 @@ per step, the current step's shown; a folded one (the mask) sits in a <details> 
 left out, with a note, where its panels would make the file large. The arrow keys step every step
 figure and panel together (Home / End: the first / last step), and the page opens on the first step
 that drafted (a feature drafter's first round has no draft yet).
+
+The run's lesson (its engine View's, figures.lessons) opens the page as a handout: a card with
+back / next buttons (and Page Up / Page Down, a presenter's clicker) that says each step in a
+sentence and moves every figure to the step it talks about, offline like the rest.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from pathlib import Path
 import plotly.io as pio
 
 from speclab.figures import n_steps, step_label, step_names, view_of
-from speclab.figures.views import FigureSpec
+from speclab.figures.views import FigureSpec, lesson_of
 from speclab.trace import Trace, TraceError
 
 PAGE = """<!DOCTYPE html>
@@ -36,8 +40,37 @@ PAGE = """<!DOCTYPE html>
 code{{background:#f3f3f3;padding:0 .3em}}</style></head>
 <body data-start="{start}"><h2>{title}</h2>{stats}
 <p style="color:#555;font-size:90%">&larr; / &rarr; step through the run (Home / End: first / last step).</p>
-{figures}{keys}</body></html>
+{lesson}{figures}{keys}</body></html>
 """
+# the lesson card: its steps as JSON, stepped by its buttons and by Page Up / Down; each step moves the
+# figures (the KEYS script's go(), exposed as window.speclabGo) to the step it talks about
+LESSON = """<div class="speclab-lesson" style="border:1px solid #ccc;border-radius:6px;padding:.6em 1em;margin:1em 0">
+<b>Lesson</b> <small>(back / next, or Page Up / Page Down)</small><br>
+<button class="speclab-lesson-back">&lt; back</button> <button class="speclab-lesson-next">next &gt;</button>
+<div class="speclab-lesson-text" style="margin-top:.5em"></div></div>
+<script type="application/json" id="speclab-lesson-steps">{steps}</script>
+<script>(function(){{
+const steps = JSON.parse(document.getElementById('speclab-lesson-steps').textContent);
+let at = 0;
+const esc = s => s.replace(/[&<>]/g, c => ({{'&': '&amp;', '<': '&lt;', '>': '&gt;'}})[c]);
+function say(k, move = true) {{
+  at = Math.max(0, Math.min(steps.length - 1, k));
+  const s = steps[at];
+  document.querySelector('.speclab-lesson-text').innerHTML = '<b>' + esc(s.title) + '</b> <small>(' + (at + 1) +
+    ' of ' + steps.length + ')</small><br>' + esc(s.text);
+  document.querySelector('.speclab-lesson-back').disabled = at === 0;
+  document.querySelector('.speclab-lesson-next').disabled = at === steps.length - 1;
+  if (move && window.speclabGo) window.speclabGo(s.round);
+  document.body.dataset.lessonAt = at;
+}}
+document.querySelector('.speclab-lesson-back').onclick = () => say(at - 1);
+document.querySelector('.speclab-lesson-next').onclick = () => say(at + 1);
+document.addEventListener('keydown', e => {{
+  if (e.key === 'PageDown') {{ e.preventDefault(); say(at + 1); }}
+  if (e.key === 'PageUp') {{ e.preventDefault(); say(at - 1); }}
+}});
+window.addEventListener('load', () => say(0, false));   // the page keeps its opening step
+}})();</script>"""
 # the arrow keys move every step figure (and the p / q panel) to the same step
 KEYS = """<script>(function(){
 let cur = null;
@@ -52,6 +85,7 @@ function go(k) {
                     Plotly.relayout(g, {'sliders[0].active': cur}); });
   show(cur);
 }
+window.speclabGo = go;
 document.addEventListener('keydown', e => {
   if (e.target.matches && e.target.matches('input, textarea, select')) return;
   if (cur === null) cur = +document.body.dataset.start || 0;
@@ -156,7 +190,10 @@ def to_html(trace: Trace, path: str | Path) -> Path:
     divs += [f'<div class="speclab-figure" data-figure="{html.escape(f.name)}">' + plot(fig, False) + "</div>"
              for f in view.whole_run if (fig := f.draw(trace, None)) is not None]
     title = html.escape(f"speclab: {trace.engine} / {trace.method}")
-    page = PAGE.format(title=title, stats=stats_table(trace), figures="\n".join(divs), start=start, keys=KEYS)
+    steps = lesson_of(trace)
+    card = LESSON.format(steps=json.dumps([st.as_dict() for st in steps]).replace("</", "<\\/")) if steps else ""
+    page = PAGE.format(title=title, stats=stats_table(trace), figures="\n".join(divs), start=start, keys=KEYS,
+                       lesson=card)
     tmp = path.with_name(path.name + ".tmp")    # a failed write leaves no half page where the page goes
     try:
         tmp.write_text(page, encoding="utf-8")

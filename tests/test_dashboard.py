@@ -477,15 +477,21 @@ def test_lesson_mode_walks_the_run_and_moves_the_player():
     assert d.viewer.player.value == 1 and not d.lesson_card.visible
 
 
-def test_lesson_mode_says_what_to_do_without_a_speculative_run():
+def test_lesson_mode_says_what_to_do_without_a_run_that_shows_it():
     d = Dashboard()
     d.form.method.value = "dllm-threshold"
     d.form.target.value = "digits-dllm"
     d.form.prompt.value, d.form.gen_length.value = "SUM 27=", 8
     d.run_now()
-    d.lesson_toggle.value = True
+    d.lesson_toggle.value = True                    # a diffusion run has its family's lesson
+    assert d.lesson_steps and "1. The masked canvas" in d.lesson_card.object
+    d.lesson_toggle.value = False
+    d.form.method.value, d.form.target.value = "ar", "code-target"
+    d.form.prompt.value = "def add(a, b):"
+    d.run_now()
+    d.lesson_toggle.value = True                    # plain decoding drafts nothing: nothing to walk
     assert d.lesson_steps is None and not d.lesson_card.visible
-    assert d.alert.visible and "speculative run that drafted" in d.alert.object
+    assert d.alert.visible and "no lesson to walk" in d.alert.object
 
 
 def test_switching_method_and_back_shows_the_example_again(tmp_path, monkeypatch):

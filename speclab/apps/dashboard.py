@@ -27,10 +27,10 @@ import panel as pn
 from speclab.apps import guide, runs
 from speclab.apps.compare import DIFFUSION_DEMO, ComparePanel, compare_start  # noqa: F401 (tests, scripts)
 from speclab.apps.form import EXAMPLE_PROMPTS, Form
-from speclab.apps.lesson import lesson
 from speclab.apps.service import RunService, Ticket, default_service, ordinal
 from speclab.apps.viewer import Viewer
 from speclab.decoding.drafters.lookup import SuffixHistory
+from speclab.figures.views import lesson_of
 from speclab.models.zoo import ModelLoadError
 from speclab.trace import Trace, TraceError
 
@@ -75,7 +75,7 @@ class Dashboard:
         self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
         self.projector = w.Toggle(name="projector: large text", value=False, width=170,
                                   css_classes=["speclab-projector"])
-        # the guided lesson over the run on the page (speclab/apps/lesson.py): one sentence a step
+        # the guided lesson over the run on the page (its engine View's: speclab/figures/lessons.py)
         self.lesson_toggle = w.Toggle(name="lesson", value=False, width=90, css_classes=["speclab-lesson-toggle"])
         self.lesson_card = pn.pane.HTML("", css_classes=["speclab-lesson"], visible=False, sizing_mode="stretch_width",
                                         styles={"background": "#f4f8fb", "border-left": "4px solid #2a7fb8",
@@ -157,10 +157,10 @@ class Dashboard:
 
     def lesson_mode(self, on: bool) -> list | None:
         """Lesson mode on: the lesson of the run on the page, at its first step; off: put away."""
-        self.lesson_steps = lesson(self.trace) if on else None
+        self.lesson_steps = lesson_of(self.trace) if on else None
         if on and self.lesson_steps is None:
-            self.error("the lesson walks through a speculative run that drafted: choose a speculative method "
-                       "(prompt-lookup, eagle, draft-model, ...) and press Run")
+            self.error("this run has no lesson to walk: a speculative run that drafted, a diffusion run or a DAG "
+                       "run has one; choose such a method (prompt-lookup, eagle, dllm-threshold, ...) and press Run")
         with pn.io.hold():
             shown = bool(self.lesson_steps)
             self.lesson_card.visible = self.lesson_back.visible = self.lesson_next.visible = shown

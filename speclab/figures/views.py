@@ -7,6 +7,8 @@ through `add_figure`, shows up in all three.
                                    detail table, decisions, p / q, the mask), run strip, summary
                                    figures each with its height
     add_view(view)                 a new engine's View (added_view for a `with` block; remove_view)
+    lesson_of(trace)               the run's lesson, its engine's View's (figures.lessons): the steps
+                                   the dashboard, the player and the export walk
     view_of(trace)                 the View for one trace: its engine's figures whose data the trace
                                    holds (decisions, lanes, verdicts show only where recorded), plus
                                    the figures its method added
@@ -51,6 +53,7 @@ from speclab.figures.detail import detail_html
 from speclab.figures.diffusion import canvas_dict, confidence_bands, decoding_order
 from speclab.figures.distributions import distributions
 from speclab.figures.lanes import has_lanes, lanes_figure
+from speclab.figures.lessons import LessonStep, dag_lesson, diffusion_lesson, speculative_lesson
 from speclab.figures.mask import mask_dict, mask_size
 from speclab.figures.steps import go_to_step, step_label, step_names, step_title  # numbering, defined there
 from speclab.figures.summary import acceptance_summary, round_strip, timing
@@ -148,6 +151,7 @@ class View:
     step: tuple[FigureSpec, ...]                # the main step figure first: the one the export animates
     run_strip: FigureSpec | None = None         # the run at a glance under the step view, first in a summary
     summary: tuple[FigureSpec, ...] = ()
+    lesson: Callable[[Trace], list[LessonStep] | None] | None = None   # the family's lesson (figures.lessons)
 
     @property
     def main(self) -> FigureSpec:
@@ -213,15 +217,15 @@ VIEWS = {
                  FigureSpec("timing", timing, height=300),
                  FigureSpec("cost model", costmodel_summary, height=380), COST_EXPLORER,
                  FigureSpec("rescued tokens", rescued_figure, height=280, when=has_verdicts),
-                 DECISIONS_OVER_RUN, LANES)),
+                 DECISIONS_OVER_RUN, LANES), lesson=speculative_lesson),
     "diffusion": View(       # heights None: the canvas and the order map grow with the run
         "diffusion", step=(step_view("canvas", canvas_dict), DETAIL, DECISIONS, MASK),
         run_strip=FigureSpec("confidence bands", confidence_bands),
-        summary=(FigureSpec("decoding order", decoding_order), DECISIONS_OVER_RUN, LANES)),
-    "dag": View("dag", step=(step_view("strategies", dag_dict), DETAIL), summary=(LANES,)),
+        summary=(FigureSpec("decoding order", decoding_order), DECISIONS_OVER_RUN, LANES), lesson=diffusion_lesson),
+    "dag": View("dag", step=(step_view("strategies", dag_dict), DETAIL), summary=(LANES,), lesson=dag_lesson),
 }
 
-__all__ = ["FigureSpec", "View", "VIEWS", "view_of", "add_view", "added_view", "remove_view", "add_figure",
+__all__ = ["FigureSpec", "View", "VIEWS", "view_of", "lesson_of", "LessonStep", "add_view", "added_view", "remove_view", "add_figure",
            "added_figure", "remove_figure", "add_record_figure", "added_record_figure", "remove_record_figure",
            "step_dict", "step_figure", "update_step", "run_strip", "go_to_step", "step_label", "step_names",
            "step_title"]
@@ -246,6 +250,14 @@ def view_of(trace: Trace) -> View:
     keep = lambda specs, where: tuple(f for f in specs + tuple(f for f in own if f.where == where) if f.applies(trace))
     strip = base.run_strip if base.run_strip is not None and base.run_strip.applies(trace) else None
     return replace(base, step=keep(base.step, "step"), run_strip=strip, summary=keep(base.summary, "summary"))
+
+
+def lesson_of(trace: Trace | None) -> list[LessonStep] | None:
+    """The lesson of a run (its engine's View declares it): the steps every front end walks; None
+    where the engine has none or the run cannot show it (a run that never drafted)."""
+    if trace is None or trace.engine not in VIEWS or VIEWS[trace.engine].lesson is None:
+        return None
+    return VIEWS[trace.engine].lesson(trace)
 
 
 def add_view(view: View) -> View:

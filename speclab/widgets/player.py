@@ -20,7 +20,10 @@ from pathlib import Path
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+import html
+
 from speclab.figures import go_to_step, n_steps, step_label, step_title, view_of
+from speclab.figures.views import lesson_of
 from speclab.figures.offline import keep_figures, offline_html
 from speclab.trace import Trace, TraceError
 
@@ -83,11 +86,35 @@ class Player(widgets.VBox):
             shown = self.html.get(spec.name) or self.figures[spec.name]
             parts.append(folded(shown, f"{spec.name} of this {label}") if spec.folded else shown)
         parts += [self.strip] if self.strip is not None else []
+        # the run's lesson (its engine View's): back / next say each step and move the player to it
+        self.lesson = lesson_of(trace) or []
+        self.lesson_at = 0
+        if self.lesson:
+            self.lesson_text = widgets.HTML()
+            back, nxt = widgets.Button(description="< back"), widgets.Button(description="next >")
+            back.on_click(lambda _: self.lesson_move(-1))
+            nxt.on_click(lambda _: self.lesson_move(1))
+            self.lesson_buttons = (back, nxt)
+            self.lesson_move(0, move=False)
+            parts.insert(1, folded(widgets.VBox([widgets.HBox([back, nxt]), self.lesson_text]),
+                                   f"lesson: {len(self.lesson)} steps over this run"))
         summary = [self.figures[f.name] for f in view.summary if f.name in self.figures]
         if summary:
             parts.append(folded(widgets.VBox(summary), "the whole run: " + ", ".join(f.name for f in view.summary
                                                                                       if f.name in self.figures)))
         super().__init__(parts)
+
+    def lesson_move(self, by: int, move: bool = True) -> int:
+        """One lesson step forward / back (1 / -1; 0: stay): its sentence shown, the player moved to
+        the step it talks about."""
+        self.lesson_at = at = min(max(self.lesson_at + by, 0), len(self.lesson) - 1)
+        st = self.lesson[at]
+        self.lesson_text.value = (f"<b>{html.escape(st.title)}</b> <small>({at + 1} of {len(self.lesson)})</small>"
+                                  f"<br>{html.escape(st.text)}")
+        self.lesson_buttons[0].disabled, self.lesson_buttons[1].disabled = at == 0, at == len(self.lesson) - 1
+        if move:
+            self.update(st.round)
+        return at
 
     @property
     def shown(self) -> list[str]:

@@ -10,10 +10,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import speclab
-from speclab.decoding.acceptance import Sampler, warp
+from sampling_law import next_two_joint, own_text
+from speclab.decoding.acceptance import Sampler
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.decoding.drafters.osd import POLICY, OnlineDraft, OnlineDrafts, OsdDrafter, online_drafts
-from speclab.decoding.speculative import Drafter, decode
+from speclab.decoding.speculative import decode
 from speclab.figures.osd import osd_figure, osd_updates
 from speclab.figures.views import view_of
 from speclab.models.lean.forward import LeanLM
@@ -78,7 +79,7 @@ def test_an_update_lowers_the_loss_and_moves_the_drafts_predictions_but_not_the_
                                                                                               heldout_prompts):
     ups = updates(runs["osd"][0].trace) + updates(runs["osd"][1].trace)
     assert all(d.inputs["loss_after"] < d.inputs["loss_before"] for d in ups)
-    (state,) = runs["store"]._state.values()
+    (state,) = runs["store"].values()
     with torch.no_grad():           # the buffered positions: the adapted draft's loss is the shipped one's, less
         shipped = state.loss(B=torch.zeros_like(state.B))
         assert state.loss() < shipped
@@ -97,7 +98,7 @@ def test_the_buffer_keeps_its_bound_and_an_update_trains_on_it_whole(target, dra
     for p in heldout_prompts[2:4]:
         r = speclab.generate(target, p, "osd", draft=draft, max_new_tokens=NEW, history=store, positions="all",
                              buffer=8, interval=4, steps=2, rank=4)
-    (state,) = store._state.values()
+    (state,) = store.values()
     C, N = draft[0].config.hidden_size, draft[0].config.vocab_size
     bound = 8 * (4 * C + 2 * N + 12 * 8) + 4 * 4 * (C + N) * 3      # buffer rows + A, B and their two moments
     assert state.size == 8 and state.nbytes == bound
@@ -116,11 +117,8 @@ def test_the_first_two_sampled_tokens_follow_the_targets_joint_distribution():
     small = LlamaForCausalLM(LlamaConfig(num_hidden_layers=1, **cfg)).eval()   # the target's first layer
     small.load_state_dict(model.state_dict(), strict=False)
     lm = LeanLM(model, "target")
-    prompt = [1, 2, 3] + decode(lm, Drafter(), [1, 2, 3], 30, Sampler(0.0), record=None)[0]   # its own text
-    with torch.no_grad():
-        p1 = warp(model(torch.tensor([prompt])).logits[0, -1], sampler)
-        joint = torch.stack([p1[x] * warp(model(torch.tensor([prompt + [x]])).logits[0, -1], sampler)
-                             for x in range(V)]).double()                                  # (V, V)
+    prompt = own_text(lm)
+    _, joint = next_two_joint(model, prompt, sampler)
     adapted = OnlineDraft(32, V, 4, 8, 2, "cpu")
     adapted.B = torch.randn(V, 4, generator=torch.Generator().manual_seed(1)) * 0.5
     adapted.version = 1

@@ -174,7 +174,7 @@ def test_swift_keeps_skip_sets_per_task_in_the_callers_store(target):
     assert "history" not in a.trace.params
     b = speclab.generate(target, prompt, "swift", max_new_tokens=4, window=4, gate="off", history=store, task="code")
     first = [d for d in b.trace.rounds[0].decisions if d.policy == "swift-skip"][0]
-    found = next(iter(store._found.values()))
+    (found,) = store.values()
     assert first.inputs["source"] == "cache" and first.output == found.skip.text(8)
     c = speclab.generate(target, prompt, "swift", max_new_tokens=4, window=4, gate="off", history=store, task="chat")
     assert c.trace.rounds[0].decisions[0].inputs["source"] == "initial" and len(store) == 1   # too short to search

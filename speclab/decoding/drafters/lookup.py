@@ -15,6 +15,10 @@ suffix          SuffixDecoding: a suffix automaton over the prompt, the output s
                 longest suffix of the context seen before; the draft length grows with the match
                 length (k = min(max_k, factor * match)).
 All drafts are point masses (q = 1): under sampling they are accepted with probability p(x).
+
+A SuffixHistory is what a caller keeps across requests; the methods with other such state (OSD's
+online drafts, SWIFT's skip sets) keep it in a RequestStore, found beside the caller's
+SuffixHistory (`RequestStore.named_by`) or passed as `history` itself.
 """
 from __future__ import annotations
 
@@ -141,6 +145,48 @@ class _Index:
         for c in ids:
             self.auto.extend(c)
         self.auto.extend(SEPARATOR)
+
+
+class RequestStore:
+    """A method's state across requests by key (a subclass per method: OSD's online drafts, SWIFT's
+    skip sets), owned by whoever serves the requests (a session, a bench pass, a script): nothing is
+    shared unless the caller passes the same store to each run. `copies`: `get` returns a copy of
+    what was put (a state the run then changes)."""
+    copies = False
+
+    def __init__(self):
+        self._items: dict[tuple, object] = {}
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key):
+        with self.lock:
+            v = self._items.get(key)
+            return v.copy() if self.copies and v is not None else v
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            self._items[key] = value
+
+    def values(self) -> list:
+        """What is stored, as put (no copies)."""
+        with self.lock:
+            return list(self._items.values())
+
+    @classmethod
+    def named_by(cls, history, attr: str, what: str, method: str = ""):
+        """The store a run's `history` names: one of this class, or the one kept as `attr` beside a
+        SuffixHistory's texts (what the dashboard and the bench pass to every method that takes
+        `history`); None: none. `what` says in the error what the store holds, `method` names it."""
+        if history is None or isinstance(history, cls):
+            return history
+        if isinstance(history, SuffixHistory):
+            with history.lock:
+                return history.__dict__.setdefault(attr, cls())
+        raise ValueError(f"{method + ': ' if method else ''}history must be a speclab {cls.__name__} or "
+                         f"SuffixHistory ({what}), got {type(history).__name__}")
 
 
 class SuffixHistory:

@@ -36,12 +36,11 @@ figures.osd draws acceptance over the rounds with the updates marked and the dra
 from __future__ import annotations
 
 import copy
-import threading
 import time
 
 import torch
 
-from speclab.decoding.drafters.lookup import SuffixHistory
+from speclab.decoding.drafters.lookup import RequestStore, SuffixHistory
 from speclab.decoding.drafters.model import DraftModelDrafter
 from speclab.decoding.speculative import Context, Outcome
 from speclab.decoding.tree import DraftTree
@@ -126,37 +125,14 @@ class OnlineDraft:
         return copy.deepcopy(self)
 
 
-class OnlineDrafts:
-    """OSD's online drafts by (draft, shape), owned by whoever serves the requests (a session, a bench
-    pass, a script): nothing is shared unless the caller passes the same store to each run."""
-
-    def __init__(self):
-        self._state: dict[tuple, OnlineDraft] = {}
-        self.lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._state)
-
-    def get(self, key) -> OnlineDraft | None:
-        with self.lock:
-            s = self._state.get(key)
-            return None if s is None else s.copy()
-
-    def put(self, key, state: OnlineDraft) -> None:
-        with self.lock:
-            self._state[key] = state
+class OnlineDrafts(RequestStore):
+    """OSD's online drafts by (draft, shape); `get` returns a copy, which the run trains."""
+    copies = True
 
 
 def online_drafts(history) -> OnlineDrafts | None:
-    """The store a run's `history` names: an OnlineDrafts, or the one kept beside a SuffixHistory's
-    texts (what the dashboard and the bench pass to every method that takes `history`); None: none."""
-    if history is None or isinstance(history, OnlineDrafts):
-        return history
-    if isinstance(history, SuffixHistory):
-        with history.lock:
-            return history.__dict__.setdefault("online_drafts", OnlineDrafts())
-    raise ValueError(f"osd: history must be a speclab OnlineDrafts or SuffixHistory (the online draft earlier "
-                     f"requests trained), got {type(history).__name__}")
+    """The OnlineDrafts a run's `history` names (RequestStore.named_by); None: none."""
+    return OnlineDrafts.named_by(history, "online_drafts", "the online draft earlier requests trained", "osd")
 
 
 class OsdDrafter(DraftModelDrafter):

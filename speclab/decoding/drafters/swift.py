@@ -40,13 +40,12 @@ figures.skips draws the masks, layers x rounds, over the accepted lengths.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
 
 from speclab.decoding.acceptance import greedy_ids, sample, warp
-from speclab.decoding.drafters.lookup import SuffixHistory
+from speclab.decoding.drafters.lookup import RequestStore, SuffixHistory
 from speclab.decoding.drafters.model import check_k, host_read
 from speclab.decoding.speculative import Context, Drafter
 from speclab.decoding.tree import DraftTree
@@ -70,36 +69,13 @@ class Found:
     done: bool
 
 
-class SkipSets:
-    """SWIFT's skip sets by (model, task), owned by whoever serves the requests (a session, a bench
-    pass, a script): nothing is shared unless the caller passes the same store to each run."""
-
-    def __init__(self):
-        self._found: dict[tuple, Found] = {}
-        self.lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._found)
-
-    def get(self, key) -> Found | None:
-        with self.lock:
-            return self._found.get(key)
-
-    def put(self, key, found: Found) -> None:
-        with self.lock:
-            self._found[key] = found
+class SkipSets(RequestStore):
+    """SWIFT's skip sets (a Found) by (model, task)."""
 
 
 def skip_sets(history) -> SkipSets | None:
-    """The store a run's `history` names: a SkipSets, or the one kept beside a SuffixHistory's texts
-    (what the dashboard and the bench pass to every method that takes `history`); None: none."""
-    if history is None or isinstance(history, SkipSets):
-        return history
-    if isinstance(history, SuffixHistory):
-        with history.lock:
-            return history.__dict__.setdefault("skip_sets", SkipSets())
-    raise ValueError(f"history must be a speclab SkipSets or SuffixHistory (what earlier requests found), "
-                     f"got {type(history).__name__}")
+    """The SkipSets a run's `history` names (RequestStore.named_by); None: none."""
+    return SkipSets.named_by(history, "skip_sets", "what earlier requests found")
 
 
 def sublayers(skip: SkipSet) -> set[tuple[str, int]]:

@@ -32,7 +32,7 @@ def _cache_name(cls) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
-SKIP_REFUSED = ("skipping layers (swift, unified-layer-skip) runs on speclab's lean forward only, not on "
+SKIP_REFUSED = ("skipping layers (swift, unified-layer-skip, ffn-skip) runs on speclab's lean forward only, not on "
                 "transformers' (backend='hf'): use backend='auto', 'fast' or 'exact' with a model the lean "
                 "forward runs")
 
@@ -85,6 +85,15 @@ class CausalLM:
     @skip.setter
     def skip(self, skip):
         if skip:
+            raise ValueError(SKIP_REFUSED)
+
+    @property
+    def mlp_gate(self):
+        return None
+
+    @mlp_gate.setter
+    def mlp_gate(self, gate):
+        if gate is not None:
             raise ValueError(SKIP_REFUSED)
 
     def skip_lm(self, skip):

@@ -19,6 +19,9 @@ signature, so a drafter written against `TargetLM` runs on all three.
     skip_lm(skip), skip                   a forward less a SkipSet of sublayers, sharing this cache
                                           (SWIFT's draft) / the SkipSet every forward leaves out
                                           (Unified Layer Skipping); CausalLM refuses both
+    mlp_gate                              None, or an MlpGate (models.lean.forward) a one-token
+                                          forward asks, layer by layer, whether to run each MLP
+                                          (FFN-SkipLLM); CausalLM refuses one
     forwards, device, name                forwards run so far (the trace's counts), its device, its role
 """
 from __future__ import annotations
@@ -35,6 +38,7 @@ class TargetLM(Protocol):
     forwards: int
     captured: dict[int, torch.Tensor]
     skip: object                        # a SkipSet or None
+    mlp_gate: object                    # an MlpGate or None
 
     @property
     def length(self) -> int: ...

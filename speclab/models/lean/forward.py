@@ -9,7 +9,8 @@ Same interface as `models.hf.CausalLM` (forward / keep / keep_positions / exit_l
 `forward_rows` (rows at any positions with any visibility: a batch of sequences in one slot space,
 a block-diffusion canvas) and skip sets (`SkipSet`: a forward that leaves out chosen attention and
 MLP sublayers, the residual stream passing them by: SWIFT's draft, `skip_lm`; Unified Layer
-Skipping, `self.skip` on every forward). Logits equal the transformers forward to rounding
+Skipping, `self.skip` on every forward; FFN-SkipLLM, `self.mlp_gate`: a one-token forward that
+asks layer by layer whether to run each MLP). Logits equal the transformers forward to rounding
 (tests/test_causal.py, tests/test_real_model.py). Runs the architectures lean.archs supports
 (plain Llama and the deltas it implements); models.backends sends anything else to the
 transformers path.
@@ -21,6 +22,7 @@ which makes the `exact` flag unnecessary there. Elsewhere the layers are torch o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +86,20 @@ class SkipSet:
         return self
 
 
+class MlpGate(Protocol):
+    """A per-token choice of MLPs, made inside a one-row forward as it runs (FFN-SkipLLM): before
+    layer i's MLP the forward asks run(i); after an MLP that ran it reports ran(i, x_in, x_out),
+    the residual stream (1, C) into and out of that MLP. asks(i): whether it may still test or
+    skip layer i's MLP (False: the layer runs whole, as a native span on the kernel). Multi-row
+    forwards run every MLP."""
+
+    def asks(self, layer: int) -> bool: ...
+
+    def run(self, layer: int) -> bool: ...
+
+    def ran(self, layer: int, x_in: torch.Tensor, x_out: torch.Tensor) -> None: ...
+
+
 class LeanLM:
     """One sequence on the lean forward: its preallocated cache `kv`, `n` slots of it committed."""
 
@@ -140,6 +156,8 @@ class LeanLM:
         self.exact = exact
         self.capture_layers: tuple[int, ...] = ()
         self.skip: SkipSet | None = None         # sublayers every forward leaves out (Unified Layer Skipping)
+        # a one-token forward asks it, layer by layer, whether to run the MLP (FFN-SkipLLM): see MlpGate
+        self.mlp_gate: MlpGate | None = None
         self._spans: dict[tuple[int, int], tuple] = {}      # (first, stop) layer -> the fused call's weights
         self.captured: dict[int, torch.Tensor] = {}
         # the thread count, chosen from the load (SPECLAB_THREADS; kernels.TeamSize): on the kernel, and
@@ -248,10 +266,13 @@ class LeanLM:
         self.captured = {}
         if skip:
             skip.check(len(self.layers))
-        if self.fused and not (skip and skip.partial):     # the kernel runs whole layers only
+        gate = self.mlp_gate if T == 1 else None        # a prompt's rows and a verify's run every MLP
+        if self.fused and not (skip and skip.partial) and gate is None:     # the kernel runs whole layers only
             x = self._fused_layers(x, use, pos, past, vis, skip.whole if skip else frozenset())
+        elif self.fused and not skip and gate is not None and not self.capture_layers:
+            x = self._gated_layers(x, use, pos, past, vis, gate)
         else:
-            x = self._layers(x, use, pos, past, n_prefix, mask, vis, skip)
+            x = self._layers(x, use, pos, past, n_prefix, mask, vis, skip, gate)
         if isinstance(logits_to_keep, torch.Tensor):    # the head only where logits are read: a
             x = x[logits_to_keep.to(x.device)]          # prompt's rows are not (1,200 of them cost
         elif logits_to_keep:                            # a quarter of the prefill)
@@ -270,6 +291,24 @@ class LeanLM:
         def put(layer: int, h: torch.Tensor):
             self.captured[layer] = h[None]
         return self._native_layers(x, len(use), pos, past, vis, self.capture_layers, put, skip)
+
+    def _gated_layers(self, x, use, pos, past: int, vis, gate: "MlpGate") -> torch.Tensor:
+        """One row through the layers on the kernel: the layers the gate leaves alone now
+        (gate.asks(i) False) as spans of native calls, each layer it asks about as torch ops (the
+        kernel has no call for a layer's attention alone). A span's layers change nothing the gate
+        reads, so asking before running the span before it is asking after."""
+        pos_n = torch.arange(past, past + x.shape[0]) if isinstance(pos, slice) else pos.cpu()
+        vis_n = torch.empty(0, dtype=torch.bool) if vis is None else vis.contiguous()
+        start, n = 0, len(use)
+        for i in range(n + 1):
+            if i < n and not gate.asks(i):
+                continue
+            if start < i:           # layers start..i-1 as one span; those before start ran already: passed by
+                x = self._native_layers(x, i, pos_n, past, vis_n, (), None, frozenset(range(start)))
+            if i < n:
+                x = self._layers(x, use, pos, past, 0, None, vis, None, gate, only=i)
+            start = i + 1
+        return x
 
     def _native_layers(self, x, n: int, pos, past: int, vis, caps, put, skip: frozenset = frozenset()) -> torch.Tensor:
         """The first n layers as native calls, one a run of layers up to each layer in caps, whose
@@ -295,8 +334,11 @@ class LeanLM:
             start = stop
         return x
 
-    def _layers(self, x, use, pos, past: int, n_prefix: int, mask, vis, skip: SkipSet | None = None) -> torch.Tensor:
-        """The layers as torch ops (any device and dtype), less the sublayers in `skip`."""
+    def _layers(self, x, use, pos, past: int, n_prefix: int, mask, vis, skip: SkipSet | None = None,
+                gate: "MlpGate | None" = None, only: int | None = None) -> torch.Tensor:
+        """The layers as torch ops (any device and dtype), less the sublayers in `skip`, and less
+        the MLPs `gate` declines (one row: its choice for layer i may read the MLPs before i);
+        only: that layer alone (_gated_layers)."""
         T = x.shape[0]
         if mask is None and T > 1:                             # a chain of T rows after `past`
             mask = torch.ones(T, past + T, dtype=torch.bool, device=self.device).tril(past)
@@ -310,6 +352,8 @@ class LeanLM:
                 return torch.cat([mm(h[r0:r0 + n], w, name) for r0, n, _ in rows])
         skip_attn, skip_mlp = (skip.attn, skip.mlp) if skip else ((), ())
         for i, w in enumerate(use):
+            if only is not None and i != only:
+                continue
             if i not in skip_attn:
                 h = self.rms(x, w["ln1"])
                 qkv = lin(h, w, "wqkv")                                     # (T, (Hq + 2 Hkv) D)
@@ -324,10 +368,12 @@ class LeanLM:
                 else:
                     a = self._attend_rows(q, i, rows)
                 x = x + lin(a.transpose(0, 1).reshape(T, Hq * D), w, "wo")
-            if i not in skip_mlp:
+            if i not in skip_mlp and (gate is None or gate.run(i)):
                 h = self.rms(x, w["ln2"])
                 g, u = lin(h, w, "w13").chunk(2, -1)
-                x = x + lin(self.act(g) * u, w, "w2")
+                x_in, x = x, x + lin(self.act(g) * u, w, "w2")
+                if gate is not None:
+                    gate.ran(i, x_in, x)
             if i + 1 in self.capture_layers:
                 self.captured[i + 1] = x[None]
         return x

@@ -32,7 +32,8 @@ SGLang do the same):
 Calls a bucket does not cover run on LeanLM's eager path over the same cache: a prefill or any
 forward wider than the widest bucket, input vectors (embeds: an EAGLE head's own forward, which is
 a one-layer LeanLM anyway), a trimmed head's own ids (subset) and a forward that skips sublayers
-(a SkipSet: SWIFT's draft, Unified Layer Skipping; no graph is captured per skip set). On a CPU
+(a SkipSet: SWIFT's draft, Unified Layer Skipping; no graph is captured per skip set) or asks an
+MLP gate (FFN-SkipLLM's choice is made inside the forward). On a CPU
 the runner runs eagerly with the same buffers, buckets and padding; in bf16 on a CPU with
 AVX512-BF16 its layers are the native kernel's calls over those buffers, split at each captured
 layer as LeanLM splits them (every row computed as a one-token forward, so padding changes no
@@ -194,7 +195,8 @@ class StaticLM(GreedyLoop, LeanLM):
 
     def _static(self, T: int, embeds=None, subset=False, skip=None) -> bool:
         """This call fits a bucket (else LeanLM's eager path runs it, over the same cache)."""
-        return T <= BUCKETS[-1] and embeds is None and not subset and not (skip or self.skip)
+        return (T <= BUCKETS[-1] and embeds is None and not subset and not (skip or self.skip)
+                and self.mlp_gate is None)
 
     @torch.inference_mode()
     def forward(self, ids, parents=None, n_prefix: int = 0, logits_to_keep: int = 0, n_layers=None,

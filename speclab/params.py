@@ -144,7 +144,8 @@ BOUNDS: dict[str, tuple[float, str]] = {
     "pool_size": (1024, "n-grams pooled"), "window": (1024, "positions in the window"),
     "draft_steps": (SIZE, "draft steps"), "branch_slots": (SIZE, "slots branched"), "branch_tokens": (SIZE, "tokens a branch"),
     "max_explore": (SIZE, "explorations a step"), "radius": (1024, "positions"), "window_unmasked": (1024, "positions"),
-    "exit_layer": (1024, "layers"), "temporal_steps": (1024, "steps"), "max_post_edit_steps": (1024, "steps"), "rank": (1024, "adapter rank"),
+    "exit_layer": (1024, "layers"), "cold_start": (1024, "layers"), "cold_end": (1024, "layers"),
+    "warmup": (LENGTH, "tokens at full depth"), "temporal_steps": (1024, "steps"), "max_post_edit_steps": (1024, "steps"), "rank": (1024, "adapter rank"),
     "vocab": (1_000_000, "draft vocabulary tokens"), "beam_size": (1024, "beams"), "top_k": (1_000_000, "tokens"),
     # search lengths of a method's own optimiser
     "opt_interval": (LENGTH, "rounds between optimisations"), "max_opt_iter": (100_000, "iterations"),

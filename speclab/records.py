@@ -293,9 +293,11 @@ class SyntheticRound(Record):
 @record("round")
 class HeadCoverage(Record):
     """A feature head's round: the emitted token when no head candidate covered it (coverage_miss),
-    and the copy nodes grafted into the tree (grafted)."""
+    the copy nodes grafted into the tree (grafted), and the head's leaves pruned to make room for
+    them (pruned: Graft)."""
     coverage_miss: int | None = None
     grafted: int | None = None
+    pruned: int | None = None
 
 
 @record("round")

@@ -34,6 +34,7 @@ from speclab.decoding.freedave import freedave
 from speclab.decoding.guarantees import GUARANTEES, LOSSLESS, check, weakest  # noqa: F401 (re-exported)
 from speclab.decoding.drafters.aded import AdedDrafter
 from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
+from speclab.decoding.drafters.graft import GraftDrafter
 from speclab.decoding.drafters.heads import EagleChainDrafter, EagleDrafter, MedusaDrafter
 from speclab.decoding.drafters.lookahead import LookaheadDrafter
 from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixDrafter, SuffixHistory
@@ -255,6 +256,10 @@ for _m in [
     Method(name="eagle", family="feature-head", engine="speculative", guarantee=AR,
            summary="EAGLE-2: a one-layer head on the target's hidden state grows a dynamic tree (draft: an EAGLE "
                    "head)", drafter=EagleDrafter, inputs=TARGET_AND_DRAFT, draft=EAGLE_HEAD, tree=True),
+    Method(name="graft", family="feature-head", engine="speculative", guarantee=AR,
+           summary="Graft: EAGLE-2's tree pruned where the head is unsure, prompt lookup's copy grafted into the "
+                   "room, one budget (draft less, retrieve more; greedy; draft: an EAGLE head)",
+           drafter=GraftDrafter, inputs=TARGET_AND_DRAFT, draft=EAGLE_HEAD, tree=True),
     Method(name="eagle-chain", family="feature-head", engine="speculative", guarantee=AR,
            summary="EAGLE: the head drafts a chain of k tokens from the target's hidden state (draft: an EAGLE "
                    "head)", drafter=EagleChainDrafter, inputs=TARGET_AND_DRAFT, draft=EAGLE_HEAD),

@@ -355,6 +355,7 @@ from speclab.figures.specdecpp import has_stop_decisions, stopping_figure  # noq
 from speclab.figures.dllm_draft import block_fill_figure, has_block_fill  # noqa: E402
 from speclab.figures.osd import has_osd_versions, osd_figure  # noqa: E402
 from speclab.figures.synthetic import has_synthetic, synthetic_figure  # noqa: E402
+from speclab.figures.graft import graft_figure, has_grafts  # noqa: E402
 for _spec in (
         # PEARL's lanes over its modes
         FigureSpec("lanes and modes", pearl_figure, record=records.PearlMode, when=has_pearl_lanes, redraw=True),
@@ -366,7 +367,9 @@ for _spec in (
         FigureSpec("online draft", osd_figure, record=records.DraftVersion, when=has_osd_versions, height=380),
         # synthetic acceptance: the profile asked for against the verify's
         FigureSpec("acceptance profile", synthetic_figure, record=records.SyntheticRound, when=has_synthetic,
-                   height=380, redraw=True)):
+                   height=380, redraw=True),
+        # a head's tree with a retrieved copy grafted in: accepted tokens by origin, grafts and prunes
+        FigureSpec("head and copy", graft_figure, record=records.HeadCoverage, when=has_grafts, height=340)):
     add_record_figure(_spec)
 
 

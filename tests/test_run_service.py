@@ -1,11 +1,11 @@
-"""The RunService between the pages and speclab.run: a queue whose place a page shows, a model's
-turn, cancelling a queued request, refusing a request past the limits, process settings a run
-cannot change for another, and the real Panel server serving 8 sessions at once on the toy zoo,
-each pressing Run and getting its own result."""
+"""The RunService between the pages and speclab.run: a queue whose place and estimated wait a page
+shows, a model's turn, cancelling a queued or a running request (a page's Cancel, the time budget),
+refusing a request past the limits or the memory budget, a figure that fails to draw named on the
+page, process settings a run cannot change for another, and the real Panel server serving 8
+sessions at once on the toy zoo, each pressing Run and getting its own result."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 import urllib.error
@@ -19,7 +19,8 @@ pn = pytest.importorskip("panel")
 
 from speclab.apps import runs                                           # noqa: E402
 from speclab.apps.dashboard import Dashboard                            # noqa: E402
-from speclab.apps.service import Limits, RunService, Settings, ordinal  # noqa: E402
+from speclab.apps.serve import free_port                                # noqa: E402
+from speclab.apps.service import Cancelled, Limits, RunService, Settings, ordinal  # noqa: E402
 
 WAIT_S = 120        # a busy 2-core machine: the whole test's runs stay well under this
 
@@ -60,9 +61,9 @@ def test_queue_places_a_models_turn_and_cancelling():
     until(lambda: svc.position(d) == 0, what="d to start")
     assert (svc.position(b), svc.position(c)) == (1, 2)
     assert svc.cancel(b) and b.future.cancelled() and svc.position(c) == 1
-    assert not svc.cancel(a)                              # running: not stopped midway
     go.set()
     assert [t.future.result(WAIT_S) for t in (a, c, d)] == ["a", "c", "d"]
+    assert not svc.cancel(a)                              # done: nothing to cancel
     assert "b" not in ran and svc.position(c) is None
     svc.close()
 
@@ -137,12 +138,6 @@ def test_a_setting_changed_inside_one_run_is_not_seen_by_another():
     svc.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def get(url: str) -> int:
     """GET url (a new session of the app), retried while the threaded server starts listening."""
     t0 = time.monotonic()
@@ -202,3 +197,136 @@ def test_eight_served_pages_each_get_their_own_run_and_see_their_place():
     finally:
         server.stop()
         svc.close()
+
+
+def held_decode(svc, n=200, **kw):
+    """A real decode on the service whose first step waits for `go`: (ticket, started, go, steps)."""
+    started, go, steps = threading.Event(), threading.Event(), []
+
+    def progress(k):
+        steps.append(k)
+        started.set()
+        assert go.wait(WAIT_S)
+    ticket = svc.submit_run(request(method="ar", n=n, **kw), progress=progress)
+    return ticket, started, go, steps
+
+
+def test_a_running_decode_cancelled_midway_frees_the_worker():
+    """The only worker runs a 200-token decode; cancelled after its first step, it stops at its next
+    one (Cancelled, a few steps in), and the next request runs to its end on the same worker."""
+    svc = RunService(Settings(threads_per_run=1, workers=1))
+    ticket, started, go, steps = held_decode(svc)
+    nxt = svc.submit_run(request("def after(x):"))
+    assert started.wait(WAIT_S) and svc.position(ticket) == 0 and svc.position(nxt) == 1
+    assert svc.cancel(ticket)
+    go.set()
+    with pytest.raises(Cancelled, match="^cancelled$") as e:
+        ticket.future.result(WAIT_S)
+    assert e.value.budget is None and len(steps) < 200
+    assert nxt.future.result(WAIT_S).output_ids                 # the worker went on to the next request
+    assert svc.load() == {"running": 0, "waiting": 0, "workers": 1} and not svc.cancel(ticket)
+    svc.close()
+
+
+def test_a_run_past_its_time_budget_is_stopped_and_says_which_budget():
+    """run_seconds=1 and a decode whose every step takes 0.3 s: it is stopped at a step past the
+    budget, with the line a page shows (which budget, and how to stay within it)."""
+    svc = RunService(Settings(threads_per_run=1, workers=1, limits=Limits(run_seconds=1)))
+    ticket = svc.submit_run(request(method="ar", n=64), progress=lambda k: time.sleep(0.3))
+    with pytest.raises(Cancelled) as e:
+        ticket.future.result(WAIT_S)
+    assert e.value.budget == "time"
+    assert str(e.value) == ("stopped: the run passed this server's time budget of 1 s a run; fewer tokens, a "
+                            "shorter prompt or a method with fewer forwards stays within it")
+    assert svc.submit_run(request()).future.result(WAIT_S).output_ids      # the worker is free
+    svc.close()
+
+
+def test_a_run_past_the_memory_budget_is_refused_before_it_queues():
+    """The KV cache a request would fill, estimated from the target's config and the request's
+    lengths: past memory_mb the page says so in one line, and nothing queues."""
+    from speclab.apps.service import run_memory
+    small, long_ = run_memory(request(n=16)), run_memory(request("x" * 4000, n=256))
+    assert small[0] < long_[0] and "8 layers" in long_[1]       # code-target: 8 layers
+    svc = RunService(Settings(threads_per_run=1, workers=1, limits=Limits(memory_mb=1)))
+    with pytest.raises(ValueError, match=r"^this run would fill about \d+ MB \(a KV cache of 8 layers x 4257 "
+                                         r"positions\), over this server's memory budget of 1 MB a run: shorten "
+                                         r"the prompt or ask for fewer tokens$"):
+        svc.submit_run(request("x" * 4000, n=256))
+    d = Dashboard(service=svc)
+    d.form.prompt.value = "x" * 4000
+    d.form.max_new_tokens.value = 256
+    assert asyncio.run(d.run_async()) is None
+    assert "memory budget of 1 MB a run" in d.alert.object and svc.load()["waiting"] == 0
+    assert svc.submit_run(request(n=4)).future.result(WAIT_S).output_ids   # a short one fits
+    svc.close()
+
+
+def test_cancel_on_the_page_drops_its_queued_request_and_says_so_in_one_line():
+    """A page whose run waits behind another presses Cancel: its request leaves the queue, the page
+    says "cancelled" in one line with nothing drawn, and its next Run gets a trace."""
+    svc = RunService(Settings(threads_per_run=1, workers=1))
+    go = threading.Event()
+    busy = svc.submit(lambda: go.wait(WAIT_S), ["code-target"])
+    until(lambda: svc.position(busy) == 0, what="the first run to start")
+    d = Dashboard(service=svc)
+
+    async def press_run_then_cancel():
+        task = asyncio.create_task(d.run_async())
+        while d.ticket is None or svc.position(d.ticket) != 1:
+            await asyncio.sleep(0.02)
+        assert not d.cancel_button.disabled and d.cancel()
+        return await task
+    assert asyncio.run(press_run_then_cancel()) is None
+    assert d.alert.object.startswith("cancelled: the run stopped at your request") and d.alert.alert_type == "warning"
+    assert d.trace is None and not d.run_button.disabled and d.cancel_button.disabled
+    go.set()
+    assert asyncio.run(d.run_async()) is not None and not d.alert.visible
+    svc.close()
+
+
+def test_a_waiting_page_shows_its_place_and_an_estimated_wait_that_moves():
+    """No run finished yet: no estimate. Then, once runs of a kind were timed, a request further back
+    waits longer than one nearer the front, and its estimate falls as the queue before it moves;
+    the page's line says its place and the wait."""
+    svc = RunService(Settings(threads_per_run=1, workers=1))
+    go = threading.Event()
+    held = lambda: go.wait(WAIT_S)
+    first = svc.submit(held, ["m"], kind=("k",))
+    until(lambda: svc.position(first) == 0, what="the first run to start")
+    a = svc.submit(held, ["m"], kind=("k",))
+    assert svc.wait_s(first) == 0 and svc.wait_s(a) is None       # nothing timed yet
+    go.set()
+    a.future.result(WAIT_S)
+    go.clear()
+    run = svc.submit(held, ["m"], kind=("k",))
+    until(lambda: svc.position(run) == 0, what="the run to start")
+    b, c = svc.submit(held, ["m"], kind=("k",)), svc.submit(held, ["m"], kind=("k",))
+    wb, wc = svc.wait_s(b), svc.wait_s(c)
+    assert wb is not None and wc > wb >= 0
+    assert svc.cancel(b) and svc.position(c) == 1 and svc.wait_s(c) < wc
+    d = Dashboard(service=svc)
+    d._tick(0, svc.position(c), svc.wait_s(c))
+    assert d.queue_note.object.startswith("1st in line, about ") and " to wait: 1 run(s) going on 1 worker(s)" in \
+        d.queue_note.object
+    go.set()
+    svc.close()
+
+
+def test_a_figure_that_fails_to_draw_is_named_on_the_page_and_logged(caplog):
+    """A figure of prompt-lookup's view that raises: the run's page says which figure failed, in one
+    line, draws nothing half, and the server's log has the traceback."""
+    from speclab.figures.views import FigureSpec, added_figure
+
+    def broken(trace, step):
+        raise RuntimeError("the test figure cannot draw")
+    d = Dashboard(service=RunService(Settings(threads_per_run=1, workers=1)))
+    d.form.method.value, d.form.max_new_tokens.value = "prompt-lookup", 4
+    with added_figure("prompt-lookup", FigureSpec("broken test figure", broken)), caplog.at_level("ERROR"):
+        assert d.run_now() is not None
+    assert d.alert.object == ("the figure &#x27;broken test figure&#x27; failed to draw this prompt-lookup run "
+                              "(RuntimeError: the test figure cannot draw); the server&#x27;s log has the traceback")
+    assert d.trace is None and d.viewer.step_fig.object is None
+    assert "broken test figure" in caplog.text and "RuntimeError" in caplog.text
+    assert d.run_now() is not None and not d.alert.visible and d.trace is not None     # without it: drawn
+    d.service.close()

@@ -1,6 +1,8 @@
 """The dashboard's Compare tab: every chosen method of the form's family against that family's
 baseline, timed interleaved (speclab.bench.timing), as a table, a chart, the cost model, the
-alpha / k / c explorer and a race. Its runs go through the page's RunService as one request.
+alpha / k / c explorer and a race. Its runs go through the page's RunService as one request, each
+decode of it taking the service's checkpoint as its progress, so the page's Cancel (or the time
+budget, Limits.run_seconds for each of its decodes) stops it at its next round.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import panel as pn
 
 from speclab.apps import runs
 from speclab.apps.form import is_block_causal
+from speclab.apps.service import Cancelled, checkpoint
 from speclab.bench import timing
 from speclab.decoding.registry import get_method, paired_draft
 from speclab.figures.compare import compare_chart
@@ -132,7 +135,7 @@ class ComparePanel:
             raise ValueError(f"choose at least one method to compare with {ref}")
         order = [base, *chosen]
         jobs = {m: self._timed_job(m) for m in order}            # checks every method's extras now
-        warm = [page.job(m, warmup=True) for m in order]
+        warm = [page.job(m, progress=checkpoint, warmup=True) for m in order]
         repeats = int(self.repeats.value)
 
         def work():
@@ -146,14 +149,15 @@ class ComparePanel:
                                          catch=(ValueError, ModelLoadError))
             traces = {m: measured.median_result(m) for m in measured.results}
             return traces, traces.pop(base, None), errors, measured
+        work.runs = len(order) * (repeats + 1)                 # its time budget: a run's for each decode
         return work
 
     def _timed_job(self, method: str):
         """One timed run of a comparison, recording nothing beyond its rounds' counts and times
         (recording is for the run shown, not for timing); a method with a history gets a copy of
-        the session's."""
+        the session's. Its progress is the service's checkpoint: Cancel stops it at its next round."""
         page = self.page
-        args = dict(page.form.request(method), record=None)
+        args = dict(page.form.request(method), record=None, progress=checkpoint)
         page.service.limits.check(args)                         # refused now, in one line, past a limit
         if "history" in runs.takes(method):
             return lambda: runs.run_one(**dict(args, history=runs.copy_history(page.history)))
@@ -179,8 +183,13 @@ class ComparePanel:
             page.error(e)
             return None
         try:
-            return await page.wait(page.service.submit(work, models, owner=page), 1, note())
+            ticket = page.service.submit(work, models, owner=page, kind=(what, *models), runs=getattr(work, "runs", 1))
+            return await page.wait(ticket, 1, note())
         except asyncio.CancelledError:
+            return None
+        except Cancelled as e:
+            page.error(page.stopped_line(e, what=what, button="Compare" if what == "the comparison" else what),
+                       kind="warning")
             return None
         except Exception as e:
             page.error(f"{what} failed unexpectedly: {type(e).__name__}: {e}")
@@ -245,8 +254,10 @@ class ComparePanel:
         args = dict(req, k=int(self.run_k.value))
         self.page.service.limits.check(args)
         alpha, k, repeats = float(self.run_alpha.value), int(self.run_k.value), int(self.repeats.value)
-        return lambda: measure_point(req["target"], req["prompt"], alpha=alpha, k=k,
-                                     max_new_tokens=req["max_new_tokens"], repeats=repeats, chat=bool(req.get("chat")))
+        work = lambda: measure_point(req["target"], req["prompt"], alpha=alpha, k=k, max_new_tokens=req["max_new_tokens"],
+                                     repeats=repeats, chat=bool(req.get("chat")), progress=checkpoint)
+        work.runs = 2 * repeats + 1                              # ar once untimed, then both in turn
+        return work
 
     def add_point(self, pt: dict) -> None:
         self.points.append(pt)

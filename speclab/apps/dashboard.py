@@ -9,8 +9,11 @@ and save between them. One `Dashboard` per browser session holds everything that
 earlier requests); nothing about a run lives in module globals, so two users never see each
 other's runs. Decodes go to the server's RunService (service.py: workers, a model's turn, the
 queue, limits, process settings), awaited from an async callback so the page stays live, shows
-its place in line and moves the progress bar while the model works; a closed page's queued
-requests are cancelled. Figures come from speclab.figures, exactly as in the notebook.
+its place in line and its estimated wait, then moves the progress bar while the model works.
+Cancel (beside Run) drops the page's request from the queue or stops it at its next step, as a
+closed page's requests are; a run stopped so, or by the server's time budget, says so in one line
+and draws nothing. A figure that fails to draw says which, in one line (the traceback goes to the
+server's log). Figures come from speclab.figures, exactly as in the notebook.
 
 URL arguments prefill the form and can start a run, so a link reproduces a run (`speclab serve`
 serves it at /, `panel serve speclab/apps/dashboard.py` at /dashboard):
@@ -20,14 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import html
+import inspect
 import io
+import logging
+import traceback
 
 import panel as pn
 
 from speclab.apps import guide, runs
 from speclab.apps.compare import DIFFUSION_DEMO, ComparePanel, compare_start  # noqa: F401 (tests, scripts)
 from speclab.apps.form import EXAMPLE_PROMPTS, Form
-from speclab.apps.service import RunService, Ticket, default_service, ordinal
+from speclab.apps.service import Cancelled, RunService, Ticket, default_service, ordinal
 from speclab.apps.viewer import Viewer
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.figures.views import lesson_of
@@ -41,6 +47,7 @@ PROJECTOR_FIGURE = 1.15     # the step figure's own scale in projector mode: str
 # what the progress line says before the first token: a model's first run loads it (seconds), and
 # every run reads its prompt first, so "0 of 64 tokens" would look like a hang
 LOADING = "loading the model and reading the prompt (a model's first run loads it: a few seconds)"
+log = logging.getLogger("speclab.apps")
 
 
 class Dashboard:
@@ -58,6 +65,9 @@ class Dashboard:
         self.form = Form(runs.zoo_models())
         w = pn.widgets
         self.run_button = w.Button(name="Run", button_type="primary", css_classes=["speclab-run"])
+        # stops this page's request, queued or running (Run's and Compare's); enabled while one is
+        self.cancel_button = w.Button(name="Cancel", button_type="warning", disabled=True, width=90,
+                                      css_classes=["speclab-cancel"])
         self.progress = w.Progress(name="progress", value=0, max=1, visible=False, bar_color="primary")
         self.queue_note = pn.pane.Markdown("", visible=False, css_classes=["speclab-queue"])
         self.alert = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["speclab-alert"])
@@ -72,6 +82,7 @@ class Dashboard:
                                        disabled=True, button_type="default", css_classes=["speclab-download"])
 
         self.run_button.on_click(self._on_run)
+        self.cancel_button.on_click(lambda e: self.cancel())
         self.upload.param.watch(lambda e: self.open_upload(e.new, self.upload.filename), "value")
         self.projector = w.Toggle(name="projector: large text", value=False, width=170,
                                   css_classes=["speclab-projector"])
@@ -118,7 +129,7 @@ class Dashboard:
 
     # -- layout -----------------------------------------------------------------------------------
     def _layout(self):
-        form = self.form.column(self.run_button, self.progress, self.queue_note)
+        form = self.form.column(pn.Row(self.run_button, self.cancel_button), self.progress, self.queue_note)
         compare = self.compare.column()
         files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
                           self.download)
@@ -238,6 +249,9 @@ class Dashboard:
             trace = await self.wait(ticket, self.form.total(), done=done)
         except asyncio.CancelledError:            # the page went away: nothing to show
             return None
+        except Cancelled as e:                    # Cancel, or past the time budget: one line, nothing drawn
+            self.run_stopped(self.stopped_line(e, done[0], self.form.total()))
+            return None
         except (ValueError, ModelLoadError, TraceError) as e:
             self.run_failed(e)
             return None
@@ -248,8 +262,9 @@ class Dashboard:
         return trace
 
     async def wait(self, ticket: Ticket, total: int, note: str | None = None, done=None):
-        """Await a request of this session: the page shows its place in line while it waits, then
-        `note` or the tokens done (`done[0]`) while it runs. -> its result (or raises its error)."""
+        """Await a request of this session: the page shows its place in line and estimated wait
+        while it waits, then `note` or the tokens done (`done[0]`) while it runs. -> its result (or
+        raises its error; Cancelled where Cancel dropped it from the queue or stopped it)."""
         self.ticket = ticket
         self._busy(True, total)
         try:
@@ -260,15 +275,37 @@ class Dashboard:
                     with pn.io.hold():
                         self.queue_note.object = note
                 else:
-                    self._tick(done[0] if done else 0, place)
+                    self._tick(done[0] if done else 0, place, self.service.wait_s(ticket) if place else None)
                 await asyncio.wait([fut], timeout=0.25)
+            if ticket.future.cancelled():               # dropped from the queue before it started
+                raise Cancelled("cancelled")
             return fut.result()
         finally:
             self.ticket = None
             self._busy(False)
 
+    def cancel(self) -> bool:
+        """Cancel: this page's request leaves the queue, or stops at its next step. False: none."""
+        return self.ticket is not None and self.service.cancel(self.ticket)
+
+    @staticmethod
+    def stopped_line(e: Cancelled, done: int = 0, total: int = 0, what: str = "the run", button: str = "Run") -> str:
+        """The one line a page shows for a request Cancel or a budget stopped."""
+        if e.budget is not None:
+            return str(e)
+        where = f" after {done} of {total} tokens" if done else ""
+        return f"cancelled: {what} stopped{where} at your request; nothing is drawn. Press {button} to start again."
+
+    def run_stopped(self, line: str) -> None:
+        """A run stopped before its end: the line, and nothing of it (or of the run before) drawn."""
+        with pn.io.hold():
+            self.viewer.clear("No run: the last one was stopped (the line above says why).")
+            self.download.disabled = True
+            self.error(line, kind="warning")
+
     def close(self) -> int:
-        """The page went away (its session ended): drop its queued requests. -> how many."""
+        """The page went away (its session ended): drop its queued requests and stop its running
+        one. -> how many."""
         return self.service.cancel_owner(self)
 
     async def _on_run(self, event=None):
@@ -280,20 +317,22 @@ class Dashboard:
 
     def _set_busy(self, on: bool, total: int) -> None:
         self.run_button.disabled = self.compare_button.disabled = on
+        self.cancel_button.disabled = not on
         self.progress.visible = self.queue_note.visible = on
         self.progress.max, self.progress.value = max(total, 1), 0
         if on:
             self.queue_note.object = LOADING      # until the first token (a stale count would show)
             self.clear_error()
 
-    def _tick(self, done: int, place: int | None = None) -> None:
-        """place: the request's place in the service's queue (1 = next to start; 0 or None: running)."""
+    def _tick(self, done: int, place: int | None = None, wait_s: float | None = None) -> None:
+        """place: the request's place in the service's queue (1 = next to start; 0 or None: running);
+        wait_s: its estimated wait (None: no run has finished here yet to time)."""
         with pn.io.hold():
             self.progress.value = min(done, self.progress.max)
             if place:
                 load = self.service.load()
-                self.queue_note.object = (f"{ordinal(place)} in line: {load['running']} run(s) going on "
-                                          f"{load['workers']} worker(s); yours starts when its turn comes")
+                self.queue_note.object = (f"{ordinal(place)} in line, {about(wait_s)}: {load['running']} run(s) "
+                                          f"going on {load['workers']} worker(s); Cancel leaves the queue")
             else:
                 self.queue_note.object = LOADING if not done else f"{done} of {self.progress.max} tokens"
 
@@ -303,10 +342,26 @@ class Dashboard:
         # one batch: sent piecemeal from an async callback, Panel 1.9 lost some of these updates
         # (the detail and the step figure stayed empty while the status arrived)
         with pn.io.hold():
+            if self.viewer.view is None:
+                # a session's first trace: Viewer.show moves the temperature slider before it has a
+                # view, and the slider's watcher steps a view that is not there yet (AttributeError)
+                self.viewer.dist_temp.value = trace.sampling.temperature or 1.0
             try:
                 self.viewer.show(trace)
             except ValueError as e:     # a trace of an engine with no step view, or with no steps
+                if self.viewer.trace is trace:           # failed mid-draw: nothing half-drawn
+                    self.viewer.clear("No run shown: a figure failed to draw (the line above says which).")
                 self.error(e)
+                return
+            except Exception as e:      # a figure's bug: one line naming it here, its traceback in the log
+                name = failing_figure(trace, e)
+                log.error("drawing a %s trace failed in %s", trace.method, name or "the viewer", exc_info=e)
+                self.viewer.clear("No run shown: a figure failed to draw (the line above says which).")
+                self.download.disabled = True
+                why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+                self.error(f"the figure {name!r} failed to draw this {trace.method} run ({why}); the server's log has "
+                           "the traceback" if name else
+                           f"drawing this {trace.method} run failed ({why}); the server's log has the traceback")
                 return
             self.clear_error()
             self.download.disabled = False
@@ -331,8 +386,10 @@ class Dashboard:
             self.alert.visible = False
             self.alert.object = ""
 
-    def error(self, e) -> None:
+    def error(self, e, kind: str = "danger") -> None:
+        """One line in the alert: an error ("danger"), or a run stopped ("warning")."""
         with pn.io.hold():
+            self.alert.alert_type = kind
             self.alert.object = html.escape(str(e))
             self.alert.visible = True
 
@@ -380,6 +437,34 @@ class Dashboard:
             self.error(f"could not use the URL arguments: {e}")
             return False
         return get.get("run") == "1"
+
+
+def about(seconds: float | None) -> str:
+    """An estimated wait in words: "about 40 s", "about 3 min"."""
+    if seconds is None:
+        return "its wait estimated once a run here has finished"
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s to wait"
+    return f"about {round(seconds / 60)} min to wait"
+
+
+def failing_figure(trace: Trace, e: BaseException) -> str | None:
+    """The name of the figure of `trace`'s view whose function raised `e` (read off its traceback),
+    else the innermost speclab.figures function it went through, else None."""
+    from speclab.figures import view_of
+    codes = {frame.f_code for frame, _ in traceback.walk_tb(e.__traceback__)}
+    try:
+        view = view_of(trace)
+        specs = [*view.step, *([view.run_strip] if view.run_strip else []), *view.summary]
+    except Exception:
+        specs = []
+    for spec in specs:
+        for fn in (spec.fn, spec.frame):
+            code = getattr(inspect.unwrap(fn), "__code__", None) if fn is not None else None
+            if code in codes:
+                return spec.name
+    inner = [frame for frame, _ in traceback.walk_tb(e.__traceback__) if ".figures." in frame.f_globals.get("__name__", "")]
+    return f"{inner[-1].f_globals['__name__']}.{inner[-1].f_code.co_name}" if inner else None
 
 
 def app(service: RunService | None = None, on_session=None):

@@ -3,8 +3,9 @@
     service = RunService()                        # workers and threads sized to the machine
     ticket = service.submit_run(request)          # request: runs.run_one's keywords (the form's)
     service.position(ticket)                      # 2 = second in line, 0 = running, None = done
-    service.cancel(ticket)                        # a queued request whose page went away
-    trace = ticket.future.result()
+    service.wait_s(ticket)                        # its estimated wait, from the run times measured here
+    service.cancel(ticket)                        # dropped from the queue, or stopped at its next step
+    trace = ticket.future.result()                # the trace, or Cancelled (a page's Cancel, a budget)
 
 One service per server (`speclab serve` makes one; a Dashboard made without one shares
 `default_service()`), and it owns what runs share, so no run changes it for another:
@@ -20,36 +21,65 @@ One service per server (`speclab serve` makes one; a Dashboard made without one 
   forward hooks, a feature head's `capture_layers`), so two runs on one model at once could see each
   other. A worker takes the first queued request whose models are free, so requests on other
   models go past a busy one rather than wait behind it.
-- **the queue**: first in, first out; `position()` is a waiting request's place in it, which the page
-  shows ("2nd in line"), and `cancel()` drops a request that has not started (its page closed).
+- **the queue**: first in, first out; `position()` is a waiting request's place in it and `wait_s()`
+  its estimated wait (the service times every run it finishes, by method and models), which the page
+  shows ("2nd in line, about 20 s").
+- **cancelling**: `cancel()` drops a request that has not started, and stops one that runs at its
+  next step: every decode the service runs gets a progress callback (`checkpoint`), which every
+  engine calls once a round or step, and which raises `Cancelled` once its request was cancelled or
+  passed its time budget. The engine unwinds (a drafter's own loop shuts its threads in `finally`),
+  the worker takes the next request, and the page says so in one line. No engine knows of it.
 - **the limits** (`Limits`): a request past one is refused in one line before it queues, so no
   request holds a worker for minutes (a `k=1000` from a URL held the only worker for 8 minutes);
-  every other number is held to its bound in speclab.params.BOUNDS, as the API holds it.
+  every other number is held to its bound in speclab.params.BOUNDS, as the API holds it. Two
+  budgets a run: its memory, estimated before it queues from the model's config and the request's
+  lengths (the KV cache it fills, a canvas's logits), refused past `memory_mb`; its time, a run
+  stopped (Cancelled) once it has run `run_seconds`.
 """
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
+import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from speclab.params import check_bounds
 
 
+class Cancelled(Exception):
+    """A request stopped before its end: its page's Cancel (budget None), or a budget it passed
+    (budget "time"); str() is the one line a page shows."""
+
+    def __init__(self, message: str, budget: str | None = None):
+        super().__init__(message)
+        self.budget = budget
+
+
 @dataclass(frozen=True)
 class Limits:
-    """The largest request a server runs: a field per run parameter (None: no limit)."""
+    """The largest request a server runs: a field per run parameter (None: no limit), and a run's
+    budgets: memory_mb, the KV cache (and a canvas's logits) a run may fill, estimated before it
+    queues (run_memory); run_seconds, how long a run may take before it is stopped (a comparison:
+    that much per decode it runs)."""
     max_new_tokens: int = 256
     gen_length: int = 256
     k: int = 16
     budget: int = 64
     prompt_chars: int = 8000
+    memory_mb: float | None = 512
+    # a 256-token run of the real 135M model on a busy 2-core CPU, its first load included, stays well under
+    run_seconds: float | None = 120
 
     def check(self, request: dict) -> None:
-        """ValueError, in one line, for the first parameter past its limit."""
+        """ValueError, in one line, for the first parameter past its limit, or a run whose memory
+        would pass its budget."""
         prompt = request.get("prompt")
         if isinstance(prompt, str) and len(prompt) > self.prompt_chars:
             raise ValueError(f"the prompt is {len(prompt)} characters, over this server's limit of "
@@ -61,6 +91,73 @@ class Limits:
             if value > limit:
                 raise ValueError(f"{name}={value:g} is over this server's limit of {limit}: ask for {limit} or less")
         check_bounds(request.get("method") or "", {k: v for k, v in request.items() if k != "seed"})   # the rest
+        need = run_memory(request) if self.memory_mb is not None else None
+        if need is not None and need[0] > self.memory_mb * 2**20:
+            raise ValueError(f"this run would fill about {need[0] / 2**20:,.0f} MB ({need[1]}), over this server's "
+                             f"memory budget of {self.memory_mb:g} MB a run: shorten the prompt or ask for fewer tokens")
+
+    def over_time(self, runs: int = 1) -> str:
+        """What a page says of a request stopped by the time budget (`runs` decodes of run_seconds each)."""
+        s = self.run_seconds
+        if runs == 1:
+            return (f"stopped: the run passed this server's time budget of {s:g} s a run; fewer tokens, a "
+                    "shorter prompt or a method with fewer forwards stays within it")
+        return (f"stopped: the comparison passed this server's time budget of {s * runs:g} s ({s:g} s for each of "
+                f"its {runs} runs); fewer methods, fewer timed runs or fewer tokens stay within it")
+
+
+def model_config(name) -> dict | None:
+    """The config of a zoo name, a packaged real LM already converted, or a local directory, read
+    from its config.json without loading weights; None where it cannot be read so (a hub id)."""
+    from speclab.models.zoo import REAL, ZOO_DIR
+    if not isinstance(name, (str, os.PathLike)):
+        return None
+    s, where = str(name), [ZOO_DIR / str(name) / "config.json", Path(str(name)).expanduser() / "config.json"]
+    if s in REAL:
+        from speclab.models.gguf import cache_root
+        where.insert(0, cache_root() / s / "config.json")
+    for cfg in where:
+        try:
+            if cfg.is_file():
+                raw = json.loads(cfg.read_text(encoding="utf-8"))
+                return raw if isinstance(raw, dict) else None
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def run_memory(request: dict) -> tuple[int, str] | None:
+    """(bytes, what) a run_one request fills beyond the shared weights, estimated from its target's
+    config and its lengths: the KV cache over prompt + new tokens + the widest verify (2 x layers x
+    KV heads x head size a position; a prompt counted a token a character, its upper bound), plus a
+    diffusion canvas's logits (slots x vocabulary in fp32). None where the config is not readable."""
+    cfg = model_config(request.get("target"))
+    if cfg is None or cfg.get("model_type") == "da-transformer":
+        return None
+    try:
+        layers, heads, d = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    kv_heads, head = int(cfg.get("num_key_value_heads") or heads), int(cfg.get("head_dim") or d // heads)
+    from speclab.apps import runs
+    canvas = runs.on_canvas(request["method"]) if request.get("method") else False
+    new = int(request.get("gen_length") or 0) if canvas else int(request.get("max_new_tokens") or 0)
+    prompt = request.get("prompt")
+    width = max(int(request.get("k") or 0), int(request.get("budget") or 0)) + 1
+    positions = (len(prompt) if isinstance(prompt, str) else 0) + new + width
+    from speclab.models.zoo import REAL
+    size = 2 if str(request.get("target")) in REAL and _bf16() else 4
+    kv = 2 * layers * kv_heads * head * positions * size
+    logits = new * int(cfg.get("vocab_size") or 0) * 4 if canvas else 0
+    what = f"a KV cache of {layers} layers x {positions} positions" + (
+        f" and {new} canvas slots' logits" if logits else "")
+    return kv + logits, what
+
+
+def _bf16() -> bool:
+    """The real LMs decode in bf16 here (dtype "auto"): the KV cache holds 2 bytes a number."""
+    from speclab.models.zoo import fast_bf16, pick_device
+    return fast_bf16(pick_device())
 
 
 def machine_cores() -> int:
@@ -102,12 +199,48 @@ PROCESS_FLAGS = {
 @dataclass(eq=False)
 class Ticket:
     """One request in the service: its future (the trace, or the run's exception), the models it
-    runs on, and who asked (a session: `cancel_owner` drops its queued requests)."""
+    runs on, who asked (a session: `cancel_owner` drops its requests), what kind of run it is (its
+    wait is estimated from that kind's recent times) and its time budget (seconds, None: none)."""
     id: int
     fn: object
     models: tuple[str, ...]
     owner: object = None
+    kind: tuple = ()
+    seconds: float | None = None
+    over_time: str = ""                           # the line a page shows when the budget stops it
     future: Future = field(default_factory=Future)
+    started: float | None = None                  # time.monotonic() when a worker took it
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def check(self) -> None:
+        """Cancelled, once the request was cancelled or has run past its time budget."""
+        if self.stop.is_set():
+            raise Cancelled("cancelled")
+        if self.seconds is not None and self.started is not None and time.monotonic() - self.started > self.seconds:
+            raise Cancelled(self.over_time, budget="time")
+
+
+_local = threading.local()          # the ticket a worker thread runs
+
+
+def checkpoint(*_) -> None:
+    """Raise Cancelled where the request this thread runs for the service was cancelled or has
+    passed its time budget; nothing elsewhere. Every decode the service runs takes it as (or inside)
+    its progress callback, so it stops at its next round or step."""
+    ticket = getattr(_local, "ticket", None)
+    if ticket is not None:
+        ticket.check()
+
+
+def checked(progress=None):
+    """A progress callback that checks the request first (checkpoint), then reports to `progress`."""
+    if progress is None:
+        return checkpoint
+
+    def report(*args):
+        checkpoint()
+        progress(*args)
+    return report
 
 
 class RunService:
@@ -118,7 +251,8 @@ class RunService:
         self._cv = threading.Condition()
         self._waiting: list[Ticket] = []         # queued, oldest first
         self._busy: set[str] = set()             # models a running request holds
-        self._running = 0
+        self._active: list[Ticket] = []          # running, oldest first
+        self._times: dict[tuple, deque] = {}     # kind -> the seconds of its recent finished runs
         self._ids = itertools.count(1)
         self._stopped = False
         self._threads = [threading.Thread(target=self._work, name=f"speclab-run-{i}", daemon=True)
@@ -129,18 +263,27 @@ class RunService:
     def __repr__(self) -> str:
         s = self.settings
         return (f"RunService(workers={s.workers}, threads_per_run={s.threads_per_run}, "
-                f"running={self._running}, waiting={len(self._waiting)})")
+                f"running={len(self._active)}, waiting={len(self._waiting)})")
 
     # -- requests in ------------------------------------------------------------------------------
     def submit_run(self, request: dict, progress=None, owner=None) -> Ticket:
-        """One decode: `request` is runs.run_one's keywords. Refused now (ValueError) past a limit."""
+        """One decode: `request` is runs.run_one's keywords. Refused now (ValueError) past a limit.
+        progress(n) hears of each round's or step's n new tokens; the decode stops there once
+        cancelled (checkpoint)."""
         from speclab.apps import runs
         self.limits.check(request)
-        return self.submit(lambda: runs.run_one(progress=progress, **request), runs.models_of(request), owner)
+        models = runs.models_of(request)
+        return self.submit(lambda: runs.run_one(progress=checked(progress), **request), models, owner,
+                           kind=(request.get("method"), *models))
 
-    def submit(self, fn, models=(), owner=None) -> Ticket:
-        """Any no-argument function that runs decodes (a comparison's runs), on `models`' turn."""
-        ticket = Ticket(next(self._ids), fn, tuple(dict.fromkeys(m for m in models if m)), owner)
+    def submit(self, fn, models=(), owner=None, kind: tuple = (), runs: int = 1) -> Ticket:
+        """Any no-argument function that runs decodes (a comparison's `runs` of them), on `models`'
+        turn; its time budget is `runs` x Limits.run_seconds. It stops at its next step once
+        cancelled where its decodes take `checkpoint` as their progress (submit_run's do)."""
+        models = tuple(dict.fromkeys(m for m in models if m))
+        s = self.limits.run_seconds
+        ticket = Ticket(next(self._ids), fn, models, owner, kind=tuple(kind) or ("job", *models),
+                        seconds=None if s is None else s * runs, over_time=self.limits.over_time(runs))
         with self._cv:
             if self._stopped:
                 raise RuntimeError("the run service is closed")
@@ -156,26 +299,57 @@ class RunService:
                 return self._waiting.index(ticket) + 1
         return None if ticket.future.done() else 0
 
-    def cancel(self, ticket: Ticket) -> bool:
-        """Drop a request that has not started; False once it runs (a run is not stopped midway)."""
+    def wait_s(self, ticket: Ticket) -> float | None:
+        """Seconds until a queued request is estimated to start (0 once running, None where no run
+        has finished yet to time): the runs before it on its models one after another, and all the
+        work before it shared by the workers, whichever is longer. A run is expected to take the
+        median of its kind's recent runs (its method and models), else of any run's."""
         with self._cv:
             if ticket not in self._waiting:
+                return None if ticket.future.done() else 0.0
+            every = sorted(x for times in self._times.values() for x in times)
+            if not every:
+                return None
+            now = time.monotonic()
+            mine = set(ticket.models)
+
+            def expected(t):
+                times = sorted(self._times.get(t.kind) or every)
+                return times[len(times) // 2]
+            left = [(t, max(expected(t) - (now - t.started), 0.0)) for t in self._active]
+            ahead = [(t, expected(t)) for t in self._waiting[:self._waiting.index(ticket)]]
+            serial = sum(s for t, s in left + ahead if mine.intersection(t.models))
+            spread = sum(s for _, s in left + ahead) / self.settings.workers
+            return max(serial, spread)
+
+    def cancel(self, ticket: Ticket) -> bool:
+        """Drop a request that has not started, or stop a running one at its next step (its future
+        then raises Cancelled, and the worker goes on to the next request). False once done."""
+        with self._cv:
+            if ticket in self._waiting:
+                self._waiting.remove(ticket)
+                self._cv.notify_all()
+                queued = True
+            elif ticket in self._active:
+                ticket.stop.set()
+                return True
+            else:
                 return False
-            self._waiting.remove(ticket)
-            self._cv.notify_all()
-        ticket.future.cancel()
+        if queued:
+            ticket.stop.set()
+            ticket.future.cancel()
         return True
 
     def cancel_owner(self, owner) -> int:
-        """Drop every queued request of `owner` (a closed page's session): how many."""
+        """Drop or stop every request of `owner` (a closed page's session): how many."""
         with self._cv:
-            mine = [t for t in self._waiting if t.owner is owner]
+            mine = [t for t in self._waiting + self._active if t.owner is owner]
         return sum(self.cancel(t) for t in mine)
 
     def load(self) -> dict:
         """{"running": n, "waiting": n, "workers": n}: the server's load now."""
         with self._cv:
-            return {"running": self._running, "waiting": len(self._waiting), "workers": self.settings.workers}
+            return {"running": len(self._active), "waiting": len(self._waiting), "workers": self.settings.workers}
 
     def close(self) -> None:
         """Cancel what waits and let the workers end after their current run."""
@@ -197,7 +371,8 @@ class RunService:
                     if not self._busy.intersection(t.models):
                         self._waiting.remove(t)
                         self._busy.update(t.models)
-                        self._running += 1
+                        t.started = time.monotonic()
+                        self._active.append(t)
                         return t
                 self._cv.wait()
 
@@ -210,19 +385,24 @@ class RunService:
             finally:
                 with self._cv:
                     self._busy.difference_update(ticket.models)
-                    self._running -= 1
+                    self._active.remove(ticket)
                     self._cv.notify_all()
 
     def _run(self, ticket: Ticket) -> None:
         flags = {name: read() for name, (read, _) in PROCESS_FLAGS.items()}
         torch.set_num_threads(self.settings.threads_per_run)
+        _local.ticket = ticket
         try:
+            ticket.check()                  # cancelled between the queue and the worker
             result = ticket.fn()
-        except Exception as e:              # the page shows it; the worker goes on
+        except Exception as e:              # the page shows it (Cancelled: one line); the worker goes on
             ticket.future.set_exception(e)
         else:
+            with self._cv:                  # a finished run's time: what the next waits are estimated by
+                self._times.setdefault(ticket.kind, deque(maxlen=RECENT)).append(time.monotonic() - ticket.started)
             ticket.future.set_result(result)
         finally:
+            _local.ticket = None
             # this worker's thread count (and torch's default for new threads) back to the service's
             torch.set_num_threads(self.settings.threads_per_run)
             for name, (read, write) in PROCESS_FLAGS.items():
@@ -231,6 +411,7 @@ class RunService:
                     self.changed.append(f"request {ticket.id}: {name}")
 
 
+RECENT = 20        # finished runs of a kind its wait estimate reads (the machine's load drifts)
 _default: RunService | None = None
 _default_lock = threading.Lock()
 

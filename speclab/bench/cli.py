@@ -22,6 +22,9 @@ def add_bench(sub):
     p.add_argument("--methods", default="ar,draft-model,prompt-lookup")
     p.add_argument("--prompts", default="code-complete",
                    help="code-complete | code-edit | code-mixed | chat | a JSONL file; several: comma-separated")
+    p.add_argument("--categories", nargs="?", const="all", metavar="NAMES",
+                   help="instead of --prompts: the task categories (speclab/bench/categories.py), all or a "
+                        "comma-separated subset, reported per category and method")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                    help="for speclab's methods and the transformers peers alike (auto: bf16 on native-bf16 hardware)")
     p.add_argument("--limit", type=int, help="use only the first N prompts")
@@ -112,6 +115,9 @@ def cmd_bench(a):
     if model_kind(a.target) is not None:             # a hub id's kind is known once loaded: bench() checks it then
         target_row(a.target, specs)                  # a target with no baseline, a method of another kind
     sets = [s.strip() for s in a.prompts.split(",") if s.strip()]
+    if a.categories:
+        from speclab.bench.categories import category_sets
+        sets = category_sets(a.categories)
     check_before_run(a, sets)                        # before any model loads: no run's minutes are lost to a typo
     target = as_model(a.target, a.device, a.dtype)
     draft = as_model(a.draft, a.device, a.dtype) if a.draft else None
@@ -121,8 +127,8 @@ def cmd_bench(a):
     results, traces = [], {}                         # traces: set name -> label -> [Trace per prompt]
     for prompt_set in sets:
         x = bench(target, draft, specs, prompt_set, a.max_new_tokens, a.repeats, a.limit, a.k, a.exit_layer, record,
-                  keep_traces=a.whatif or bool(a.traces), vllm_python=a.vllm_python, batch_size=a.batch_size,
-                  thresholds=thresholds, temperature=a.temperature, seed=a.seed, seeds=a.seeds)
+                  keep_traces=a.whatif or bool(a.traces) or bool(a.categories), vllm_python=a.vllm_python,
+                  batch_size=a.batch_size, thresholds=thresholds, temperature=a.temperature, seed=a.seed, seeds=a.seeds)
         if "traces" in x:
             traces[x["prompt_set"]] = x.pop("traces")  # saved after the results: not part of the JSON report
         results.append(x)
@@ -130,6 +136,9 @@ def cmd_bench(a):
     res = results[0] if len(results) == 1 else dict(results[0], rows=[r for x in results for r in x["rows"]],
                                                     prompt_set=",".join(x["prompt_set"] for x in results))
     res["dtype"] = str(next(target[0].parameters()).dtype).removeprefix("torch.")
+    if a.categories:
+        from speclab.bench.categories import category_rows
+        res["categories"] = category_rows(results, traces)
     if next(target[0].parameters()).device.type == "cpu":      # which kernel path made these numbers, and why
         from speclab.models import kernels
         res["kernel"] = {k: v for k, v in kernels.info().items() if k in ("path", "why", "cpu", "flags")}
@@ -152,6 +161,9 @@ def cmd_bench(a):
             json.dump(res, f, indent=1)
     try:
         print_report(res)
+        if "categories" in res:
+            from speclab.bench.categories import print_categories
+            print_categories(res["categories"])
         for name, ts in traces.items() if a.traces else ():
             save_traces(ts, Path(a.traces) / name)
         if a.html:

@@ -1,6 +1,7 @@
 """`rsd`: Recursive Speculative Decoding's verify (Jeon et al. 2024), lossless.
 
-The siblings of a node were drawn WITHOUT replacement from q (drafters/rsd.py, Gumbel-Top-k), so
+The siblings of a node were drawn WITHOUT replacement from q (drafters/rsd.py, Gumbel-Top-k; or
+drafters/rsd_s.py, Stochastic Beam Search, whose kept siblings are a Gumbel-Top-k draw's first), so
 the j-th one follows q renormalised without the earlier ones. Each is one speculative-sampling
 test against the residual the earlier rejections left:
 
@@ -32,6 +33,6 @@ def make(params: dict, model=None, renormalise: bool = True):
 
 RSD = register_rule(Rule(
     name="rsd", guarantee="identical-to-ar", test=speculative_test, without_replacement=True, needs_q=True,
-    only_for=("tree-rsd",),
+    only_for=("tree-rsd", "tree-rsd-s"),
     summary="recursive rejection over siblings drawn without replacement, each tested against q renormalised "
             "without the earlier ones (RSD, Jeon et al. 2024)"))

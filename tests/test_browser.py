@@ -11,16 +11,13 @@ import contextlib
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import SHOTS, shoot
 
+from speclab.apps.serve import free_port, start_process, stop_process
 from speclab.trace import SCHEMA
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -40,40 +37,19 @@ if not os.path.exists(CHROMIUM):
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright python package is not installed")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
-def dashboard_server(log_path: Path, **env_extra):
+def dashboard_server(log_path: Path, **env):
     """`speclab serve` on a free loopback port as a subprocess; stopped by its own pid."""
     port = free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **env_extra)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "speclab.apps.serve", "serve", "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        for _ in range(240):
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(url, timeout=5).read()
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise RuntimeError(f"the server did not answer at {url}")
-        yield url
-    finally:
-        proc.terminate()
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+            proc = start_process(port, log, **env)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}: {log_path.read_text()[-2000:]}") from None
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")
@@ -374,8 +350,8 @@ def test_each_familys_lesson_walks_its_example_by_keys(real_page, method):
             card = wait_text(page, "speclab-lesson", st.title)
             assert st.text.split(":")[0] in card             # the sentence, its numbers, as the lesson says
             wait_text(page, "speclab-step-text", title_of(trace, st.round))
-        if method in ("dllm-llada21-edit", "dag-all"):
-            shoot(page, f"lesson-{method}")
+            if k == min(3, len(steps) - 1):               # docs/screenshots: each family's lesson mid-way
+                shoot(page, f"lesson-{method}")
         page.locator(".speclab-lesson-toggle button").first.click()
 
 
@@ -553,3 +529,29 @@ def test_real_race_in_slow_motion_counts_target_forwards(real_page, tmp_path):
         page.click("#go")
         page.wait_for_timeout(300)
         assert "10x slower" in page.inner_text("#clock")
+
+
+@real
+def test_real_cancel_stops_a_running_decode_and_the_next_run_works(real_page):
+    """Run a 256-token decode of the real model, press Cancel while it runs: the page says
+    "cancelled" in one line with nothing of the run drawn, and a second Run decodes to its end."""
+    from urllib.parse import quote
+    page = real_page
+    with screenshot_on_failure(page, "real_cancel"):
+        page.goto(page.dashboard_url + "?method=ar&max_new_tokens=256&prompt="
+                  + quote("Write a long story about a dragon who learns to cook, with many chapters."))
+        page.locator(".speclab-run button").wait_for(timeout=60_000)
+        page.locator(".speclab-run button").click()
+        sync_api.expect(page.locator(".speclab-cancel button")).to_be_enabled(timeout=RUN_S)
+        # running (loading the model, or tokens coming), not waiting in line
+        page.wait_for_function(f"() => /loading|tokens/.test(({DEEP_TEXT})('speclab-queue'))", timeout=RUN_S)
+        page.locator(".speclab-cancel button").click()
+        line = wait_text(page, "speclab-alert", "cancelled: the run stopped", timeout=RUN_S)
+        assert "\n" not in line and "at your request" in line, line
+        assert "was stopped" in deep_text(page, "speclab-status")
+        assert page.locator(".speclab-step .annotation-text").count() == 0      # nothing of it drawn
+        sync_api.expect(page.locator(".speclab-cancel button")).to_be_disabled(timeout=30_000)
+        page.locator(".speclab-run button").click()
+        wait_text(page, "speclab-status", "new tokens", timeout=RUN_S)
+        assert alert_text(page) == ""
+        assert "ar" in deep_text(page, "speclab-status")

@@ -36,9 +36,8 @@ from hypothesis import strategies as st
 
 import speclab
 from speclab.export import to_html
-from speclab.figures import detail_html, n_steps, step_title, view_of
-from speclab.figures.distributions import distributions
-from speclab.figures.mask import mask_dict
+from speclab.figures import n_steps, step_title, view_of
+from speclab.figures.views import lesson_of
 from speclab.trace import MAX_TRACE_BYTES, Trace, TraceError, replay
 
 HUNT = int(os.environ.get("SPECLAB_FUZZ_EXAMPLES", "0"))
@@ -102,22 +101,19 @@ def recorded() -> dict[str, dict]:
 
 
 def render(trace: Trace, out: Path) -> None:
-    """What a user renders: the player's figures at every step (the step figures, the run strip and
-    summary moved to the step, the detail panel, the attention mask, p and q), then the HTML export."""
+    """What a user renders: every spec of the view at every step (the step figures, the detail
+    table, p and q, the attention mask; the run strip and summary moved to the step), the lesson,
+    then the HTML export."""
     view = view_of(trace)
     whole = {f.name: (f, f.draw(trace, 0)) for f in view.whole_run}
     for k in range(n_steps(trace)):
         step_title(trace, k)
-        detail_html(trace, k)
         for spec in view.step:
-            spec.at(trace, k, static=False)
+            spec.draw(trace, k) if spec.kind == "html" else spec.at(trace, k, static=False)
         for spec, fig in whole.values():
             if fig is not None:
                 spec.follow(fig, trace, k)
-        if view.mask:
-            mask_dict(trace, k)
-        if trace.engine == "speculative":
-            distributions(trace, k)
+    lesson_of(trace)
     to_html(trace, out)
 
 

@@ -276,7 +276,9 @@ class Dashboard:
                         self.queue_note.object = note
                 else:
                     self._tick(done[0] if done else 0, place, self.service.wait_s(ticket) if place else None)
-                await asyncio.wait([fut], timeout=0.25)
+                # a running request moves its bar 4 times a second; a waiting one looks once a second
+                # (thirty pages in line each waking 4 times a second keep the server's one loop busy)
+                await asyncio.wait([fut], timeout=1.0 if place else 0.25)
             if ticket.future.cancelled():               # dropped from the queue before it started
                 raise Cancelled("cancelled")
             return fut.result()
@@ -440,11 +442,13 @@ class Dashboard:
 
 
 def about(seconds: float | None) -> str:
-    """An estimated wait in words: "about 40 s", "about 3 min"."""
+    """An estimated wait in words, to 10 s or to the minute ("about 40 s", "about 3 min"): coarse,
+    so a page's line changes as the queue moves, not at every tick (thirty pages ticking a
+    countdown each would keep the server sending)."""
     if seconds is None:
         return "its wait estimated once a run here has finished"
     if seconds < 90:
-        return f"about {max(1, round(seconds))} s to wait"
+        return f"about {max(1, round(seconds / 10)) * 10} s to wait"
     return f"about {round(seconds / 60)} min to wait"
 
 

@@ -6,7 +6,8 @@ rejects: a bug a real implementation could have, built here without touching the
 One budget per family: one method per family carries the draws (chain: draft-model; tree:
 tree-dynamic; feature heads: eagle-chain; block drafters: dllm-draft; schedules: pearl). The
 multi-draft family (spectr, tree-rsd) drives its rule over tables of a tiny pair's logits in
-test_spectr.py and test_rules.py, with the same law and draw count.
+test_spectr.py and test_rules.py, with the same law and draw count; tree-rsd-s (whose sibling count
+per node is random) runs its real drafter and rule on the pair here.
 
 The models are a tiny random one-layer Llama target and a perturbed copy as its draft, built from
 a config: a forward there is mostly Python overhead, a fraction of one on the toy zoo, and a draft
@@ -24,7 +25,7 @@ import sampling_law as law_of
 from sampling_law import N, N_BROKEN, TEMPERATURES, departs, draw_pairs, draw_pairs_in_batch, follows, target_law
 from speclab.decoding.acceptance import Sampler
 from speclab.decoding.registry import build_drafter
-from speclab.decoding.speculative import Drafter
+from speclab.decoding.speculative import Drafter, forwards_of
 from speclab.models.backends import make_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # tiny products: one thread (conftest)
@@ -70,13 +71,7 @@ class Misreported(Drafter):
         super().__init__()
         self.inner, self.fix = inner, fix
 
-    @property
-    def forwards(self):
-        return self.inner.forwards
-
-    @forwards.setter
-    def forwards(self, v):
-        pass
+    forwards = forwards_of("inner")
 
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
@@ -136,6 +131,53 @@ def top_k_as_sampled(tree, sampler, inner):
 def test_tree_verifying_its_top_k_children_as_samples_is_caught(pair, laws):
     departs(laws[1.0], draw_pairs_in_batch(pair[0], lambda: Misreported(tree(pair), top_k_as_sampled), PROMPT,
                                            Sampler(1.0), n=N_BROKEN))
+
+
+# -- stochastic beam: tree-rsd-s (sequences without replacement, recursive rejection over siblings) --
+def rsd_s_first_two(walk, T: float, n: int, width: int = 4, seed: int = 0):
+    """Counts (V, V) of the first two tokens of RSD-S rounds over the tiny pair's logit tables
+    (test_spectr.model_tables, V = 6): the drafter's own grow_beam keeps `width` of the width x 6
+    second-level children, so a first-level node keeps 0 to `width` siblings, as many as their
+    scores win; `walk` verifies. Returns the counts and the target's joint."""
+    from test_rules import first_two_joint, tally_first_two
+    from test_spectr import V as V6, model_tables
+
+    from speclab.decoding.drafters.rsd_s import grow_beam
+    p_log, q_log = model_tables()
+    q_probs = {key: lg.softmax(-1) for key, lg in q_log.items()}
+    s, g = Sampler(T), torch.Generator().manual_seed(seed)
+    draw = lambda: torch.rand((), generator=g).item()      # noqa: E731
+
+    def prefix(tree, node):
+        return tuple(tree.tokens[i] for i in tree.path_to(node))
+
+    def q_at(tree):                                         # the draft's probabilities, as a draft forward gives them
+        return torch.stack([q_probs[prefix(tree, i)] for i in range(-1, len(tree))])
+    counts = torch.zeros(V6, V6)
+    for _ in range(n):
+        tree = grow_beam(width, 2, q_at, s, g, record=False)
+        path, emitted, _, _ = walk(tree.children(), tree.tokens, tree.q_map(),
+                                   lambda node: p_log[prefix(tree, node)], s, g, draw)
+        tally_first_two(counts, [tree.tokens[i] for i in path] + [emitted], p_log, s, g)
+    return counts, first_two_joint(p_log, s, V6)
+
+
+@pytest.mark.parametrize("T", TEMPERATURES)
+def test_rsd_s_follows_the_target(T):
+    """A stochastic beam of 4 over 2 levels verified by `rsd`: the joint of the first two tokens is
+    the target's (N draws, 6 cells, alpha 0.001)."""
+    from speclab.decoding.rules import get_rule
+    counts, joint = rsd_s_first_two(get_rule("rsd").make({}), T, N)
+    follows(law_of.table_law(joint), law_of.pairs_of(counts))
+
+
+def test_rsd_s_verified_with_the_full_q_for_every_sibling_is_caught():
+    """The negative control: the beam's siblings tested against the full q, as if drawn with
+    replacement (the exact rule's recursion, what the row would run without its own rule). It departs
+    by a binned TV of about 0.08, under the 0.1 that N_BROKEN is sized for, so it draws N."""
+    from speclab.decoding.rules.rsd import make
+    counts, joint = rsd_s_first_two(make({}, renormalise=False), 0.7, N)
+    departs(law_of.table_law(joint), law_of.pairs_of(counts))
 
 
 # -- feature heads: eagle-chain (an EAGLE head on the target's hidden state samples a chain) -------

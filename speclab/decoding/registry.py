@@ -35,6 +35,7 @@ from speclab.decoding.guarantees import GUARANTEES, LOSSLESS, check, weakest  # 
 from speclab.decoding.drafters.aded import AdedDrafter
 from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
 from speclab.decoding.drafters.graft import GraftDrafter
+from speclab.decoding.drafters.ffn_skip import FfnSkipDrafter
 from speclab.decoding.drafters.heads import EagleChainDrafter, EagleDrafter, MedusaDrafter
 from speclab.decoding.drafters.lookahead import LookaheadDrafter
 from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixDrafter, SuffixHistory
@@ -44,6 +45,7 @@ from speclab.decoding.drafters.synthetic import SyntheticDrafter, decode_answer
 from speclab.decoding.drafters.pearl import PearlDrafter
 from speclab.decoding.drafters.recycling import RecyclingDrafter
 from speclab.decoding.drafters.rsd import RSDDrafter
+from speclab.decoding.drafters.rsd_s import RSDSDrafter
 from speclab.decoding.drafters.specdecpp import SpecDecPPDrafter
 from speclab.decoding.drafters.swift import SwiftDrafter, UnifiedSkipDrafter
 from speclab.decoding.drafters.spectr import SpecTrDrafter
@@ -215,6 +217,11 @@ for _m in [
            summary="no draft and no verify: every token from the target with an even pattern of whole layers "
                    "skipped, as many as a target speed-up asks (Unified Layer Skipping, Liu et al. 2024)",
            drafter=UnifiedSkipDrafter, inputs={"target_model": the_target}),
+    Method(name="ffn-skip", family="layer-skipping", engine="speculative", guarantee="lossy",
+           summary="no draft and no verify: every token from the target, each skipping the FFN blocks after the "
+                   "first whose input and output cosine similarity passes a threshold, attention always run "
+                   "(FFN-SkipLLM, Jaiswal et al. EMNLP 2024)",
+           drafter=FfnSkipDrafter, inputs={"target_model": the_target}),
     Method(name="prompt-lookup", family="model-free", engine="speculative", guarantee=AR,
            summary="copy what followed the last n-gram's previous occurrence (prompt lookup decoding)",
            drafter=PromptLookupDrafter, batchable=True, adaptive=lambda p: p["grow"] > 0),
@@ -249,6 +256,10 @@ for _m in [
            summary="siblings drawn without replacement (Gumbel-Top-k) from the draft, verified by recursive "
                    "rejection against q renormalised without the earlier siblings (RSD, Jeon et al. 2024)",
            drafter=RSDDrafter, inputs=DRAFT, draft=DRAFT_LM, tree=True, rule="rsd"),
+    Method(name="tree-rsd-s", family="speculative-tree", engine="speculative", guarantee=AR,
+           summary="sequences drawn without replacement by Stochastic Beam Search over the draft's log-probabilities, "
+                   "`width` kept per level, verified by recursive rejection (RSD-S, Jeon et al. 2024)",
+           drafter=RSDSDrafter, inputs=DRAFT, draft=DRAFT_LM, tree=True, rule="rsd"),
     Method(name="spectr", family="speculative-tree", engine="speculative", guarantee=AR,
            summary="k draft chains sampled i.i.d., verified by K-SEQ: each position's candidates tested against "
                    "p / rho*, the chains that agree with the emitted token kept (SpecTr, Sun et al. NeurIPS 2023)",
@@ -334,44 +345,36 @@ for _s, _d in DAG_SUMMARY.items():
 # only (it refuses a temperature); the others commit several tokens a step where one-per-step would one
 DLLM_RUN_PARAMS = ("gen_length", "block_length", "eos_stop")
 DLLM = dict(family="diffusion", engine="diffusion", guarantee="lossy", run_params=DLLM_RUN_PARAMS, loop=denoise)
-for _m in [
-    Method(name="dllm-lowconf", config=LowConfidence, **DLLM,
-           summary="LLaDA: fixed steps per block, commit the most confident (or random) masked positions"),
-    Method(name="dllm-threshold", config=Threshold, **DLLM,
-           summary="Fast-dLLM: commit every position above a confidence threshold (or the factor rule)"),
-    Method(name="dllm-prophet", config=Prophet, **DLLM,
-           summary="Prophet: low-confidence steps, commit everything once the top-2 logit gap is large"),
-    Method(name="dllm-sched", config=Sched, **DLLM,
-           summary="SchED: low-confidence steps, exit when the margin passes a progress-aware threshold"),
-    Method(name="dllm-localleap", config=LocalLeap, **DLLM,
-           summary="LocalLeap: high-confidence anchors relax the threshold around them"),
-    Method(name="dllm-freedave", config=FreeDave, **DLLM | dict(guarantee="identical-to-one-per-step",
-                                                                  loop=freedave), sampling=False,
-           summary="FreeDave: K drafts verified in one batched forward; lossless vs one-token-per-step"),
-    Method(name="dllm-entropy-bound", config=EntropyBound, **DLLM, noise_canvas=True,
-           summary="DiffusionGemma's sampler: commit the lowest-entropy positions while their entropy sum stays "
-                   "under a bound (on DiffusionGemma: its whole noise-canvas loop)"),
-    Method(name="dllm-llada21-edit", config=JointThreshold, **DLLM,
-           summary="LLaDA 2.1 token editing (SGLang JointThreshold): commit above a threshold and rewrite committed "
-                   "tokens the model now proposes otherwise, with post-edit steps"),
-    Method(name="dllm-r2", config=R2, **DLLM,
-           summary="R²-dLLM: threshold commits plus confident windows, same-token runs and predictions stable for "
-                   "n steps"),
-    Method(name="dllm-adablock", config=AdaBlock, **DLLM,
-           summary="AdaBlock-dLLM: threshold commits in adaptive blocks that end at a confident delimiter (inside "
-                   "the engine's block)"),
-    Method(name="dllm-ete", config=ETE, **DLLM,
-           summary="ETE (From Bits to Rounds; speclab's reading): threshold commits, plus uncertain slots explored "
-                   "until a round carries a budget of nats"),
-    Method(name="dllm-learn2pd", config=Learn2PD, **DLLM,
-           summary="Learn2PD: a filter trained on the dLLM's own runs commits the slots it scores as final; "
-                   "end-of-text prediction"),
-    Method(name="dllm-fastv2", config=FastV2, **DLLM,
-           summary="threshold commits in sub-blocks filled left to right, each step running only the sub-block on "
-                   "a stale cache of its block where it can (Fast-dLLM v2, Wu et al. 2025)"),
-]:
-    register(_m)
-
+DLLM_OWN = {"dllm-freedave": dict(guarantee="identical-to-one-per-step", loop=freedave, sampling=False),
+            "dllm-entropy-bound": dict(noise_canvas=True)}   # where a row differs from DLLM
+DLLM_POLICIES = {   # method -> (its policy's config, summary)
+    "dllm-lowconf": (LowConfidence, "LLaDA: fixed steps per block, commit the most confident (or random) masked "
+                                    "positions"),
+    "dllm-threshold": (Threshold, "Fast-dLLM: commit every position above a confidence threshold (or the factor "
+                                  "rule)"),
+    "dllm-prophet": (Prophet, "Prophet: low-confidence steps, commit everything once the top-2 logit gap is large"),
+    "dllm-sched": (Sched, "SchED: low-confidence steps, exit when the margin passes a progress-aware threshold"),
+    "dllm-localleap": (LocalLeap, "LocalLeap: high-confidence anchors relax the threshold around them"),
+    "dllm-freedave": (FreeDave, "FreeDave: K drafts verified in one batched forward; lossless vs one-token-per-step"),
+    "dllm-entropy-bound": (EntropyBound, "DiffusionGemma's sampler: commit the lowest-entropy positions while their "
+                                         "entropy sum stays under a bound (on DiffusionGemma: its whole noise-canvas "
+                                         "loop)"),
+    "dllm-llada21-edit": (JointThreshold, "LLaDA 2.1 token editing (SGLang JointThreshold): commit above a threshold "
+                                          "and rewrite committed tokens the model now proposes otherwise, with "
+                                          "post-edit steps"),
+    "dllm-r2": (R2, "R²-dLLM: threshold commits plus confident windows, same-token runs and predictions stable for "
+                    "n steps"),
+    "dllm-adablock": (AdaBlock, "AdaBlock-dLLM: threshold commits in adaptive blocks that end at a confident "
+                                "delimiter (inside the engine's block)"),
+    "dllm-ete": (ETE, "ETE (From Bits to Rounds; speclab's reading): threshold commits, plus uncertain slots "
+                      "explored until a round carries a budget of nats"),
+    "dllm-learn2pd": (Learn2PD, "Learn2PD: a filter trained on the dLLM's own runs commits the slots it scores as "
+                                "final; end-of-text prediction"),
+    "dllm-fastv2": (FastV2, "threshold commits in sub-blocks filled left to right, each step running only the "
+                            "sub-block on a stale cache of its block where it can (Fast-dLLM v2, Wu et al. 2025)"),
+}
+for _name, (_config, _summary) in DLLM_POLICIES.items():
+    register(Method(name=_name, config=_config, summary=_summary, **DLLM | DLLM_OWN.get(_name, {})))
 
 def guarantee(method: str, rule: str | None = None) -> str:
     """What a run of `method` under acceptance `rule` (None: the method's own) keeps: the weaker of

@@ -27,7 +27,7 @@ step, so a player can update a figure in place and an export can animate it with
     lanes_figure(trace, step)      timing lanes (drafting beside verifying) as a Gantt chart
     rescued_figure(trace, step)    draft tokens a lossy rule accepted where the exact rule did not
     skip_mask_figure(trace, step)  layers x rounds: which layers each round's draft or forward ran,
-                                   over its accepted length (swift, unified-layer-skip, layer-skip)
+                                   over its accepted length (every trace holding skip masks)
     view_of(trace), add_figure     which figures a trace shows (figures.views: one spec per engine,
                                    the figures a method adds); every front end reads it
 """
@@ -41,7 +41,8 @@ from speclab.figures.decisions import decision_summary, decision_table
 from speclab.figures.lanes import lanes_figure
 from speclab.figures.steps import go_to_step, step_label, step_names, step_title
 from speclab.figures.summary import acceptance_summary, calibration_figure, per_position, round_strip, timing
-from speclab.figures.skips import skip_mask_figure  # importing it adds the figure to its methods' views
+from speclab.figures.skips import skip_mask_figure  # importing it adds the skip-mask record's figure
+import speclab.figures.rsd_s  # noqa: F401,E402 (importing it adds the beam-search record's figure)
 from speclab.figures.tokens import cells, token_strip
 from speclab.figures.tree import draft_tree
 from speclab.figures.verdicts import rescued_figure

@@ -28,7 +28,8 @@ import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadtest_dashboard import ARGS, CHROMIUM, free_port, start_server, stop_server  # noqa: E402
+from loadtest_dashboard import ARGS, CHROMIUM, no_chromium, page_options, start_server  # noqa: E402
+from speclab.apps.serve import free_port, stop_process  # noqa: E402
 from shadow_text import DEEP_TEXT  # noqa: E402
 
 
@@ -72,16 +73,14 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--per-page", type=int, default=10, help="runs per page (session) before it closes")
     ap.add_argument("--warmup", type=int, default=50, help="runs before the memory baseline is taken")
-    ap.add_argument("--tokens", type=int, default=4, help="max new tokens per run")
-    ap.add_argument("--methods", default="prompt-lookup,suffix,draft-model,ar")
+    page_options(ap, methods="prompt-lookup,suffix,draft-model,ar", methods_help=None, timeout=300,
+                 timeout_help="seconds one run may take")
     ap.add_argument("--max-growth-mb", type=float, default=50.0)
     ap.add_argument("--every", type=int, default=50, help="print progress every this many runs")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
     ap.add_argument("--target", default="code-target",
                     help="the model the page opens on (the code zoo: runs are quick, prompts are not chat)")
     a = ap.parse_args(argv)
-    if not os.path.exists(CHROMIUM):
-        print(f"{CHROMIUM} is missing: apt-get install -y chromium", file=sys.stderr)
+    if no_chromium():
         return 2
     if a.warmup >= a.runs:
         ap.error("--warmup must be smaller than --runs")
@@ -121,7 +120,7 @@ def main(argv=None) -> int:
                         print(json.dumps(report), flush=True)
                 ctx.close()
         finally:
-            stop_server(proc)
+            stop_process(proc)
     for e in errors[:20]:
         print("  problem:", json.dumps(e), file=sys.stderr)
     report = summary(a, a.runs, rss, lat, errors, time.perf_counter() - t_start, log.name)

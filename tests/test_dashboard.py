@@ -517,3 +517,9 @@ def test_dag_status_says_sampled_only_for_the_sampling_strategy():
     d.form.target.value = "dates-dat"
     trace = d.run_now()
     assert trace.dag.chosen != "sample" and "sampled at" not in status_html(trace)
+
+
+def test_the_categories_tab_shows_the_newest_category_bench():
+    d = Dashboard()
+    assert "Categories" in [d.tabs._names[i] for i in range(len(d.tabs))]
+    assert d.categories.chart.object is not None and "coding" in d.categories.table.object

@@ -141,6 +141,34 @@ def test_a_drafter_must_leave_the_target_cache_as_it_found_it(target):
         speclab.generate(target, "def f(x):", Sloppy(), max_new_tokens=4)
 
 
+def test_a_run_stopped_mid_way_still_ends_its_drafter(target):
+    """A progress callback that raises (the dashboard's cancel, a time budget) stops the decode; the
+    drafter still ends (hooks off the shared model) and the next run on the target is unaffected."""
+    from speclab.decoding.drafters.lookup import PromptLookupDrafter
+
+    class Stop(Exception):
+        pass
+
+    class Watched(PromptLookupDrafter):
+        ended = 0
+
+        def end(self):
+            Watched.ended += 1
+            super().end()
+
+    def stop_at(n):
+        if n >= 3:
+            raise Stop
+
+    seen = []
+    with pytest.raises(Stop):
+        speclab.generate(target, "def f(x):\n    return x", Watched(), max_new_tokens=16,
+                         progress=lambda k: (seen.append(k), stop_at(sum(seen))))
+    assert Watched.ended == 1
+    ar = speclab.generate(target, "def f(x):", "ar", max_new_tokens=6).ids
+    assert speclab.generate(target, "def f(x):", Watched(), max_new_tokens=6).ids == ar and Watched.ended == 2
+
+
 def test_a_drafter_instance_names_the_parameter_it_does_not_take(target):
     """A Drafter instance comes built with its parameters: a method keyword beside it is one line
     naming it (not an unknown-method error about the instance's name)."""

@@ -31,6 +31,7 @@ import traceback
 import panel as pn
 
 from speclab.apps import guide, runs
+from speclab.apps.categories import CategoriesPanel
 from speclab.apps.compare import DIFFUSION_DEMO, ComparePanel, compare_start  # noqa: F401 (tests, scripts)
 from speclab.apps.form import EXAMPLE_PROMPTS, Form
 from speclab.apps.service import Cancelled, RunService, Ticket, default_service, ordinal
@@ -133,8 +134,11 @@ class Dashboard:
         compare = self.compare.column()
         files = pn.Column("Open a trace saved by `speclab run --trace` or by this page:", self.upload,
                           self.download)
+        # which tasks speculation helps: the category bench's newest JSON (apps/categories.py)
+        self.categories = CategoriesPanel()
         self.tabs = pn.Tabs(("Step", self.viewer.step_column()), ("Summary", self.viewer.summary_column()),
-                            ("Compare", compare), ("Traces", files), dynamic=False)
+                            ("Compare", compare), ("Categories", self.categories.column()), ("Traces", files),
+                            dynamic=False)
         self.guide_card = guide_card = pn.Card(pn.pane.Markdown(guide.GLOSSARY), title="Glossary", collapsed=True,
                              sizing_mode="stretch_width", css_classes=["speclab-glossary"])
         self.intro = pn.pane.Markdown(guide.INTRO[runs.engine(self.form.method.value)], css_classes=["speclab-intro"],

@@ -14,6 +14,9 @@ from __future__ import annotations
 WEBSOCKET_MAX_MESSAGE = 64 * 1024 * 1024
 
 
+SESSION_TOKEN_S = 1800
+
+
 def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threaded: bool = False,
           service=None, on_session=None, **server_kw):
     """Serve the dashboard at http://host:port/ (blocks unless threaded=True, which returns the
@@ -31,6 +34,9 @@ def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threade
 
     def page():                  # a plain function: Panel calls functions per session (not partials)
         return app(service, on_session)
+    # a class opening its pages at once: the server builds them one by one (seconds each on 2 busy
+    # cores), and Bokeh's 5-minute session token expired before the last were built (load test, 30)
+    server_kw.setdefault("session_token_expiration", SESSION_TOKEN_S)
     return pn.serve({"/": page}, port=port, address=host, show=show,
                     threaded=threaded, websocket_origin=[f"{host}:{port}", f"localhost:{port}", f"127.0.0.1:{port}"],
                     websocket_max_message_size=WEBSOCKET_MAX_MESSAGE, title="speclab dashboard", **server_kw)

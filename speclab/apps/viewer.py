@@ -152,7 +152,7 @@ class Viewer:
         if n == 0:
             raise TraceError("this trace has no steps to show (recorded with record=None and no rounds?)")
         with pn.io.hold():
-            self.trace, self.step = trace, 0
+            self.trace, self.step, self.view = trace, 0, None               # no stepping until drawn
             self.dist_temp.value = trace.sampling.temperature or 1.0        # the temperature that ran
             # a greedy run records p and q at T = 1: the slider says so rather than "1.0" alone
             self.dist_temp.name = ("show p and q at temperature" if trace.sampling.temperature
@@ -177,7 +177,7 @@ class Viewer:
         return spec.draw(self.trace, step)
 
     def show_step(self, step: int) -> None:
-        if self.trace is None:
+        if self.trace is None or self.view is None:
             return
         trace = self.trace
         step = go_to_step(trace, int(step))
@@ -196,7 +196,7 @@ class Viewer:
                 pane.param.trigger("object")
 
     def _retemper(self) -> None:
-        if self.trace is not None:
+        if self.trace is not None and self.view is not None:
             self.show_step(self.step)
 
     def clear(self, status: str = EMPTY) -> None:

@@ -266,19 +266,21 @@ def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_to
     d_forwards0 = drafter.forwards
     rounds, new = [], []
     t0 = time.perf_counter()
-    while len(new) < max_new_tokens:
-        if rounds and on_device_loop(s):
-            device_loop(s, ctx, new, rounds, max_new_tokens, eos_id, progress)
-            break
-        rnd, committed = speculative_round(s, ctx)
-        keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id)
-        if progress is not None:
-            progress(len(keep))
-        if eos_id is not None and keep and keep[-1] == eos_id:
-            break
-    drafter.end()
-    if s.hidden_layer:
-        target.capture_layers = captures
+    try:                # a run stopped mid-way (a cancel from its page, an error) leaves the target as it found it
+        while len(new) < max_new_tokens:
+            if rounds and on_device_loop(s):
+                device_loop(s, ctx, new, rounds, max_new_tokens, eos_id, progress)
+                break
+            rnd, committed = speculative_round(s, ctx)
+            keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id)
+            if progress is not None:
+                progress(len(keep))
+            if eos_id is not None and keep and keep[-1] == eos_id:
+                break
+    finally:
+        drafter.end()
+        if s.hidden_layer:
+            target.capture_layers = captures
     tot = s.totals
     tot.wall_s = time.perf_counter() - t0
     tot.target_forwards = target.forwards - t_forwards0

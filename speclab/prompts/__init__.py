@@ -13,6 +13,8 @@ zoo never trained on) and committed as JSONL, so every machine benchmarks the sa
   chat-dev       60 more such questions, on other topics: the development split, to steer training
                  by (the trainers' dev score, scripts/head_agreement.py) while `chat` stays the test;
                  no draft trained on them.
+  category-NAME  8 chat questions of one task category (coding, math, extraction, ...): the category
+                 bench's (`speclab bench --categories`, speclab/bench/categories.py)
 
 Prompts end at the colon, not after the newline: the byte-level BPE merges a newline with the
 indentation that follows ("\n   " is one token), so a prompt ending in a bare "\n" asks for the
@@ -30,7 +32,8 @@ import json
 from pathlib import Path
 
 PROMPT_DIR = Path(__file__).resolve().parent
-SETS = ("code-complete", "code-edit", "code-mixed", "chat", "chat-dev", "code-edit-long")
+SETS = ("code-complete", "code-edit", "code-mixed", "chat", "chat-dev", "code-edit-long") + tuple(
+    sorted(f.stem for f in PROMPT_DIR.glob("category-*.jsonl")))
 
 
 def load_prompts(name_or_path: str, limit: int | None = None) -> list[str | dict]:

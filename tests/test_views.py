@@ -318,3 +318,26 @@ def test_rescued_tokens_are_counted_in_the_summary():
     agreed, saved, _ = rescued_figure(tr, 0).data
     assert list(saved.y) == [1, 0, 0] and list(agreed.y) == [1, 0, 0]
     assert rescued_figure(tr).layout.title.text.startswith("1 draft tokens rescued by typical (rejected by exact)")
+
+
+def test_a_figure_failing_at_one_step_is_named_on_the_page_and_the_others_step_on():
+    """A step figure that cannot draw one step (a damaged record, a method's own figure) is named in
+    one line above the player; the main figure still moves, and the next good step clears the line."""
+    pytest.importorskip("panel")
+    from speclab.apps.viewer import Viewer
+
+    def fragile(trace, step):
+        if step == 1:
+            raise KeyError("no such record")
+        return go.Figure(go.Bar(y=[step]), layout=dict(title=f"fine at {step}"))
+
+    tr = spec_trace("fragile-method")
+    with added_figure("fragile-method", FigureSpec("fragile", fragile, "step")):
+        v = Viewer()
+        v.show(tr)
+        assert not v.step_error.visible
+        v.player.value = 1
+        assert v.step_error.visible and "fragile" in v.step_error.object and "no such record" in v.step_error.object
+        assert v.step_fig.object.layout.meta["step"] == 1                   # the round itself moved on
+        v.player.value = 2
+        assert not v.step_error.visible

@@ -12,6 +12,9 @@ trace; no model is needed.
 """
 from __future__ import annotations
 
+import html
+import logging
+
 import panel as pn
 
 from speclab.apps.keys import StepKeys
@@ -20,6 +23,7 @@ from speclab.figures import go_to_step, n_steps, step_label, step_title, view_of
 from speclab.figures.views import FigureSpec, View
 from speclab.trace import Trace, TraceError
 
+log = logging.getLogger("speclab.apps")
 EMPTY = "No run yet: choose a method and press Run, or open a saved trace."
 
 
@@ -34,6 +38,9 @@ class Viewer:
                                show_value=False, show_loop_controls=False, stylesheets=[player_css("round")],
                                css_classes=["speclab-player"])
         self.step_text = pn.pane.HTML("", css_classes=["speclab-step-text"])
+        # a figure that fails at a step (a damaged record, a method's own figure): named here, in one line
+        self.step_error = pn.pane.HTML("", css_classes=["speclab-step-error"], visible=False,
+                                       styles={"color": "#b00020"})
         # link_figure off: the viewer triggers one update per step itself, after moving the figure in
         # place; Panel then sends what changed (Panel's own per-edit messages lost the new titles)
         self.step_fig = pn.pane.Plotly(None, css_classes=["speclab-step"], sizing_mode="stretch_width",
@@ -83,7 +90,7 @@ class Viewer:
         return box if box is not None and box.visible else pn.widgets.Checkbox(visible=False)
 
     def step_column(self) -> pn.Column:
-        return pn.Column(pn.Row(self.player, self.step_text, self.keys_note), self.keys, self.step_fig,
+        return pn.Column(pn.Row(self.player, self.step_text, self.keys_note), self.step_error, self.keys, self.step_fig,
                          self.dist_temp, self.step_more, sizing_mode="stretch_width")
 
     def move(self, by) -> None:
@@ -182,18 +189,31 @@ class Viewer:
         trace = self.trace
         step = go_to_step(trace, int(step))
         self.step = step
+        failed = []
         with pn.io.hold():
             self.step_text.object = f"<b>{step_title(trace, step)}</b>"
             for pane, spec in [(self.step_fig, self.view.main)] + self.shown:   # each moved in place
-                if spec.where == "step" and (spec.fresh or spec.kind == "html"):
-                    obj = self._fresh(spec, step)
-                    pane.object, pane.visible = (obj if obj is not None else ("" if spec.kind == "html" else None),
-                                                 obj is not None)
-                    continue
-                if pane.object is None:                        # a maker with nothing to draw for this run
-                    continue
-                spec.follow(pane.object, trace, step)
-                pane.param.trigger("object")
+                try:
+                    self._step_pane(pane, spec, step)
+                except Exception as e:      # one figure that cannot draw this step: said, the others shown
+                    log.exception("figure %r failed at step %d", spec.name, step)
+                    pane.visible = False
+                    failed.append(f"{spec.name}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}")
+            self.step_error.object = ("<b>not drawn at this step</b> (the other figures are): "
+                                      + html.escape("; ".join(failed))) if failed else ""
+            self.step_error.visible = bool(failed)
+
+    def _step_pane(self, pane, spec: FigureSpec, step: int) -> None:
+        if spec.where == "step" and (spec.fresh or spec.kind == "html"):
+            obj = self._fresh(spec, step)
+            pane.object, pane.visible = (obj if obj is not None else ("" if spec.kind == "html" else None),
+                                         obj is not None)
+            return
+        if pane.object is None:                        # a maker with nothing to draw for this run
+            return
+        spec.follow(pane.object, self.trace, step)
+        pane.visible = True
+        pane.param.trigger("object")
 
     def _retemper(self) -> None:
         if self.trace is not None and self.view is not None:
@@ -205,6 +225,7 @@ class Viewer:
             self.trace = None
             self.status.object = status
             self.step_text.object, self.step_fig.object = "", None
+            self.step_error.object, self.step_error.visible = "", False
             self.dist_temp.visible = False
             for pane in self._pool + self._html_pool:
                 pane.visible, pane.object = False, None if pane in self._pool else ""

@@ -25,6 +25,8 @@ def heads(target):
 CASES = {"eagle-full-tree": ("eagle", dict(budget=10, width=3, depth=4, threshold=None)),
          "eagle-defaults": ("eagle", dict()),
          "eagle-lookup": ("eagle", dict(lookup=4)),
+         # a tree sized to given verify costs (rows nearly free: the untrained head's trees are kept)
+         "eagle-fitted": ("eagle", dict(budget="auto", costs=[1.0, 1.0, 1.0, 1.01, 1.01, 1.02, 1.02, 1.03, 1.03, 1.04])),
          "eagle-chain-k4": ("eagle-chain", dict(k=4)),
          "eagle-chain-heuristic": ("eagle-chain", dict(schedule="heuristic")),
          "medusa-defaults": ("medusa", dict())}

@@ -105,33 +105,9 @@ def forward_costs(target_model, draft_model, k: int, ctx_len: int = 256, reps: i
     return costs
 
 
-def verify_costs(target_model, rows=(1, 2, 4, 6, 7, 8, 12, 16, 17, 24), reps: int = 20, ctx_len: int = 256,
-                 backend: str = "auto") -> dict[int, float]:
+def verify_costs(target_model, rows=(1, 2, 4, 6, 7, 8, 12, 16, 17, 24), reps: int = 20) -> dict[int, float]:
     """A verify forward of T rows in units of a one-token forward, for each T in `rows`: where a
     draft tree's nodes stop being nearly free on this hardware (the budget of a tree method).
-    The row counts take turns on one model (the order rotating round by round), and each ratio is
-    the median over rounds of T rows' time over the one-token forward's in the same round, so a
-    drift of the machine (a shared VM's memory bandwidth) falls on both sides alike."""
-    import statistics
-    import time
-
-    import torch
-
-    from speclab.models.backends import make_lm
-    lm = make_lm(target_model, "cost", backend)
-    lm.reset()
-    lm.forward(torch.arange(ctx_len, device=lm.device) % 100 + 10)
-    sizes = sorted({1, *rows})
-    ids = {T: torch.arange(T, device=lm.device) + 7 for T in sizes}
-    ratios: dict[int, list[float]] = {T: [] for T in sizes}
-    for r in range(reps + 2):                   # two rounds first to warm the caches up
-        took = {}
-        for T in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
-            t0 = time.perf_counter()
-            lm.forward(ids[T])
-            took[T] = time.perf_counter() - t0
-            lm.keep(ctx_len)
-        if r >= 2:
-            for T in sizes:
-                ratios[T].append(took[T] / took[1])
-    return {T: round(statistics.median(ratios[T]), 2) for T in rows}
+    The row counts take turns on one model (decoding.costs.verify_curve)."""
+    from speclab.decoding.costs import verify_curve
+    return {T: round(c, 2) for T, c in verify_curve(target_model, rows, reps=reps).items()}

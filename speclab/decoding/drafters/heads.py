@@ -31,6 +31,7 @@ to the device.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -43,6 +44,7 @@ from speclab.decoding.drafters.trees import Growing, calibrated_paths, check_bud
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 from speclab.models import kernels
+from speclab.records import TreeFit
 from speclab.models.heads import MedusaHeads, check_base, eagle_fuse, eagle_input, eagle_layers
 
 MEDUSA_PATHS = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
@@ -204,10 +206,25 @@ class EagleDrafter(EagleChainDrafter):
     (softmax and top-k over N, not over the V-wide spread with -inf elsewhere)."""
     name = "eagle"
 
-    def __init__(self, target_model, draft, budget: int = 5, width: int = 3, depth: int = 3,
-                 vocab: int | None = None, threshold: float | None = 0.2, lookup: int = 0, ngram: int = 2):
+    def __init__(self, target_model, draft, budget: int | str = 5, width: int = 3, depth: int = 3,
+                 vocab: int | None = None, threshold: float | None = 0.2, lookup: int = 0, ngram: int = 2,
+                 costs: list | None = None):
+        # budget="auto": each round keeps the nodes this machine's verify costs favour, of up to
+        # width x depth grown (decoding.costs; its choice in the round's TreeFit record). costs: c(T)
+        # for T = 1, 2, ... rows to size it with instead (another machine's, measured there)
+        if isinstance(budget, str) and budget != "auto":
+            raise ValueError(f"eagle: budget must be a node count or 'auto' (sized to this machine's verify "
+                             f"costs), got {budget!r}")
+        self.fitted = budget == "auto"
+        if costs is not None and (not self.fitted or not costs or costs[0] != 1 or
+                                  any(not isinstance(c, (int, float)) or c < 1 for c in costs)):
+            raise ValueError("eagle: costs is c(T) for T = 1, 2, ... verify rows in one-row forwards, starting at 1 "
+                             "(e.g. [1, 1.1, 1.25, 1.4]), and sizes a tree only with budget=auto")
+        self.given_costs = None if costs is None else {T: float(c) for T, c in enumerate(costs, 1)}
+        budget = width * depth if self.fitted else budget
         check_budget(budget, width, depth, threshold)
         super().__init__(target_model, draft, vocab=vocab, k=depth)
+        self.cost_model = target_model              # whose verify costs a fitted tree reads
         # tree_threshold: where the tree stops growing (self.threshold is the chain drafter's, unused here)
         self.budget, self.width, self.depth, self.tree_threshold = budget, width, depth, threshold
         # lookup: up to this many tokens copied after an earlier occurrence of the last n >= ngram
@@ -223,6 +240,23 @@ class EagleDrafter(EagleChainDrafter):
             raise ValueError("eagle's lookup=K grafts copied tokens into the head's tree, which is lossless under "
                              "greedy decoding only: use temperature 0, or lookup=0 to sample")
         super().begin(ctx, target, sampler, gen, record)
+        if self.fitted:
+            from speclab.decoding.costs import machine_curve
+            self.curve, self.one_row_s = machine_curve(self.cost_model)   # measured once per model and path
+            if self.given_costs is not None:
+                self.curve = self.given_costs
+            self.predicted = self.accepted = 0.0    # the calibration: tokens accepted / probability predicted
+            self.draft_costs: list[float] = []      # drafting's cost in one-row forwards, recent rounds
+            self.chosen = None
+
+    def _fit(self, scores: list[float]) -> int:
+        from speclab.decoding.costs import fit_nodes
+        recent = sorted(self.draft_costs[-8:])
+        d = recent[len(recent) // 2] if recent else 0.0
+        scale = min(4.0, max(0.25, (self.accepted + 1.0) / (self.predicted + 1.0)))
+        n, gain, cost = fit_nodes(scores, self.curve, draft_cost=d, scale=scale)
+        self.chosen = (n, gain, cost, scale, sum(scores[:n]))
+        return n
 
     def draft_at(self, ctx: Context, t: int) -> DraftTree:
         outs, root_q = [], []                   # (1 + N, C): the head's output at the root, then per node
@@ -240,12 +274,25 @@ class EagleDrafter(EagleChainDrafter):
             outs[0] = torch.cat([outs[0][:1], self.lm.captured[1][0]])
             self.lm.keep(self.fed)              # tree entries are never kept in the head's cache
             return torch.cat([root_q[0], logits.softmax(-1)])
+        t0 = time.perf_counter()
         tree = grow_dynamic(self.budget, self.width, self.depth, q_at,
                             label=lambda d: f"h{t}" if d == 1 else f"h{t}+{d - 1}", ids=self.lm.head_ids,
-                            threshold=self.tree_threshold)
+                            threshold=self.tree_threshold, fit=self._fit if self.fitted else None)
+        if self.fitted:
+            self.draft_costs.append((time.perf_counter() - t0) / self.one_row_s)
+            n, gain, cost, scale, predicted = self.chosen
+            self.predicted += predicted
+            fit = TreeFit(fit_nodes=n, fit_expect=round(gain, 3), fit_cost=round(cost, 3), fit_scale=round(scale, 3),
+                          fit_curve=[self.curve[T] for T in sorted(self.curve)] if len(self.draft_costs) == 1 else None)
+            tree.info.update(fit.info())
         if self.lookup is not None:
             graft(tree, self.lookup.propose(ctx))
         return tree
+
+    def observe(self, out: Outcome):
+        if self.fitted and "fit_nodes" in out.tree.info:
+            self.accepted += len(out.path)
+        super().observe(out)
 
 
 def graft(tree: DraftTree, chain: DraftTree):

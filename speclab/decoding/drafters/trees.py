@@ -147,14 +147,16 @@ def grow_static(paths: list[tuple[int, ...]], q_at, info: dict | None = None) ->
 
 
 def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"depth{d}",
-                 ids: torch.Tensor | None = None, threshold: float | None = None) -> DraftTree:
+                 ids: torch.Tensor | None = None, threshold: float | None = None, fit=None) -> DraftTree:
     """EAGLE-2's tree: expand the `width` best nodes per depth by cumulative draft probability,
     then keep the `budget` best overall (ancestor-closed). q_at as in grow_static; with `ids` (N,)
     its distributions are over those token ids only (a trimmed-vocabulary head).
     threshold: stop growing once the best node of the last depth has a cumulative probability
     below it. No deeper node can score higher, so by the draft's own estimate the next depth (one
     more draft forward) would rarely be accepted: the tree grows as deep as the draft is sure,
-    shallow on open chat, deep on code."""
+    shallow on open chat, deep on code.
+    fit: None, or a function of the best `budget` scores (best first) -> how many of them to keep
+    (decoding.costs.fit_nodes: the count this machine's verify costs favour)."""
     grown = Growing()
     score: list[float] = []                                        # cumulative draft probability
     frontier, levels = [-1], 0                                     # the last depth's nodes, best first
@@ -182,6 +184,8 @@ def grow_dynamic(budget: int, width: int, depth: int, q_at, label=lambda d: f"de
         grown.dev_parents = parents if n == 0 else torch.cat([grown.dev_parents, parents])
         levels = d + 1
     keep = sorted(range(len(grown)), key=lambda i: -score[i])[:budget]
+    if fit is not None:
+        keep = keep[:fit([score[i] for i in keep])]
     keep = sorted(_ancestor_closed(grown, keep))
     tree = DraftTree(info={"shape": "dynamic", "budget": budget, "grown": len(grown), "levels": levels})
     new_id = {-1: -1}

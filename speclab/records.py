@@ -321,6 +321,16 @@ class DrafterSource(Record):
     drafter: dict[str, Any] | None = None
 
 
+@record("round")
+class Handoff(Record):
+    """FoReaL's round: who wrote its tokens (owner: "leader", one token of the target; "draft", a
+    chain the draft wrote and the target only read, then the leader's next token), the sentence the
+    round began in (0-based), and the offsets among its committed tokens where a sentence started."""
+    owner: str | None = None
+    sentence: int | None = None
+    starts: list[int] | None = None
+
+
 # -- a denoising step's records ------------------------------------------------------------------
 @record("step")
 class NoiseCanvas(Record):

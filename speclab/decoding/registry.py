@@ -36,6 +36,7 @@ from speclab.decoding.drafters.aded import AdedDrafter
 from speclab.decoding.drafters.eagle3 import Eagle3ChainDrafter, Eagle3Drafter
 from speclab.decoding.drafters.graft import GraftDrafter
 from speclab.decoding.drafters.ffn_skip import FfnSkipDrafter
+from speclab.decoding.drafters.foreal import ForealDrafter, sentences_of_target
 from speclab.decoding.drafters.heads import EagleChainDrafter, EagleDrafter, MedusaDrafter
 from speclab.decoding.drafters.lookahead import LookaheadDrafter
 from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixDrafter, SuffixHistory
@@ -288,6 +289,11 @@ for _m in [
            summary="a draft LM drafts on a second thread while the target verifies: pre-verify of the first draft "
                    "token, post-verify of the rest while it drafts on (PEARL, Liu et al. ICLR 2025)",
            drafter=PearlDrafter, inputs=DRAFT, draft=DRAFT_LM),
+    Method(name="foreal", family="sentence-handoff", engine="speculative", guarantee="lossy", rule="unverified",
+           summary="the target leads each sentence's first n tokens, the draft writes the rest unverified (the target "
+                   "only reads them); a gate hands a sentence to the leader with probability p (FoReaL-Decoding, Li "
+                   "et al. 2025)",
+           drafter=ForealDrafter, inputs={"draft": the_draft, "sentences": sentences_of_target}, draft=DRAFT_LM),
 ]:
     register(_m)
 

@@ -26,6 +26,8 @@ step, so a player can update a figure in place and an export can animate it with
     decision_table / decision_summary   policy decisions of a step / over the run (any method)
     lanes_figure(trace, step)      timing lanes (drafting beside verifying) as a Gantt chart
     rescued_figure(trace, step)    draft tokens a lossy rule accepted where the exact rule did not
+    handoff_figure(trace, step)    per round the leader's token and the draft's, split by whether the
+                                   leader would have written them (FoReaL; figures/foreal.py)
     skip_mask_figure(trace, step)  layers x rounds: which layers each round's draft or forward ran,
                                    over its accepted length (every trace holding skip masks)
     view_of(trace), add_figure     which figures a trace shows (figures.views: one spec per engine,

@@ -357,6 +357,7 @@ from speclab.figures.osd import has_osd_versions, osd_figure  # noqa: E402
 from speclab.figures.synthetic import has_synthetic, synthetic_figure  # noqa: E402
 from speclab.figures.graft import graft_figure, has_grafts  # noqa: E402
 from speclab.figures.treefit import fit_figure, has_fits  # noqa: E402
+from speclab.figures.foreal import handoff_figure, has_handoff  # noqa: E402
 for _spec in (
         # PEARL's lanes over its modes
         FigureSpec("lanes and modes", pearl_figure, record=records.PearlMode, when=has_pearl_lanes, redraw=True),
@@ -372,7 +373,9 @@ for _spec in (
         # a head's tree with a retrieved copy grafted in: accepted tokens by origin, grafts and prunes
         FigureSpec("head and copy", graft_figure, record=records.HeadCoverage, when=has_grafts, height=340),
         # a tree sized to the machine's verify costs: nodes kept, tokens expected and committed
-        FigureSpec("tree fit", fit_figure, record=records.TreeFit, when=has_fits, height=340)):
+        FigureSpec("tree fit", fit_figure, record=records.TreeFit, when=has_fits, height=340),
+        # FoReaL's handoff: the leader's tokens, the draft's, and where the leader would differ
+        FigureSpec("sentence handoff", handoff_figure, record=records.Handoff, when=has_handoff, height=340)):
     add_record_figure(_spec)
 
 

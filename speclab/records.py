@@ -322,6 +322,16 @@ class DrafterSource(Record):
 
 
 @record("round")
+class RetrievedSlice(Record):
+    """RAPID's RAG drafter: the spans [start, end) of the target's context its draft reads this round
+    (the retrieved chunks, then the query and the text since), and the context length each model
+    attends over (draft_ctx, full_ctx: the two KV caches)."""
+    rag_spans: list[list[int]] | None = None
+    draft_ctx: int | None = None
+    full_ctx: int | None = None
+
+
+@record("round")
 class Handoff(Record):
     """FoReaL's round: who wrote its tokens (owner: "leader", one token of the target; "draft", a
     chain the draft wrote and the target only read, then the leader's next token), the sentence the

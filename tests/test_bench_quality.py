@@ -49,7 +49,8 @@ class Embedded(torch.nn.Module):
 def walk_law(name: str, params: dict, logits, q, point_mass: bool, model) -> torch.Tensor:
     """The law of the first token a walk of the rule emits for one candidate x ~ q, read off the walk
     itself token by token: for each x, its acceptance (typical: the walk's verdict; lantern: min(1,
-    p~(x) / q(x)) from the test it records) and, where it can reject, the distribution it samples."""
+    p~(x) / q(x)) from the test it records; rapid: min(1, p^(x) / q(x)), recorded the same way) and,
+    where it can reject, the distribution it samples."""
     V, S = logits.shape[-1], Sampler(1.0)
     walk = get_rule(name).make(rule_params(name, params), model)
     law = torch.zeros(V, dtype=torch.float64)
@@ -70,7 +71,8 @@ def walk_law(name: str, params: dict, logits, q, point_mass: bool, model) -> tor
 
 
 @pytest.mark.parametrize("name,params", [("typical", {}), ("typical", dict(eps=0.2, delta=0.9)),
-                                         ("lantern", dict(k=2, delta=0.25)), ("lantern", dict(k=3, delta=0.4))])
+                                         ("lantern", dict(k=2, delta=0.25)), ("lantern", dict(k=3, delta=0.4)),
+                                         ("rapid", dict(eta=1.0)), ("rapid", dict(eta=4.0))])
 @pytest.mark.parametrize("point_mass", [False, True])
 def test_a_rules_induced_law_is_its_walks(name, params, point_mass):
     """`induced` (the TV column's source) gives the law the rule's own walk emits, and it is not p."""

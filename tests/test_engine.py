@@ -21,6 +21,7 @@ CONFIGS = [  # (method, params): every method and length policy, chains and tree
     ("tree-static", dict()),
     ("tree-dynamic", dict(budget=8, width=3)),
     ("prompt-lookup", dict(prefer="recent", k=12, max_ngram=5, grow=4)),
+    ("rapid", dict(k=3, chunk=16, retrieve=32, query=16)),     # the draft reads a retrieved slice
 ]
 # each config by its name (method, then its parameters: "draft-model-k=4", "lookahead"): a test
 # below picks configs by name, so reordering or extending the list cannot change what it tests

@@ -99,6 +99,40 @@ def test_lantern_spends_at_most_its_budget_per_test_and_is_lossy_under_sampling(
     assert max(spent) <= 0.1 and acc_lantern > acc_exact + 0.05 and tv(dist) > 0.05
 
 
+def test_rapid_tests_the_draft_against_the_target_moved_toward_it():
+    """p = (.5, .3, .2), q = (.1, .8, .1), x = 1, eta 2: p^ = softmax(log p + 2 (q - p)) = (.187, .677,
+    .136), so x passes where u <= p^(1) / q(1) = .847 (exact: .375); a rejection resamples norm((p^ - q)+),
+    and after an accepted leaf the bonus comes from p itself."""
+    p, q = torch.tensor([.5, .3, .2]), torch.tensor([.1, .8, .1])
+    hat = (p.log() + 2 * (q - p)).softmax(-1)
+    a = float(hat[1] / q[1])
+    assert a == pytest.approx(0.8466, abs=1e-3)
+    walk = walk_of("rapid", eta=2.0)
+    gen = torch.Generator().manual_seed(0)
+    path, emitted, dist, tries = walk({-1: [0]}, [1], {-1: q}, lambda n: p.log(), Sampler(1.0), gen, lambda: a - 0.01)
+    t = tries[0]
+    assert path == [0] and t.accepted and t.exact is False                  # rescued: exact rejects at .837
+    assert t.inputs["p_tilde"] == pytest.approx(float(hat[1]), abs=1e-6) and t.threshold == 2.0
+    assert torch.allclose(dist, p)                                          # the bonus from p
+    path, emitted, dist, tries = walk({-1: [0]}, [1], {-1: q}, lambda n: p.log(), Sampler(1.0), gen, lambda: a + 0.01)
+    assert path == [] and not tries[0].accepted
+    assert torch.allclose(dist, (hat - q).clamp_min(0) / (hat - q).clamp_min(0).sum())
+
+
+def test_rapid_at_eta_0_is_the_exact_rule_draw_for_draw():
+    g = torch.Generator().manual_seed(3)
+    for case in range(40):
+        p_log, q = torch.randn(5, generator=g) * 2, torch.randn(5, generator=g).mul(2).softmax(-1)
+        x = int(torch.multinomial(q, 1, generator=g))
+        runs = []
+        for name, params in (("exact", {}), ("rapid", dict(eta=0.0))):
+            gen, draws = torch.Generator().manual_seed(case), iter(torch.rand(4, generator=torch.Generator().manual_seed(case)).tolist())
+            path, emitted, _, _ = walk_of(name, **params)({-1: [0]}, [x], {-1: q}, lambda n: p_log, Sampler(0.8), gen,
+                                                          lambda: next(draws))
+            runs.append((path, emitted))
+        assert runs[0] == runs[1], case
+
+
 def test_a_run_is_refused_in_one_line_where_its_rule_cannot_serve_it():
     with pytest.raises(ValueError, match="no greedy form"):
         check_run("typical", greedy=True)
@@ -107,6 +141,14 @@ def test_a_run_is_refused_in_one_line_where_its_rule_cannot_serve_it():
         rule_params("lantern", {"eps": 0.1})
     with pytest.raises(ValueError, match="lantern takes k >= 1"):
         walk_of("lantern", object(), delta=2.0)
+    with pytest.raises(ValueError, match="no greedy form"):
+        check_run("rapid", greedy=True)
+    with pytest.raises(ValueError, match="verifies the drafts of rapid only"):
+        check_run("rapid", greedy=False, method="draft-model")
+    with pytest.raises(ValueError, match="reads the draft's distribution q"):
+        check_run("rapid", greedy=False, point_mass=True, method="rapid")
+    with pytest.raises(ValueError, match="rapid takes 0 <= eta"):
+        walk_of("rapid", eta=-1.0)
 
 
 def test_a_lossy_rule_records_both_verdicts_and_its_decisions():

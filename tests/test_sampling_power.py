@@ -4,7 +4,8 @@ of 0.05 with power >= 0.9 at alpha = 0.001), and a broken variant of the family 
 rejects: a bug a real implementation could have, built here without touching the library.
 
 One budget per family: one method per family carries the draws (chain: draft-model; tree:
-tree-dynamic; feature heads: eagle-chain; block drafters: dllm-draft; schedules: pearl). The
+tree-dynamic; feature heads: eagle-chain; block drafters: dllm-draft; schedules: pearl; RAG
+drafter: rapid, on a prompt long enough to retrieve from). The
 multi-draft family (spectr, tree-rsd) drives its rule over tables of a tiny pair's logits in
 test_spectr.py and test_rules.py, with the same law and draw count; tree-rsd-s (whose sibling count
 per node is random) runs its real drafter and rule on the pair here.
@@ -260,6 +261,36 @@ def argmax_fill(tree, sampler, inner):
 def test_block_drafter_filling_argmax_tokens_under_q_is_caught(lm, block_laws, dllm):
     departs(block_laws[1.0], draw_pairs(lm, Misreported(block(dllm), argmax_fill), PROMPT,
                                         Sampler(1.0, top_k=dllm[1]), n=N_BROKEN))
+
+
+# -- RAG drafter: rapid (draft-model's chain, the draft reading a retrieved slice of the prompt) ----
+# 16 tokens of head in chunks of 4, a query of 4: the draft reads 2 chunks and the query (12 of 20)
+LONG = list(range(1, 16)) + [4, 9, 9, 4, 2]
+
+
+def rag(pair):
+    return build_drafter("rapid", pair[0], pair[1], dict(k=2, chunk=4, retrieve=8, query=4))
+
+
+@pytest.fixture(scope="module")
+def long_laws(pair):
+    return {T: target_law(pair[0], LONG, Sampler(T)) for T in (0.7, 1.0)}
+
+
+def test_rag_drafter_follows_the_target(pair, long_laws):
+    """At T = 1 only: the chain's rule and residuals are draft-model's, drawn at both temperatures
+    above; what is new here is the draft's context, which no temperature touches."""
+    follows(long_laws[1.0], draw_pairs_in_batch(pair[0], lambda: rag(pair), LONG, Sampler(1.0)))
+
+
+def test_rag_drafts_verified_against_the_enriched_target_are_caught(pair, lm, long_laws):
+    """The same drafts verified by RAPID's own rule (the target moved toward the draft, eta 4): what
+    keeps the RAG drafter lossless is the exact rule, and the test sees the difference."""
+    from functools import partial
+
+    from speclab.decoding.speculative import decode
+    enriched = partial(decode, rule="rapid", rule_params=dict(eta=4.0))
+    departs(long_laws[0.7], draw_pairs(lm, rag(pair), LONG, Sampler(0.7), n=N_BROKEN, decode=enriched))
 
 
 # -- schedules: pearl (pre-verify of the first draft token, post-verify while it drafts on) -------

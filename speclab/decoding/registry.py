@@ -331,6 +331,13 @@ register(Method(name="flexdraft", family="speculative", engine="speculative", gu
                         "theta, then verified (FlexDraft, Zhang et al. 2026, sequential form)",
                 drafter=FlexDraftDrafter, inputs=TARGET_AND_DRAFT,
                 draft=Draft("flexdraft", "a FlexDraft adapter", {"code-target": "code-flexdraft"})))
+from speclab.decoding.drafters.rapid import RapidDrafter  # noqa: E402
+register(Method(name="rapid", family="speculative", engine="speculative", guarantee=AR,
+                summary="a RAG drafter: draft-model's chain with the draft reading only the prompt's chunks that BM25 "
+                        "ranks best against its last `query` tokens, `retrieve` tokens of them; the target reads it all "
+                        "(RAPID, Chen et al. ICML 2025; its enriched target: rule=rapid, lossy)",
+                drafter=RapidDrafter, inputs=DRAFT, draft=DRAFT_LM, batchable=True,
+                adaptive=lambda p: p["threshold"] is not None or p["schedule"] != "fixed"))
 
 
 DAG_SUMMARY = {

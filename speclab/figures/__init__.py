@@ -30,6 +30,8 @@ step, so a player can update a figure in place and an export can animate it with
                                    leader would have written them (FoReaL; figures/foreal.py)
     skip_mask_figure(trace, step)  layers x rounds: which layers each round's draft or forward ran,
                                    over its accepted length (every trace holding skip masks)
+    slice_figure(trace, step)      rounds x context positions: the retrieved slice a RAG drafter reads
+                                   against the target's whole context (RAPID; figures/rapid.py)
     view_of(trace), add_figure     which figures a trace shows (figures.views: one spec per engine,
                                    the figures a method adds); every front end reads it
 """

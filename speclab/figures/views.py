@@ -356,6 +356,7 @@ from speclab.figures.dllm_draft import block_fill_figure, has_block_fill  # noqa
 from speclab.figures.osd import has_osd_versions, osd_figure  # noqa: E402
 from speclab.figures.synthetic import has_synthetic, synthetic_figure  # noqa: E402
 from speclab.figures.graft import graft_figure, has_grafts  # noqa: E402
+from speclab.figures.rapid import has_slices, slice_figure  # noqa: E402
 from speclab.figures.treefit import fit_figure, has_fits  # noqa: E402
 from speclab.figures.foreal import handoff_figure, has_handoff  # noqa: E402
 for _spec in (
@@ -375,7 +376,9 @@ for _spec in (
         # a tree sized to the machine's verify costs: nodes kept, tokens expected and committed
         FigureSpec("tree fit", fit_figure, record=records.TreeFit, when=has_fits, height=340),
         # FoReaL's handoff: the leader's tokens, the draft's, and where the leader would differ
-        FigureSpec("sentence handoff", handoff_figure, record=records.Handoff, when=has_handoff, height=340)):
+        FigureSpec("sentence handoff", handoff_figure, record=records.Handoff, when=has_handoff, height=340),
+        # a RAG drafter's retrieved slice against the target's whole context, round by round (RAPID)
+        FigureSpec("retrieved slice", slice_figure, record=records.RetrievedSlice, when=has_slices, height=360)):
     add_record_figure(_spec)
 
 

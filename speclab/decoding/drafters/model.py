@@ -169,8 +169,14 @@ class DraftModelDrafter(OwnDraftLM, ChainDrafter):
                                  f"transformers (backend={backend!r})")
             self.lm.trim_head(vocab)
 
+    offset = 0          # the draft's positions less the target's (RAPID's draft reads a shorter slice)
+
+    def draft_context(self, ctx: Context) -> list[int]:
+        """The tokens the draft reads: the whole context (RAPID's, drafters/rapid.py: a retrieved slice)."""
+        return ctx.ids
+
     def propose(self, ctx: Context) -> DraftTree:
-        pending = ctx.ids[self.lm.length:]          # the draft cache holds a prefix of ctx.ids
+        pending = self.draft_context(ctx)[self.lm.length:]      # the draft cache holds a prefix of it
         ids = self.subset_ids(self.lm)
         tokens, q_tok, dists = self.run_chain(self.lm_step(self.lm, ids is not None),
                                               torch.tensor(pending, device=ctx.device), ids)
@@ -178,7 +184,7 @@ class DraftModelDrafter(OwnDraftLM, ChainDrafter):
 
     def observe(self, out: Outcome):
         # the draft cache ran the committed prefix plus drafts[:-1]; keep what the target accepted
-        self.lm.keep(min(self.lm.length, out.prefix_len + len(out.path)))
+        self.lm.keep(min(self.lm.length, out.prefix_len + self.offset + len(out.path)))
         self.adapt(out)
 
 

@@ -23,14 +23,14 @@ def main():
     from speclab.models.backends import make_lm
     from speclab.models.loading import as_model
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--paths", default=",".join(p for p in kernels.supported() if p != "amx") or "avx2")
+    ap.add_argument("--paths", help="a comma list (default: every path this CPU runs but AMX)")
     ap.add_argument("--ctx", type=int, default=128, help="context tokens before the timed forwards")
     ap.add_argument("--rounds", type=int, default=6)
     a = ap.parse_args()
-    paths = [p for p in a.paths.split(",") if p]
-    bad = [p for p in paths if p not in kernels.supported()]
-    if bad:
-        raise SystemExit(f"kernel_paths: this CPU cannot run {', '.join(bad)} (it runs {', '.join(kernels.supported())})")
+    try:
+        paths = kernels.paths_asked(a.paths)
+    except ValueError as e:
+        raise SystemExit(f"kernel_paths: {e}")
     model, _ = as_model("smollm2-135m", None, "bf16")
     mods = {p: kernels.build(p) for p in paths}
     lm = make_lm(model, "cost", "auto")

@@ -18,27 +18,34 @@ import time
 import torch
 
 
+def shape_rows(shape: str, rows: str) -> tuple[int, int, list[int]]:
+    """--shape N x K and --rows 1,2,6, checked: ValueError saying what to give."""
+    from speclab.models import kernels
+    try:
+        N, K = (int(v) for v in shape.lower().split("x"))
+        Ts = [int(t) for t in rows.split(",")]
+    except ValueError:
+        raise ValueError(f"--shape is N x K (e.g. 49152x576) and --rows a list (1,2,6): got {shape!r}, {rows!r}")
+    if N % kernels.BLOCK or K % 2 or min(Ts) < 1:
+        raise ValueError(f"N must be a multiple of {kernels.BLOCK}, K even and every row count >= 1")
+    return N, K, Ts
+
+
 def main():
     from speclab.models import kernels
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--paths", default=",".join(p for p in kernels.supported() if p != "amx") or "avx2")
+    ap.add_argument("--paths", help="a comma list (default: every path this CPU runs but AMX)")
     ap.add_argument("--shape", default="49152x576", help="N x K of the matrix (SmolLM2's LM head by default)")
     ap.add_argument("--rows", default="1,2,3,4,6,8")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--copies", type=int, default=8, help="matrices cycled through (1: cache resident)")
     ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
-    paths = [p for p in a.paths.split(",") if p]
-    bad = [p for p in paths if p not in kernels.supported()]
-    if bad:
-        raise SystemExit(f"kernel_products: this CPU cannot run {', '.join(bad)} (it runs {', '.join(kernels.supported())})")
     try:
-        N, K = (int(v) for v in a.shape.lower().split("x"))
-        rows = [int(t) for t in a.rows.split(",")]
-    except ValueError:
-        raise SystemExit(f"kernel_products: --shape is N x K (e.g. 49152x576) and --rows a list (1,2,6): got {a.shape!r}, {a.rows!r}")
-    if N % kernels.BLOCK or K % 2 or min(rows) < 1:
-        raise SystemExit(f"kernel_products: N must be a multiple of {kernels.BLOCK}, K even and every row count >= 1")
+        N, K, rows = shape_rows(a.shape, a.rows)
+        paths = kernels.paths_asked(a.paths)
+    except ValueError as e:
+        raise SystemExit(f"kernel_products: {e}")
     torch.set_num_threads(a.threads)
     mods = {p: kernels.build(p) for p in paths}
     gen = torch.Generator().manual_seed(0)

@@ -82,6 +82,11 @@ def test_speclab_isa_chooses_and_refuses_in_one_line(monkeypatch):
     with pytest.raises(ValueError, match="this CPU runs"):
         with kernels.using("neon"):
             pass
+    # the measurement scripts' --paths: every path but AMX by default, each one checked
+    assert kernels.paths_asked(None) == [p for p in PATHS if p != "amx"]
+    assert kernels.paths_asked(" avx2, ") == ["avx2"]
+    with pytest.raises(ValueError, match="this CPU cannot run neon"):
+        kernels.paths_asked("avx2,neon")
 
 
 def test_a_path_that_does_not_build_falls_back_to_the_next():

@@ -95,6 +95,17 @@ def supported() -> list[str]:
     return [p for p, (need, _, _) in ISAS.items() if all(caps.get(f) for f in need)]
 
 
+def paths_asked(text: str | None) -> list[str]:
+    """A comma list of kernel paths (measurement scripts' --paths), each checked against this CPU;
+    None: every path it runs but AMX (whose bits differ). ValueError naming the ones it cannot run."""
+    ok = supported()
+    paths = [p.strip() for p in text.split(",") if p.strip()] if text else [p for p in ok if p != "amx"]
+    bad = [p for p in paths if p not in ok]
+    if bad or not paths:
+        raise ValueError(f"this CPU cannot run {', '.join(bad) or 'a kernel path'} (it runs {', '.join(ok) or 'none'})")
+    return paths
+
+
 def requested() -> str:
     """SPECLAB_ISA (or SPECLAB_KERNELS=0: "torch"), checked: "auto" or a path name."""
     if os.environ.get("SPECLAB_KERNELS", "1") == "0":

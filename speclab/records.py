@@ -294,10 +294,12 @@ class SyntheticRound(Record):
 class HeadCoverage(Record):
     """A feature head's round: the emitted token when no head candidate covered it (coverage_miss),
     the copy nodes grafted into the tree (grafted), and the head's leaves pruned to make room for
-    them (pruned: Graft)."""
+    them (pruned: Graft), or, where a long enough copy drafted alone and the head rested, the
+    match's length (overridden: eagle's override=N, TensorRT-LLM's suffix-automaton enhancer)."""
     coverage_miss: int | None = None
     grafted: int | None = None
     pruned: int | None = None
+    overridden: int | None = None
 
 
 @record("round")
@@ -339,16 +341,6 @@ class Handoff(Record):
     owner: str | None = None
     sentence: int | None = None
     starts: list[int] | None = None
-
-
-@record("round")
-class DraftLength(Record):
-    """A learned length policy's choice (SpecKV): the draft length it chose for the round (chosen_k)
-    and the draft-side features it read, the draft's confidence (max q) and entropy (nats) at the
-    round's first draft position."""
-    chosen_k: int | None = None
-    confidence: float | None = None
-    entropy: float | None = None
 
 
 # -- a denoising step's records ------------------------------------------------------------------

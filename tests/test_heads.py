@@ -25,6 +25,7 @@ def heads(target):
 CASES = {"eagle-full-tree": ("eagle", dict(budget=10, width=3, depth=4, threshold=None)),
          "eagle-defaults": ("eagle", dict()),
          "eagle-lookup": ("eagle", dict(lookup=4)),
+         "eagle-override": ("eagle", dict(override=3, lookup=4)),   # a long match drafts its copy alone
          # a tree sized to given verify costs (rows nearly free: the untrained head's trees are kept)
          "eagle-fitted": ("eagle", dict(budget="auto", costs=[1.0, 1.0, 1.0, 1.01, 1.01, 1.02, 1.02, 1.03, 1.03, 1.04])),
          "eagle-chain-k4": ("eagle-chain", dict(k=4)),
@@ -492,3 +493,19 @@ def test_a_head_started_from_another_is_saved_only_when_it_beats_it(target, head
     assert best > start and (tmp_path / "better" / "model.safetensors").exists(), log[-800:]
     log = train(tmp_path / "better", tmp_path / "same", 0)
     assert not (tmp_path / "same").exists() and "nothing saved" in log, log[-800:]
+
+
+def test_a_long_match_drafts_its_copy_alone(target, heads):
+    """override=N: where the context's end repeats an earlier stretch of N or more tokens, the round
+    verifies the suffix match's copy alone (the head rests), recorded; the text stays ar's."""
+    prompt = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n\n\ndef add("
+    ref = speclab.generate(target, prompt, "ar", max_new_tokens=NEW, record=None).ids
+    r = speclab.generate(target, prompt, "eagle", draft=heads["eagle"], max_new_tokens=NEW, override=3, record="light")
+    assert r.ids == ref
+    alone = [x for x in r.trace.rounds if "overridden" in x.info]
+    assert alone and all(x.info["overridden"] >= 3 and x.info["match"] == x.info["overridden"] for x in alone)
+    assert all(n.source.startswith("suffix:") for x in alone for n in x.nodes)
+    assert any(not n.source.startswith("suffix:") for x in r.trace.rounds for n in x.nodes)   # the head elsewhere
+    with pytest.raises(ValueError, match="override=N draft copied tokens"):
+        speclab.generate(target, prompt, "eagle", draft=heads["eagle"], max_new_tokens=4, override=3,
+                         temperature=0.7, seed=1)

@@ -7,7 +7,8 @@
 
 It is the HeadCoverage record's figure (speclab.records: info["grafted"], info["pruned"]): every
 run that grafts a copy into a head's tree shows it (graft, eagle[lookup=K]). A node's origin is its
-`source` ("h41+1": the head on hidden state 41; "3-gram@12": a copy after a 3-gram match), so the
+`source` ("h41+1": the head on hidden state 41; "3-gram@12": a copy after a 3-gram match;
+"suffix:self": a suffix match's copy drafting alone, eagle's override=N), so the
 split needs node records (record "light" or "full"); at record=None the counts still show.
 """
 from __future__ import annotations
@@ -23,11 +24,11 @@ COPY = "#9467bd"
 
 
 def has_grafts(trace: Trace) -> bool:
-    return trace.steps_row().verify and any("grafted" in r.info for r in trace.rounds)
+    return trace.steps_row().verify and any("grafted" in r.info or "overridden" in r.info for r in trace.rounds)
 
 
 def copied(source: str) -> bool:
-    return "-gram@" in source
+    return "-gram@" in source or source.startswith("suffix:")
 
 
 def graft_figure(trace: Trace, step: int | None = None) -> go.Figure:
@@ -41,6 +42,7 @@ def graft_figure(trace: Trace, step: int | None = None) -> go.Figure:
         head.append(len(got) - copy[-1])
     grafted = [r.info.get("grafted", 0) for r in trace.rounds]
     pruned = [r.info.get("pruned", 0) for r in trace.rounds]
+    alone = [x for x, r in zip(xs, trace.rounds) if "overridden" in r.info]
     top = max([h + c for h, c in zip(head, copy)] + grafted + pruned + [1]) + 1
     fig = go.Figure([
         go.Bar(x=xs, y=head, name="accepted from the head", marker_color=colors.ORIGIN["accepted"],
@@ -51,12 +53,16 @@ def graft_figure(trace: Trace, step: int | None = None) -> go.Figure:
                    color=COPY, size=9), hovertemplate="round %{x}: %{y} copy nodes grafted<extra></extra>"),
         go.Scatter(x=xs, y=pruned, mode="markers", name="head leaves pruned", marker=dict(symbol="x", color="#d62728",
                    size=8), hovertemplate="round %{x}: %{y} head leaves pruned for the copy<extra></extra>"),
+        go.Scatter(x=alone, y=[top - 0.5] * len(alone), mode="markers", name="the copy alone (head rested)",
+                   marker=dict(symbol="square", color=COPY, size=7),
+                   hovertemplate="round %{x}: a long match; the copy drafted alone<extra></extra>"),
         current(step, top)])
     a_head, a_copy = sum(head), sum(copy)
     fig.update_layout(
         barmode="stack", height=320, margin=dict(l=50, r=10, t=60, b=80), plot_bgcolor="white",
         title=f"accepted draft tokens by origin: {a_head} from the head, {a_copy} from the copy "
-              f"({sum(grafted)} copy nodes grafted, {sum(pruned)} head leaves pruned)",
+              f"({sum(grafted)} copy nodes grafted, {sum(pruned)} head leaves pruned"
+              + (f", {len(alone)} rounds the copy alone)" if alone else ")"),
         legend=dict(orientation="h", y=0, yref="container", yanchor="bottom"), bargap=0.15,
         xaxis=dict(title="round", range=[0.4, len(xs) + 0.6]), yaxis=dict(title="tokens", range=[0, top]))
     return fig

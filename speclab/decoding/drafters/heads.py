@@ -38,13 +38,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from speclab.decoding.drafters.lookup import PromptLookupDrafter
+from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixDrafter
 from speclab.decoding.drafters.model import ChainDrafter, OwnDraftLM, check_k, host_read
 from speclab.decoding.drafters.trees import Growing, calibrated_paths, check_budget, check_paths, grow_dynamic
 from speclab.decoding.speculative import Context, Drafter, Outcome
 from speclab.decoding.tree import DraftTree
 from speclab.models import kernels
-from speclab.records import TreeFit
+from speclab.records import HeadCoverage, TreeFit
 from speclab.models.heads import MedusaHeads, check_base, eagle_fuse, eagle_input, eagle_layers
 
 MEDUSA_PATHS = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
@@ -200,6 +200,9 @@ class EagleChainDrafter(FeatureReader, OwnDraftLM, ChainDrafter):
         self.adapt(out)
 
 
+OVERRIDE_K = 8      # eagle's override=N: the copy's length at most (on AVX2 a verify of 9 rows is ~2.3 forwards)
+
+
 class EagleDrafter(EagleChainDrafter):
     """EAGLE-2: the dynamic tree of tree-dynamic, each depth one head forward over the tree so far.
     Its children are the head's top choices, so only the head's own N ids are scored and ranked
@@ -208,7 +211,7 @@ class EagleDrafter(EagleChainDrafter):
 
     def __init__(self, target_model, draft, budget: int | str = 5, width: int = 3, depth: int = 3,
                  vocab: int | None = None, threshold: float | None = 0.2, lookup: int = 0, ngram: int = 2,
-                 costs: list | None = None):
+                 costs: list | None = None, override: int = 0):
         # budget="auto": each round keeps the nodes this machine's verify costs favour, of up to
         # width x depth grown (decoding.costs; its choice in the round's TreeFit record). costs: c(T)
         # for T = 1, 2, ... rows to size it with instead (another machine's, measured there)
@@ -234,12 +237,21 @@ class EagleDrafter(EagleChainDrafter):
             check_k(lookup, "lookup")
             check_k(ngram, "ngram")
             self.lookup = PromptLookupDrafter(k=lookup, k_full=lookup, max_ngram=max(3, ngram), min_ngram=ngram)
+        # override: where the context's end repeats an earlier stretch of at least this many tokens
+        # (the longest such match, a suffix automaton's), the round drafts that copy alone and the
+        # head rests (TensorRT-LLM's suffix-automaton enhancer)
+        self.suffix = None
+        if override:
+            check_k(override, "override")
+            self.suffix = SuffixDrafter(max_k=OVERRIDE_K, min_match=override)
 
     def begin(self, ctx, target, sampler, gen, record="light"):
-        if self.lookup is not None and not sampler.greedy:
-            raise ValueError("eagle's lookup=K grafts copied tokens into the head's tree, which is lossless under "
-                             "greedy decoding only: use temperature 0, or lookup=0 to sample")
+        if (self.lookup is not None or self.suffix is not None) and not sampler.greedy:
+            raise ValueError("eagle's lookup=K and override=N draft copied tokens, which is lossless under greedy "
+                             "decoding only: use temperature 0, or leave both at 0 to sample")
         super().begin(ctx, target, sampler, gen, record)
+        if self.suffix is not None:
+            self.suffix.begin(ctx, target, sampler, gen, record)
         if self.fitted:
             from speclab.decoding.costs import machine_curve
             self.curve, self.one_row_s = machine_curve(self.cost_model)   # measured once per model and path
@@ -259,6 +271,11 @@ class EagleDrafter(EagleChainDrafter):
         return n
 
     def draft_at(self, ctx: Context, t: int) -> DraftTree:
+        if self.suffix is not None:             # fed every round; a long enough match drafts alone
+            copy = self.suffix.propose(ctx)
+            if len(copy):
+                copy.info.update(HeadCoverage(overridden=copy.info["match"]).info())
+                return copy
         outs, root_q = [], []                   # (1 + N, C): the head's output at the root, then per node
 
         def q_at(tree: Growing) -> torch.Tensor:

@@ -333,6 +333,7 @@ TRAIN_RECIPES = {
     "digits-dgemma": ("dgemma", False),
     "smollm2-dllm": ("smollm2_dllm", False),
     "specdecpp": ("specdecpp", False),
+    "speckv": ("speckv", False),
     "clover": ("clover", False),
     "falcon": ("falcon", False),
     "flexdraft": ("flexdraft", False),

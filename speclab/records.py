@@ -343,6 +343,16 @@ class Handoff(Record):
     starts: list[int] | None = None
 
 
+@record("round")
+class DraftLength(Record):
+    """A learned length policy's choice (SpecKV): the draft length it chose for the round (chosen_k)
+    and the draft-side features it read, the draft's confidence (max q) and entropy (nats) at the
+    round's first draft position."""
+    chosen_k: int | None = None
+    confidence: float | None = None
+    entropy: float | None = None
+
+
 # -- a denoising step's records ------------------------------------------------------------------
 @record("step")
 class NoiseCanvas(Record):

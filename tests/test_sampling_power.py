@@ -312,6 +312,36 @@ def test_schedule_with_an_unclipped_residual_is_caught(pair, lm, laws, monkeypat
     departs(laws[0.7], draw_pairs(lm, pearl(pair), PROMPT, Sampler(0.7), n=N_BROKEN))
 
 
+# -- adaptive length: speckv (a model over the draft's confidence and entropy picks each round's k) --
+@pytest.fixture(scope="module")
+def length_model(pair, tmp_path_factory):
+    """A SpecKV length model over k = 1..4 that drafts 4 where the draft's confidence is above its
+    median over the contexts of a second round (the prompt and one token) and 1 below it."""
+    from speclab.decoding.drafters.speckv import LengthModel, save_model
+    with torch.no_grad():
+        conf = torch.stack([pair[1](input_ids=torch.tensor([PROMPT + [x]])).logits[0, -1].softmax(-1).max()
+                            for x in range(V)])
+        m = LengthModel(4)
+        for p in m.parameters():
+            p.zero_()
+        m.net[0].weight[0, 0] = 1.0
+        m.net[2].weight[:, 0] = 8.0
+        m.mean.copy_(torch.tensor([conf.median().item(), 0.0]))
+        m.std.copy_(torch.tensor([1e-3, 1.0]))
+    return save_model(m, tmp_path_factory.mktemp("speckv") / "m", {"cost": 0.3, "draft": "random"})
+
+
+def test_adaptive_length_follows_the_target(pair, lm, laws, length_model):
+    """At T = 1 only: the chain's rule and residuals are draft-model's, drawn at both temperatures
+    above; what is new is a length read from the draft's own first distribution of each round (after
+    a rejection it differs), which must not move the law; the lengths do vary over the rounds."""
+    from speclab.decoding.speculative import decode
+    drafter = build_drafter("speckv", pair[0], pair[1], dict(model=str(length_model)))
+    follows(laws[1.0], draw_pairs(lm, drafter, PROMPT, Sampler(1.0)))
+    lengths = {rd.drafted for s in range(40) for rd in decode(lm, drafter, PROMPT, 2, Sampler(1.0), seed=s, record=None)[1]}
+    assert len(lengths) >= 2
+
+
 def test_the_draw_count_is_the_power_calculations():
     """N is what scipy's noncentral chi-square gives (module docstring of sampling_law), and a law at
     TV 0.05 of the worst shape is in fact rejected at least 90% of the time: 400 simulated tests."""

@@ -48,6 +48,7 @@ from speclab.decoding.drafters.recycling import RecyclingDrafter
 from speclab.decoding.drafters.rsd import RSDDrafter
 from speclab.decoding.drafters.rsd_s import RSDSDrafter
 from speclab.decoding.drafters.specdecpp import SpecDecPPDrafter
+from speclab.decoding.drafters.speckv import SpecKVDrafter
 from speclab.decoding.drafters.swift import SwiftDrafter, UnifiedSkipDrafter
 from speclab.decoding.drafters.spectr import SpecTrDrafter
 from speclab.decoding.drafters.trees import DynamicTreeDrafter, StaticTreeDrafter
@@ -205,6 +206,10 @@ for _m in [
            summary="draft-model's chain, stopped once a trained head on the draft's hidden state puts P(some draft "
                    "token is rejected) above a threshold (SpecDec++, Huang et al. COLM 2025)",
            drafter=SpecDecPPDrafter, inputs=DRAFT, draft=DRAFT_LM),
+    Method(name="speckv", family="speculative", engine="speculative", guarantee=AR,
+           summary="draft-model's chain, its length chosen each round by a small MLP over the draft's confidence "
+                   "and entropy, for the most expected tokens per cost (SpecKV, Shukla 2026)",
+           drafter=SpecKVDrafter, inputs=DRAFT, draft=DRAFT_LM),
     Method(name="layer-skip", family="self-speculative", engine="speculative", guarantee=AR,
            summary="the target's first L layers draft through its own head, exit fixed or auto (LayerSkip; "
                    "Draft & Verify)",

@@ -28,6 +28,8 @@ step, so a player can update a figure in place and an export can animate it with
     rescued_figure(trace, step)    draft tokens a lossy rule accepted where the exact rule did not
     handoff_figure(trace, step)    per round the leader's token and the draft's, split by whether the
                                    leader would have written them (FoReaL; figures/foreal.py)
+    length_figure(trace, step)     a learned length policy's features, choices and accepted tokens
+                                   (SpecKV; figures/speckv.py)
     skip_mask_figure(trace, step)  layers x rounds: which layers each round's draft or forward ran,
                                    over its accepted length (every trace holding skip masks)
     slice_figure(trace, step)      rounds x context positions: the retrieved slice a RAG drafter reads

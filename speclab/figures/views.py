@@ -359,6 +359,7 @@ from speclab.figures.graft import graft_figure, has_grafts  # noqa: E402
 from speclab.figures.rapid import has_slices, slice_figure  # noqa: E402
 from speclab.figures.treefit import fit_figure, has_fits  # noqa: E402
 from speclab.figures.foreal import handoff_figure, has_handoff  # noqa: E402
+from speclab.figures.speckv import has_length_choices, length_figure  # noqa: E402
 for _spec in (
         # PEARL's lanes over its modes
         FigureSpec("lanes and modes", pearl_figure, record=records.PearlMode, when=has_pearl_lanes, redraw=True),
@@ -377,6 +378,9 @@ for _spec in (
         FigureSpec("tree fit", fit_figure, record=records.TreeFit, when=has_fits, height=340),
         # FoReaL's handoff: the leader's tokens, the draft's, and where the leader would differ
         FigureSpec("sentence handoff", handoff_figure, record=records.Handoff, when=has_handoff, height=340),
+        # a learned length policy: the draft's features, the lengths chosen, what was accepted (SpecKV)
+        FigureSpec("draft length choice", length_figure, record=records.DraftLength, when=has_length_choices,
+                   height=380),
         # a RAG drafter's retrieved slice against the target's whole context, round by round (RAPID)
         FigureSpec("retrieved slice", slice_figure, record=records.RetrievedSlice, when=has_slices, height=360)):
     add_record_figure(_spec)

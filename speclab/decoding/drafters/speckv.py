@@ -137,18 +137,21 @@ class SpecKVDrafter(DraftModelDrafter):
         scores = tokens_per_cost(P, self.cost)
         return 1 + max(range(len(scores)), key=scores.__getitem__), c, H, scores
 
-    def propose(self, ctx: Context) -> DraftTree:
-        self.first = None
-        step = self.lm_step(self.lm)
+    def lm_step(self, lm, subset: bool = False):
+        """draft-model's step (over the trimmed head's ids where it has one: the same softmax, as the
+        V-wide spread is -inf elsewhere), keeping the round's first logits for choose()."""
+        step = DraftModelDrafter.lm_step(lm, subset)
 
         def watched(inp):
             logits = step(inp)
             if self.first is None:
                 self.first = logits
             return logits
-        pending = ctx.ids[self.lm.length:]          # the draft cache holds a prefix of ctx.ids
-        tokens, q_tok, dists = self.run_chain(watched, torch.tensor(pending, device=ctx.device))
-        tree = DraftTree.chain(tokens, q_tok, "draft", dists, k=len(tokens))
+        return watched
+
+    def propose(self, ctx: Context) -> DraftTree:
+        self.first = None
+        tree = super().propose(ctx)
         tree.info.update(DraftLength(chosen_k=self.gamma, confidence=round(self.c, 6), entropy=round(self.H, 6)).info())
         if self.record is not None:
             tree.decisions.append(Decision(self.name, {"confidence": round(self.c, 6), "entropy": round(self.H, 6),

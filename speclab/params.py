@@ -141,6 +141,8 @@ BOUNDS: dict[str, tuple[float, str]] = {
     "keep": (256, "candidates kept"), "per_round": (SIZE, "exits tried a round"), "guesses": (SIZE, "guesses a round"),
     "ngram": (SIZE, "tokens an n-gram"), "max_ngram": (SIZE, "tokens an n-gram"), "min_ngram": (SIZE, "tokens an n-gram"),
     "min_match": (SIZE, "tokens matched"), "grow": (SIZE, "tokens added"), "lookup": (SIZE, "lookup drafts"),
+    "override": (SIZE, "tokens matched"), "n": (LENGTH, "tokens the leader writes"),
+    "chunk": (LENGTH, "tokens a chunk"), "query": (LENGTH, "query tokens"), "retrieve": (LENGTH, "tokens retrieved"),
     "pool_size": (1024, "n-grams pooled"), "window": (1024, "positions in the window"),
     "draft_steps": (SIZE, "draft steps"), "branch_slots": (SIZE, "slots branched"), "branch_tokens": (SIZE, "tokens a branch"),
     "max_explore": (SIZE, "explorations a step"), "radius": (1024, "positions"), "window_unmasked": (1024, "positions"),
@@ -155,13 +157,13 @@ BOUNDS: dict[str, tuple[float, str]] = {
     "c_explore": (SCALE, "weight"), "lr": (SCALE, "learning rate"), "early": (SCALE, "margin"), "mid": (SCALE, "margin"),
     "late": (SCALE, "margin"), "tau_high": (SCALE, "margin"), "tau_low": (SCALE, "margin"),
     "beta": (SCALE, "weight"), "viterbi_beta": (SCALE, "weight"), "beam_alpha": (SCALE, "weight"),
-    "temperature": (SCALE, "temperature"),
+    "temperature": (SCALE, "temperature"), "cost": (SCALE, "ar steps a drafted token"),
 }
 # numbers that take any finite value: probabilities and fractions each method checks in [0, 1], and
 # an entropy bound, where a huge value means "commit everything" (each is still finite: parse_value)
 UNBOUNDED = {"threshold", "skip_ratio", "max_score", "alpha", "theta", "relaxed", "edit_threshold",
              "spatial_threshold", "temporal_threshold", "delimiter_threshold", "end_threshold", "top_p",
-             "entropy_bound", "seed", "min_prob"}
+             "entropy_bound", "seed", "min_prob", "p"}
 
 
 def check_bounds(owner: str, params: dict) -> None:

@@ -47,11 +47,15 @@ def measure(target_model, rows=ROWS, reps: int = 20, ctx_len: int = 256,
     ids = {T: torch.arange(T, device=lm.device) + 7 for T in sizes}
     ratios: dict[int, list[float]] = {T: [] for T in sizes}
     seconds: list[float] = []
+    # on a GPU a forward returns before its kernels finish: wait for them before reading the clock
+    wait = (lambda: torch.cuda.synchronize(lm.device)) if lm.device.type == "cuda" else (lambda: None)
     for r in range(reps + 2):                   # two rounds first to warm the caches up
         took = {}
         for T in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
+            wait()
             t0 = time.perf_counter()
             lm.forward(ids[T])
+            wait()
             took[T] = time.perf_counter() - t0
             lm.keep(ctx_len)
         if r >= 2:

@@ -178,10 +178,15 @@ def test_the_first_run_says_loading_until_its_first_token():
     d = Dashboard()
     d._set_busy(True, 64)
     assert d.queue_note.object == LOADING and "loading the model" in LOADING
-    d._tick(0)
-    assert d.queue_note.object == LOADING
+    d._tick(0)                                      # it never waited: the page says nobody was ahead
+    assert d.queue_note.object == f"{LOADING}; nobody was ahead of you in line"
     d._tick(5)
     assert d.queue_note.object == "5 of 64 tokens"
+    d._set_busy(True, 64)                           # a run that waited 2nd in line, then started
+    d._tick(0, place=2)
+    assert d.queue_note.object.startswith("2nd in line")
+    d._tick(0)
+    assert d.queue_note.object == LOADING
 
 
 def test_projector_mode_moves_the_reading_matter_aside():

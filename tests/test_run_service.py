@@ -228,6 +228,32 @@ def test_a_running_decode_cancelled_midway_frees_the_worker():
     svc.close()
 
 
+def test_queued_runs_of_one_method_run_as_one_batch_each_with_its_own_output():
+    """Five pages queue prompt-lookup on one model with their own prompts and seeds while it is busy:
+    the worker takes the first four (Settings.batch) as one batched decode, the fifth alone; a run
+    of another method is never in their batch. Each output is the one its run alone gives, token
+    for token; each page's bar moves; the status line says the run was batched."""
+    from speclab.apps.status import status_html
+    svc = RunService(Settings(threads_per_run=1, workers=1, batch=4))
+    go = threading.Event()
+    busy = svc.submit(lambda: go.wait(WAIT_S), ["code-target"])
+    until(lambda: svc.position(busy) == 0, what="the first run to start")
+    prompts = ["def parse(line):", "def load(path):", "class Stack:", "def merge(a, b):", "import os"]
+    moved = [[] for _ in prompts]
+    tickets = [svc.submit_run(request(p, n=8, seed=i), progress=moved[i].append) for i, p in enumerate(prompts)]
+    other = svc.submit_run(request("def f(x):", method="ar", n=8))
+    go.set()
+    traces = [t.future.result(WAIT_S) for t in tickets]
+    assert [t.params.get("batch_size") for t in traces] == [4, 4, 4, 4, None]
+    assert [t.params.get("lane") for t in traces[:4]] == [0, 1, 2, 3]
+    assert other.future.result(WAIT_S).params.get("batch_size") is None
+    for i, (p, t) in enumerate(zip(prompts, traces)):
+        assert t.output_ids == runs.run_one(**request(p, n=8, seed=i)).output_ids, p
+        assert 0 < sum(moved[i]) <= 8
+    assert "decoded in a batch of 4 runs" in status_html(traces[0]) and "batch" not in status_html(traces[4])
+    svc.close()
+
+
 def test_a_run_past_its_time_budget_is_stopped_and_says_which_budget():
     """run_seconds=1 and a decode whose every step takes 0.3 s: it is stopped at a step past the
     budget, with the line a page shows (which budget, and how to stay within it)."""
@@ -245,7 +271,7 @@ def test_a_run_past_its_time_budget_is_stopped_and_says_which_budget():
 def test_a_run_past_the_memory_budget_is_refused_before_it_queues():
     """The KV cache a request would fill, estimated from the target's config and the request's
     lengths: past memory_mb the page says so in one line, and nothing queues."""
-    from speclab.apps.service import run_memory
+    from speclab.apps.limits import run_memory
     small, long_ = run_memory(request(n=16)), run_memory(request("x" * 4000, n=256))
     assert small[0] < long_[0] and "8 layers" in long_[1]       # code-target: 8 layers
     svc = RunService(Settings(threads_per_run=1, workers=1, limits=Limits(memory_mb=1)))

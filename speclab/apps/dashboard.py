@@ -71,6 +71,7 @@ class Dashboard:
                                       css_classes=["speclab-cancel"])
         self.progress = w.Progress(name="progress", value=0, max=1, visible=False, bar_color="primary")
         self.queue_note = pn.pane.Markdown("", visible=False, css_classes=["speclab-queue"])
+        self._queued = False                # the request now running waited in line first
         self.alert = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["speclab-alert"])
         # -- compare: methods of the form's family, against that family's baseline (compare.py) ----
         self.compare = c = ComparePanel(self)
@@ -326,6 +327,7 @@ class Dashboard:
         self.cancel_button.disabled = not on
         self.progress.visible = self.queue_note.visible = on
         self.progress.max, self.progress.value = max(total, 1), 0
+        self._queued = False                # this request has waited in line (the page said its place)
         if on:
             self.queue_note.object = LOADING      # until the first token (a stale count would show)
             self.clear_error()
@@ -339,8 +341,11 @@ class Dashboard:
                 load = self.service.load()
                 self.queue_note.object = (f"{ordinal(place)} in line, {about(wait_s)}: {load['running']} run(s) "
                                           f"going on {load['workers']} worker(s); Cancel leaves the queue")
-            else:
-                self.queue_note.object = LOADING if not done else f"{done} of {self.progress.max} tokens"
+            elif done:
+                self.queue_note.object = f"{done} of {self.progress.max} tokens"
+            else:                           # a run that never waited is told so: nobody was ahead of it
+                self.queue_note.object = LOADING if self._queued else f"{LOADING}; nobody was ahead of you in line"
+            self._queued = self._queued or bool(place)
 
     # -- showing ----------------------------------------------------------------------------------
     def show_trace(self, trace: Trace) -> None:

@@ -119,6 +119,10 @@ def run_one(target: str, prompt: str, method: str, draft: str | None = None, max
     """One decode -> its Trace. ValueError (from speclab) for anything the user got wrong."""
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("empty prompt: type some text to continue")
+    return _run(target, prompt, method, draft, max_new_tokens, temperature, seed, record, progress, kw)
+
+
+def _run(target, prompt, method, draft, max_new_tokens, temperature, seed, record, progress, kw):
     import speclab
     canvas = on_canvas(method)            # steps fill a canvas: progress in slots, lengths in slots
     kw["temperature"] = float(temperature)
@@ -127,15 +131,49 @@ def run_one(target: str, prompt: str, method: str, draft: str | None = None, max
     # the draft picker feeds draft-model methods; eagle / medusa take their target's head from the zoo
     if needs_draft(method) and get_method(method).draft_kind == "draft":
         kw["draft"] = draft
+    seed = [int(s) for s in seed] if isinstance(seed, list) else int(seed)
     try:
-        r = speclab.run(target, prompt, method, max_new_tokens=int(max_new_tokens), seed=int(seed), record=record,
+        r = speclab.run(target, prompt, method, max_new_tokens=int(max_new_tokens), seed=seed, record=record,
                         progress=progress, **kw)
     except ValueError as e:
         if not canvas:
             raise
         # the shared context check counts new tokens: on a diffusion canvas they are slots
         raise ValueError(str(e).replace("max_new_tokens", "the gen length").replace("new tokens", "canvas slots")) from e
-    return r.trace
+    return [x.trace for x in r] if isinstance(r, list) else r.trace
+
+
+def batch_key(request: dict) -> tuple | None:
+    """What run_one requests must share to run as one batch (run_batch): everything but the prompt
+    and the seed; None where the request cannot run in a batch (its method, or its acceptance rule,
+    decodes one prompt at a time). Batched, each request's output is its run alone, token for token
+    (decoding/batch.py: a lane draws from its own generator); only its times are the batch's."""
+    from speclab.decoding.rules import get_rule
+    method = request.get("method")
+    try:
+        if not (get_method(method).batchable and engine_row(method).batch):
+            return None
+        if request.get("rule") and get_rule(request["rule"]).batch_refusal():
+            return None
+    except (KeyError, ValueError, TypeError):
+        return None
+    try:
+        return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in request.items() if k not in ("prompt", "seed")))
+    except TypeError:                     # a value JSON cannot say: run it alone
+        return None
+
+
+def run_batch(requests: list[dict], progress=None) -> list[Trace]:
+    """Requests with one batch_key as one batched decode -> their traces, in order. progress(n)
+    hears each lane's new tokens."""
+    if any(not isinstance(r.get("prompt"), str) or not r["prompt"].strip() for r in requests):
+        raise ValueError("empty prompt: type some text to continue")
+    first = dict(requests[0])
+    kw = {k: v for k, v in first.items() if k not in ("target", "prompt", "method", "draft", "max_new_tokens",
+                                                      "temperature", "seed", "record")}
+    return _run(first["target"], [r["prompt"] for r in requests], first["method"], first.get("draft"),
+                first.get("max_new_tokens", 24), first.get("temperature", 0.0),
+                [int(r.get("seed", 0)) for r in requests], first.get("record", "full"), progress, kw)
 
 
 def _increments(progress):

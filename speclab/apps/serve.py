@@ -1,7 +1,7 @@
 """`speclab serve`: start the dashboard's Panel server (loopback unless told otherwise).
 
     serve(port=5006)                   # blocks; prints the address to open
-    add_serve(subparsers)              # adds `serve --port --host --show --workers --threads-per-run`
+    add_serve(subparsers)              # adds `serve --port --host --show --workers --threads-per-run --batch`
     proc = start_process(free_port(), log, **env); ...; stop_process(proc)   # a server to drive (tests, scripts)
 
 Same app as `panel serve speclab/apps/dashboard.py`: every session gets a fresh Dashboard, and
@@ -21,7 +21,8 @@ def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threade
           service=None, on_session=None, **server_kw):
     """Serve the dashboard at http://host:port/ (blocks unless threaded=True, which returns the
     server so a caller can .stop() it). service: the RunService every session's runs go to (default:
-    one sized to the machine, SPECLAB_RUN_WORKERS / SPECLAB_RUN_THREADS where set); on_session:
+    one sized to the machine, SPECLAB_RUN_WORKERS / SPECLAB_RUN_THREADS / SPECLAB_RUN_BATCH where
+    set); on_session:
     called with each session's Dashboard; server_kw: passed to Panel's server."""
     import panel as pn
 
@@ -30,7 +31,8 @@ def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threade
     service = service or RunService(settings_from_env())
     url = f"http://{host}:{port}/"
     print(f"speclab dashboard: open {url}  ({service.settings.workers} worker(s), "
-          f"{service.settings.threads_per_run} thread(s) a run; Ctrl-C to stop)", flush=True)
+          f"{service.settings.threads_per_run} thread(s) a run, batches of up to {service.settings.batch}; "
+          "Ctrl-C to stop)", flush=True)
 
     def page():                  # a plain function: Panel calls functions per session (not partials)
         return app(service, on_session)
@@ -91,7 +93,7 @@ def cmd_serve(a) -> int:
     from speclab.apps.service import RunService, Settings, settings_from_env
     env = settings_from_env()
     service = RunService(Settings(threads_per_run=a.threads_per_run or env.threads_per_run,
-                                  workers=a.workers or env.workers))
+                                  workers=a.workers or env.workers, batch=a.batch or env.batch))
     serve(port=a.port, host=a.host, show=a.show, service=service)
     return 0
 
@@ -115,6 +117,9 @@ def add_serve(subparsers):
                    help="runs at once (default: cores // threads per run)")
     p.add_argument("--threads-per-run", type=_at_least_one, default=None,
                    help="torch threads each run uses (default: half the cores, at most 4)")
+    p.add_argument("--batch", type=_at_least_one, default=None,
+                   help="queued runs of one method, model and settings decoded as one batch (default 8; 1: "
+                        "each alone)")
     p.set_defaults(func=cmd_serve)
     return p
 

@@ -39,18 +39,16 @@ One service per server (`speclab serve` makes one; a Dashboard made without one 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from speclab.params import check_bounds
+from speclab.apps.limits import Limits
 
 
 class Cancelled(Exception):
@@ -60,104 +58,6 @@ class Cancelled(Exception):
     def __init__(self, message: str, budget: str | None = None):
         super().__init__(message)
         self.budget = budget
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The largest request a server runs: a field per run parameter (None: no limit), and a run's
-    budgets: memory_mb, the KV cache (and a canvas's logits) a run may fill, estimated before it
-    queues (run_memory); run_seconds, how long a run may take before it is stopped (a comparison:
-    that much per decode it runs)."""
-    max_new_tokens: int = 256
-    gen_length: int = 256
-    k: int = 16
-    budget: int = 64
-    prompt_chars: int = 8000
-    memory_mb: float | None = 512
-    # a 256-token run of the real 135M model on a busy 2-core CPU, its first load included, stays well under
-    run_seconds: float | None = 120
-
-    def check(self, request: dict) -> None:
-        """ValueError, in one line, for the first parameter past its limit, or a run whose memory
-        would pass its budget."""
-        prompt = request.get("prompt")
-        if isinstance(prompt, str) and len(prompt) > self.prompt_chars:
-            raise ValueError(f"the prompt is {len(prompt)} characters, over this server's limit of "
-                             f"{self.prompt_chars}: shorten it")
-        for name in ("max_new_tokens", "gen_length", "k", "budget"):
-            value, limit = request.get(name), getattr(self, name)
-            if value is None or limit is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            if value > limit:
-                raise ValueError(f"{name}={value:g} is over this server's limit of {limit}: ask for {limit} or less")
-        check_bounds(request.get("method") or "", {k: v for k, v in request.items() if k != "seed"})   # the rest
-        need = run_memory(request) if self.memory_mb is not None else None
-        if need is not None and need[0] > self.memory_mb * 2**20:
-            raise ValueError(f"this run would fill about {need[0] / 2**20:,.0f} MB ({need[1]}), over this server's "
-                             f"memory budget of {self.memory_mb:g} MB a run: shorten the prompt or ask for fewer tokens")
-
-    def over_time(self, runs: int = 1) -> str:
-        """What a page says of a request stopped by the time budget (`runs` decodes of run_seconds each)."""
-        s = self.run_seconds
-        if runs == 1:
-            return (f"stopped: the run passed this server's time budget of {s:g} s a run; fewer tokens, a "
-                    "shorter prompt or a method with fewer forwards stays within it")
-        return (f"stopped: the comparison passed this server's time budget of {s * runs:g} s ({s:g} s for each of "
-                f"its {runs} runs); fewer methods, fewer timed runs or fewer tokens stay within it")
-
-
-def model_config(name) -> dict | None:
-    """The config of a zoo name, a packaged real LM already converted, or a local directory, read
-    from its config.json without loading weights; None where it cannot be read so (a hub id)."""
-    from speclab.models.zoo import REAL, ZOO_DIR
-    if not isinstance(name, (str, os.PathLike)):
-        return None
-    s, where = str(name), [ZOO_DIR / str(name) / "config.json", Path(str(name)).expanduser() / "config.json"]
-    if s in REAL:
-        from speclab.models.gguf import cache_root
-        where.insert(0, cache_root() / s / "config.json")
-    for cfg in where:
-        try:
-            if cfg.is_file():
-                raw = json.loads(cfg.read_text(encoding="utf-8"))
-                return raw if isinstance(raw, dict) else None
-        except (OSError, ValueError):
-            return None
-    return None
-
-
-def run_memory(request: dict) -> tuple[int, str] | None:
-    """(bytes, what) a run_one request fills beyond the shared weights, estimated from its target's
-    config and its lengths: the KV cache over prompt + new tokens + the widest verify (2 x layers x
-    KV heads x head size a position; a prompt counted a token a character, its upper bound), plus a
-    diffusion canvas's logits (slots x vocabulary in fp32). None where the config is not readable."""
-    cfg = model_config(request.get("target"))
-    if cfg is None or cfg.get("model_type") == "da-transformer":
-        return None
-    try:
-        layers, heads, d = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    kv_heads, head = int(cfg.get("num_key_value_heads") or heads), int(cfg.get("head_dim") or d // heads)
-    from speclab.apps import runs
-    canvas = runs.on_canvas(request["method"]) if request.get("method") else False
-    new = int(request.get("gen_length") or 0) if canvas else int(request.get("max_new_tokens") or 0)
-    prompt = request.get("prompt")
-    width = max(int(request.get("k") or 0), int(request.get("budget") or 0)) + 1
-    positions = (len(prompt) if isinstance(prompt, str) else 0) + new + width
-    from speclab.models.zoo import REAL
-    size = 2 if str(request.get("target")) in REAL and _bf16() else 4
-    kv = 2 * layers * kv_heads * head * positions * size
-    logits = new * int(cfg.get("vocab_size") or 0) * 4 if canvas else 0
-    what = f"a KV cache of {layers} layers x {positions} positions" + (
-        f" and {new} canvas slots' logits" if logits else "")
-    return kv + logits, what
-
-
-def _bf16() -> bool:
-    """The real LMs decode in bf16 here (dtype "auto"): the KV cache holds 2 bytes a number."""
-    from speclab.models.zoo import fast_bf16, pick_device
-    return fast_bf16(pick_device())
 
 
 def machine_cores() -> int:
@@ -174,18 +74,22 @@ class Settings:
     core below 4 cores, so one reader's runs are as fast as the machine allows and its timings are
     the machine's; from 4 cores, the cores shared by two runs, at most 4); workers: runs at once
     (default cores // threads_per_run). A class on a small machine trades speed for turns:
-    `speclab serve --threads-per-run 1` runs one request a core."""
+    `speclab serve --threads-per-run 1` runs one request a core. batch: how many queued requests
+    that differ only in prompt and seed (one method, model and knobs: a class pressing Run on the
+    same example) a worker takes as one batched decode; 1 runs each alone."""
     threads_per_run: int | None = None
     workers: int | None = None
     limits: Limits = field(default_factory=Limits)
+    batch: int = 8
 
     def resolved(self) -> "Settings":
         cores = machine_cores()
         threads = self.threads_per_run or (cores if cores < 4 else min(4, cores // 2))
         workers = self.workers or max(1, cores // threads)
-        if threads < 1 or workers < 1:
-            raise ValueError(f"threads_per_run and workers must be at least 1, got {threads} and {workers}")
-        return Settings(threads, workers, self.limits)
+        if threads < 1 or workers < 1 or self.batch < 1:
+            raise ValueError(f"threads_per_run, workers and batch must be at least 1, got {threads}, {workers} "
+                             f"and {self.batch}")
+        return Settings(threads, workers, self.limits, self.batch)
 
 
 # the process-wide flags a run must leave as it found them: name -> (read, write)
@@ -211,6 +115,9 @@ class Ticket:
     future: Future = field(default_factory=Future)
     started: float | None = None                  # time.monotonic() when a worker took it
     stop: threading.Event = field(default_factory=threading.Event)
+    batch: tuple | None = None                    # runs.batch_key: requests with one key may run as one batch
+    request: dict | None = None                   # a batchable request's run_one keywords
+    progress: object = None                       # and its page's progress(n)
 
     def check(self) -> None:
         """Cancelled, once the request was cancelled or has run past its time budget."""
@@ -269,14 +176,18 @@ class RunService:
     def submit_run(self, request: dict, progress=None, owner=None) -> Ticket:
         """One decode: `request` is runs.run_one's keywords. Refused now (ValueError) past a limit.
         progress(n) hears of each round's or step's n new tokens; the decode stops there once
-        cancelled (checkpoint)."""
+        cancelled (checkpoint). Requests that differ only in prompt and seed, of a method that runs
+        in a batch, may run as one batch (`Settings.batch`): each gets its own run's output."""
         from speclab.apps import runs
         self.limits.check(request)
         models = runs.models_of(request)
-        return self.submit(lambda: runs.run_one(progress=checked(progress), **request), models, owner,
-                           kind=(request.get("method"), *models))
+        ticket = self.submit(lambda: runs.run_one(progress=checked(progress), **request), models, owner,
+                             kind=(request.get("method"), *models), hold=True)
+        if self.settings.batch > 1:
+            ticket.batch, ticket.request, ticket.progress = runs.batch_key(request), dict(request), progress
+        return self._queue(ticket)
 
-    def submit(self, fn, models=(), owner=None, kind: tuple = (), runs: int = 1) -> Ticket:
+    def submit(self, fn, models=(), owner=None, kind: tuple = (), runs: int = 1, hold: bool = False) -> Ticket:
         """Any no-argument function that runs decodes (a comparison's `runs` of them), on `models`'
         turn; its time budget is `runs` x Limits.run_seconds. It stops at its next step once
         cancelled where its decodes take `checkpoint` as their progress (submit_run's do)."""
@@ -284,6 +195,9 @@ class RunService:
         s = self.limits.run_seconds
         ticket = Ticket(next(self._ids), fn, models, owner, kind=tuple(kind) or ("job", *models),
                         seconds=None if s is None else s * runs, over_time=self.limits.over_time(runs))
+        return ticket if hold else self._queue(ticket)
+
+    def _queue(self, ticket: Ticket) -> Ticket:
         with self._cv:
             if self._stopped:
                 raise RuntimeError("the run service is closed")
@@ -361,34 +275,42 @@ class RunService:
             t.future.cancel()
 
     # -- the workers ------------------------------------------------------------------------------
-    def _next(self) -> Ticket | None:
-        """The oldest request whose models are free (None when closed); marks its models busy."""
+    def _next(self) -> list[Ticket] | None:
+        """The oldest request whose models are free, with the requests queued behind it that can
+        run in one batch with it (None when closed); marks their models busy."""
         with self._cv:
             while True:
                 if self._stopped:
                     return None
                 for t in self._waiting:
                     if not self._busy.intersection(t.models):
-                        self._waiting.remove(t)
+                        group = [t] + [u for u in self._waiting if u is not t and t.batch is not None
+                                       and u.batch == t.batch][:self.settings.batch - 1]
+                        for u in group:
+                            self._waiting.remove(u)
+                            u.started = time.monotonic()
+                            self._active.append(u)
                         self._busy.update(t.models)
-                        t.started = time.monotonic()
-                        self._active.append(t)
-                        return t
+                        return group
                 self._cv.wait()
 
     def _work(self) -> None:
         torch.set_num_threads(self.settings.threads_per_run)
-        while (ticket := self._next()) is not None:
+        while (group := self._next()) is not None:
             try:
-                if ticket.future.set_running_or_notify_cancel():
-                    self._run(ticket)
+                live = [t for t in group if t.future.set_running_or_notify_cancel()]
+                if len(live) == 1:
+                    self._run(live[0])
+                elif live:
+                    self._run(Batch(live, self.limits.run_seconds))
             finally:
                 with self._cv:
-                    self._busy.difference_update(ticket.models)
-                    self._active.remove(ticket)
+                    self._busy.difference_update(group[0].models)
+                    for t in group:
+                        self._active.remove(t)
                     self._cv.notify_all()
 
-    def _run(self, ticket: Ticket) -> None:
+    def _run(self, ticket: "Ticket | Batch") -> None:
         flags = {name: read() for name, (read, _) in PROCESS_FLAGS.items()}
         torch.set_num_threads(self.settings.threads_per_run)
         _local.ticket = ticket
@@ -411,6 +333,46 @@ class RunService:
                     self.changed.append(f"request {ticket.id}: {name}")
 
 
+class Batch:
+    """Requests run as one batched decode (runs.run_batch), seen by the worker as one ticket: it
+    stops once every member was cancelled or the batch passed its time budget (run_seconds: the
+    lanes run together, so a batch takes about a run's time, not the sum); a member cancelled on
+    the way gets Cancelled, the others their own traces. Each page's bar moves by its share of the
+    batch's new tokens."""
+
+    def __init__(self, members: list[Ticket], seconds: float | None):
+        from speclab.apps import runs
+        self.members, self.kind, self.started = members, members[0].kind, members[0].started
+        self.seconds, self.over_time = seconds, members[0].over_time
+        share, self.done = 1 / len(members), [0.0]
+
+        def progress(n):
+            checkpoint()
+            before, self.done[0] = self.done[0], self.done[0] + n * share
+            for t in members:
+                if t.progress is not None and int(self.done[0]) > int(before):
+                    t.progress(int(self.done[0]) - int(before))
+        self.fn = lambda: runs.run_batch([t.request for t in members], progress)
+        self.future = self
+
+    def check(self) -> None:
+        if all(t.stop.is_set() for t in self.members):
+            raise Cancelled("cancelled")
+        if self.seconds is not None and time.monotonic() - self.started > self.seconds:
+            raise Cancelled(self.over_time, budget="time")
+
+    def set_exception(self, e: BaseException) -> None:
+        for t in self.members:
+            t.future.set_exception(e)
+
+    def set_result(self, traces: list) -> None:
+        for t, trace in zip(self.members, traces):
+            if t.stop.is_set():
+                t.future.set_exception(Cancelled("cancelled"))
+            else:
+                t.future.set_result(trace)
+
+
 RECENT = 20        # finished runs of a kind its wait estimate reads (the machine's load drifts)
 _default: RunService | None = None
 _default_lock = threading.Lock()
@@ -426,7 +388,7 @@ def default_service() -> RunService:
 
 
 def settings_from_env() -> Settings:
-    """SPECLAB_RUN_THREADS and SPECLAB_RUN_WORKERS, where set (`speclab serve` flags set them too)."""
+    """SPECLAB_RUN_THREADS, SPECLAB_RUN_WORKERS and SPECLAB_RUN_BATCH, where set (`speclab serve` flags set them too)."""
     def num(name):
         v = os.environ.get(name, "").strip()
         if not v:
@@ -434,7 +396,8 @@ def settings_from_env() -> Settings:
         if not v.isdigit() or int(v) < 1:
             raise ValueError(f"{name}={v!r}: give a whole number of at least 1")
         return int(v)
-    return Settings(threads_per_run=num("SPECLAB_RUN_THREADS"), workers=num("SPECLAB_RUN_WORKERS"))
+    return Settings(threads_per_run=num("SPECLAB_RUN_THREADS"), workers=num("SPECLAB_RUN_WORKERS"),
+                    batch=num("SPECLAB_RUN_BATCH") or Settings.batch)
 
 
 def ordinal(n: int) -> str:

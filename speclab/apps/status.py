@@ -58,4 +58,13 @@ def status_html(trace: Trace) -> str:
     return (f"<b>{html.escape(trace.method)}</b> ({html.escape(models)}): "
             f"prompt <code class='speclab-prompt-echo'>{visible_text(runs.prompt_text(trace))}</code> &rarr; "
             f"<code class='speclab-output'>{visible_text(runs.output_text(trace))}</code><br>"
-            f"{stats}, wall {t.wall_s:.2f} s, {n_steps(trace)} step(s)")
+            f"{stats}, wall {t.wall_s:.2f} s, {n_steps(trace)} step(s)" + batched(trace))
+
+
+def batched(trace: Trace) -> str:
+    """A run decoded in a batch with others (the server batches pages' runs of one method and
+    model): its output is its run alone, its times are the batch's."""
+    size = trace.params.get("batch_size")
+    if not isinstance(size, int) or size < 2:
+        return ""
+    return f"; decoded in a batch of {size} runs (its output is its own run's, its times the batch's)"

@@ -97,6 +97,7 @@ async def session(ctx, url: str, prompt: str, method: str, tokens: int, go: asyn
         out["alert"] = await page.evaluate(DEEP_TEXT, "speclab-alert")
         wall = re.search(r"wall (\d+\.\d+) s", await page.evaluate(DEEP_TEXT, "speclab-status"))
         out["decode_s"] = float(wall[1]) if wall else None
+        out["batched"] = "decoded in a batch" in await page.evaluate(DEEP_TEXT, "speclab-status")
         out["prompt_shown"] = await page.evaluate(DEEP_TEXT, "speclab-prompt-echo")
         out["output_shown"] = await page.evaluate(DEEP_TEXT, "speclab-output")
         out["history_draft"] = "suffix:history" in await page.evaluate(DEEP_TEXT, "speclab-detail")
@@ -222,8 +223,10 @@ def main(argv=None) -> int:
                   decode_s=dict(median=round(statistics.median(dec), 2), max=round(max(dec), 2),
                                 sum=round(sum(dec), 1)) if dec else None,
                   told_place=len(told), told_wait=sum(any(" to wait" in q for q in r["queue"]) for r in told),
-                  most_in_line=max((int(q.split()[0][:-2]) for r in told for q in r["queue"] if " in line" in q),
-                                   default=0),
+                  most_in_line=max((int(m[1]) for r in told for q in r["queue"]
+                                    if (m := re.match(r"(\d+)(?:st|nd|rd|th) in line", q))), default=0),
+                  started_at_once=sum(any("nobody was ahead" in q for q in r["queue"]) for r in told),
+                  batched=sum(bool(r.get("batched")) for r in results),
                   server_rss_mb=dict(idle=idle_mb, peak=peak_mb), server_log=log.name)
     print(json.dumps(report))
     for r in errors + crosstalk:

@@ -189,6 +189,26 @@ def test_the_first_run_says_loading_until_its_first_token():
     assert d.queue_note.object == LOADING
 
 
+def test_a_diffusion_model_is_labelled_real_or_toy_with_its_examples_parallelism():
+    """Beside the target picker on a diffusion method: the real block-diffusion adapter or a toy that
+    sees the whole canvas, and the slots per forward its recorded examples commit (most parallel
+    first), so a class knows which model and policy show many slots committed at once."""
+    from speclab.apps import guide
+    from speclab.apps.dashboard import Dashboard
+    seen = guide.slots_per_forward("smollm2-dllm")
+    top, value = next(iter(seen.items()))
+    ex = speclab.Trace.load(guide.EXAMPLES / f"{top}--smollm2-dllm--none.json")
+    assert value == ex.params["gen_length"] / ex.totals.target_forwards and value > 1.5 > min(seen.values())
+    note = guide.model_note("smollm2-dllm")
+    assert "the real SmolLM2-135M" in note and f"{top} {value:.1f}" in note
+    assert "toy" in guide.model_note("code-dllm") and guide.model_note("code-target") == ""
+    d = Dashboard()
+    d.form.method.value = "dllm-threshold"
+    assert d.form.model_note.visible and d.form.target.value in d.form.model_note.object
+    d.form.method.value = "prompt-lookup"
+    assert not d.form.model_note.visible
+
+
 def test_projector_mode_moves_the_reading_matter_aside():
     from speclab.apps.dashboard import Dashboard
     d = Dashboard()

@@ -97,6 +97,8 @@ class Form:
         self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], pair[0]),
                                css_classes=["speclab-target"])
         self.draft = w.Select(name="draft", options=kinds["causal"], value=_pick(kinds["causal"], pair[1]))
+        # a diffusion model's line: the real adapter or a toy, and how parallel its examples commit
+        self.model_note = pn.pane.Markdown("", visible=False, css_classes=["speclab-model-note"], width=320)
         self._draft_lm = self.draft.value             # the draft LM picked, kept while a head is shown
         self._temperature = 0.0                       # the user's temperature, kept while a method refuses one
         chat = self.target.value in CHAT_MODELS
@@ -124,8 +126,8 @@ class Form:
         self.fit(method_changed=True)
 
     def column(self, *below) -> pn.Column:
-        return pn.Column("## speclab", self.method, self.target, self.draft, self.prompt, self.preset, self.chat,
-                         *self.knobs.values(), self.max_new_tokens, self.temperature, self.rule, self.seed, self.extra,
+        return pn.Column("## speclab", self.method, self.target, self.model_note, self.draft, self.prompt, self.preset,
+                         self.chat, *self.knobs.values(), self.max_new_tokens, self.temperature, self.rule, self.seed, self.extra,
                          *below, width=330)
 
     # -- fitting the form to the method and model ----------------------------------------------------
@@ -154,6 +156,8 @@ class Form:
         self._fit_temperature(m, canvas)
         self._fit_rule(m, verify)
         self.chat.visible = self._chat_visible()
+        note = guide.model_note(self.target.value) if canvas and self.target.value else ""
+        self.model_note.object, self.model_note.visible = note, bool(note)
         self._fit_threshold(canvas)
         self.max_new_tokens.visible = verify                # a canvas: gen length instead
         self.seed.visible = self.extra.visible = not dag

@@ -8,6 +8,7 @@ tests/test_examples.py keeps them complete and fresh.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from speclab.trace import Trace, TraceError
@@ -102,3 +103,47 @@ def example(method: str, target: str, draft: str | None) -> Trace | None:
         return Trace.load(path)
     except TraceError:
         return None
+
+
+# what each diffusion model of the page is, said beside the target picker: the real adapter and the
+# toy models a class can set beside it
+DIFFUSION_MODELS = {
+    "smollm2-dllm": "the real SmolLM2-135M, adapted to block diffusion: it fills blocks of 32 slots left to "
+                    "right, each block seeing only the blocks before it",
+    "code-dllm": "a toy masked-diffusion model of the zoo trained on Python here: it sees the whole canvas, so "
+                 "a sure slot anywhere can be committed in the same step as the others",
+    "digits-dllm": "a toy masked-diffusion model of the zoo trained on digit sums: it sees the whole canvas, so "
+                   "a sure slot anywhere can be committed in the same step as the others",
+    "digits-dgemma": "a toy DiffusionGemma-style model: it denoises a canvas of random tokens (not masks), "
+                     "every slot at every step",
+}
+
+
+@functools.lru_cache(maxsize=16)          # the examples ship with the package: read once a process
+def slots_per_forward(target: str) -> dict[str, float]:
+    """method -> canvas slots committed per forward in `target`'s recorded examples (the parallelism a
+    class sees on the page), most parallel first."""
+    out = {}
+    for path in sorted(EXAMPLES.glob(f"*--{target}--none.json")):
+        try:
+            t = Trace.load(path)
+        except (TraceError, OSError, ValueError):
+            continue
+        slots = t.params.get("gen_length")
+        if t.steps_row().canvas and isinstance(slots, int) and t.totals.target_forwards:
+            out[t.method] = slots / t.totals.target_forwards
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def model_note(target: str) -> str:
+    """One line beside the target picker on a diffusion method: what the model is, and how many slots
+    a forward commits in its recorded examples (the real adapter: about one for most policies)."""
+    what = DIFFUSION_MODELS.get(target)
+    if what is None:
+        return ""
+    seen = slots_per_forward(target)
+    if not seen:
+        return f"**{target}**: {what}."
+    shown = ", ".join(f"{m} {v:.1f}" for m, v in list(seen.items())[:3])
+    low = "" if len(seen) < 4 else f"; {min(seen.values()):.1f} for the least parallel of its {len(seen)} policies"
+    return f"**{target}**: {what}. Slots committed per forward in its recorded examples: {shown}{low}."

@@ -254,6 +254,28 @@ def test_queued_runs_of_one_method_run_as_one_batch_each_with_its_own_output():
     svc.close()
 
 
+def test_the_server_warms_the_pages_models_first_and_no_wait_is_estimated_from_it():
+    """`speclab serve` loads the pair the page opens on as its first request (a class's first Run
+    then waits for no model load); that load's time is not a run's, so a page's wait is not
+    estimated from it."""
+    from speclab.apps.serve import warm_up
+    from speclab.models import zoo
+    svc = RunService(Settings(threads_per_run=1, workers=1))
+    warm = warm_up(svc, ("code-target", "code-draft"))
+    assert warm.future.result(WAIT_S) is None and warm.kind == ("warm-up", "code-target", "code-draft")
+    loaded = zoo._load_shared.cache_info().currsize
+    zoo.load_shared("code-target"), zoo.load_shared("code-draft")
+    assert zoo._load_shared.cache_info().currsize == loaded                    # both were loaded already
+    go = threading.Event()
+    busy = svc.submit(lambda: go.wait(WAIT_S), ["code-target"])
+    until(lambda: svc.position(busy) == 0, what="the held run to start")
+    queued = svc.submit_run(request())
+    assert svc.position(queued) == 1 and svc.wait_s(queued) is None       # nothing timed yet: no estimate
+    go.set()
+    assert queued.future.result(WAIT_S).output_ids
+    svc.close()
+
+
 def test_a_run_past_its_time_budget_is_stopped_and_says_which_budget():
     """run_seconds=1 and a decode whose every step takes 0.3 s: it is stopped at a step past the
     budget, with the line a page shows (which budget, and how to stay within it)."""

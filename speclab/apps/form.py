@@ -49,6 +49,15 @@ REAL_DLLM, TOY_DLLM = "smollm2-dllm", "code-dllm"
 EXAMPLE_PROMPTS = {DEFAULT_PROMPT, CHAT_PROMPT, COPY_PROMPT, *DAG_PROMPTS.values(), *DLLM_PROMPTS.values()}
 
 
+def default_pair(kinds: dict[str, list[str]]) -> tuple[str, str]:
+    """(target, draft) the page opens on: the real pair where installed, else the toy zoo's;
+    SPECLAB_DASHBOARD_TARGET names another target."""
+    pair = REAL_PAIR if all(n in kinds["causal"] for n in REAL_PAIR) else TOY_PAIR
+    if os.environ.get("SPECLAB_DASHBOARD_TARGET"):
+        pair = (os.environ["SPECLAB_DASHBOARD_TARGET"], TOY_PAIR[1])
+    return pair
+
+
 def blocks(gen_length: int) -> list[int]:
     """Block lengths that divide gen_length (the last one is a single block)."""
     return [b for b in range(1, gen_length + 1) if gen_length % b == 0 and (b >= 4 or b == gen_length)]
@@ -90,9 +99,7 @@ class Form:
         w = pn.widgets
         self.method = w.Select(name="method", options=runs.method_names(), value=DEFAULT_METHOD,
                                css_classes=["speclab-method"])
-        pair = REAL_PAIR if all(n in kinds["causal"] for n in REAL_PAIR) else TOY_PAIR
-        if os.environ.get("SPECLAB_DASHBOARD_TARGET"):
-            pair = (os.environ["SPECLAB_DASHBOARD_TARGET"], TOY_PAIR[1])
+        pair = default_pair(kinds)
         self.default_target = pair[0]
         self.target = w.Select(name="target", options=kinds["causal"], value=_pick(kinds["causal"], pair[0]),
                                css_classes=["speclab-target"])

@@ -18,12 +18,13 @@ SESSION_TOKEN_S = 1800
 
 
 def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threaded: bool = False,
-          service=None, on_session=None, **server_kw):
+          service=None, on_session=None, warm: bool = True, **server_kw):
     """Serve the dashboard at http://host:port/ (blocks unless threaded=True, which returns the
     server so a caller can .stop() it). service: the RunService every session's runs go to (default:
     one sized to the machine, SPECLAB_RUN_WORKERS / SPECLAB_RUN_THREADS / SPECLAB_RUN_BATCH where
     set); on_session:
-    called with each session's Dashboard; server_kw: passed to Panel's server."""
+    called with each session's Dashboard; warm: load the page's models before the first Run (warm_up);
+    server_kw: passed to Panel's server."""
     import panel as pn
 
     from speclab.apps.dashboard import app
@@ -34,6 +35,9 @@ def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threade
           f"{service.settings.threads_per_run} thread(s) a run, batches of up to {service.settings.batch}; "
           "Ctrl-C to stop)", flush=True)
 
+    if warm:
+        warm_up(service)
+
     def page():                  # a plain function: Panel calls functions per session (not partials)
         return app(service, on_session)
     # a class opening its pages at once: the server builds them one by one (seconds each on 2 busy
@@ -42,6 +46,20 @@ def serve(port: int = 5006, host: str = "127.0.0.1", show: bool = False, threade
     return pn.serve({"/": page}, port=port, address=host, show=show,
                     threaded=threaded, websocket_origin=[f"{host}:{port}", f"localhost:{port}", f"127.0.0.1:{port}"],
                     websocket_max_message_size=WEBSOCKET_MAX_MESSAGE, title="speclab dashboard", **server_kw)
+
+
+def warm_up(service, models: tuple[str, ...] | None = None):
+    """Load the page's models (the pair it opens on) and run them once, as the service's first
+    request, so a class's first Run waits for no model load (15-30 s for the real pair on a busy
+    2-core CPU). Its time is not one a page's wait is estimated from. -> its Ticket."""
+    from speclab.apps import runs
+    from speclab.apps.form import CHAT_MODELS, default_pair
+    models = models or default_pair(runs.zoo_models())
+
+    def load():
+        for name in models:
+            runs.run_one(name, "Hello", "ar", max_new_tokens=2, record=None, chat=name in CHAT_MODELS)
+    return service.submit(load, models, kind=("warm-up", *models), timed=False)
 
 
 def free_port() -> int:
@@ -94,7 +112,7 @@ def cmd_serve(a) -> int:
     env = settings_from_env()
     service = RunService(Settings(threads_per_run=a.threads_per_run or env.threads_per_run,
                                   workers=a.workers or env.workers, batch=a.batch or env.batch))
-    serve(port=a.port, host=a.host, show=a.show, service=service)
+    serve(port=a.port, host=a.host, show=a.show, service=service, warm=not a.no_warm)
     return 0
 
 
@@ -120,6 +138,8 @@ def add_serve(subparsers):
     p.add_argument("--batch", type=_at_least_one, default=None,
                    help="queued runs of one method, model and settings decoded as one batch (default 8; 1: "
                         "each alone)")
+    p.add_argument("--no-warm", action="store_true",
+                   help="do not load the page's models at start (the first Run then loads them)")
     p.set_defaults(func=cmd_serve)
     return p
 

@@ -118,6 +118,7 @@ class Ticket:
     batch: tuple | None = None                    # runs.batch_key: requests with one key may run as one batch
     request: dict | None = None                   # a batchable request's run_one keywords
     progress: object = None                       # and its page's progress(n)
+    timed: bool = True                            # its time is one a page's wait is estimated from
 
     def check(self) -> None:
         """Cancelled, once the request was cancelled or has run past its time budget."""
@@ -187,14 +188,16 @@ class RunService:
             ticket.batch, ticket.request, ticket.progress = runs.batch_key(request), dict(request), progress
         return self._queue(ticket)
 
-    def submit(self, fn, models=(), owner=None, kind: tuple = (), runs: int = 1, hold: bool = False) -> Ticket:
+    def submit(self, fn, models=(), owner=None, kind: tuple = (), runs: int = 1, hold: bool = False,
+               timed: bool = True) -> Ticket:
         """Any no-argument function that runs decodes (a comparison's `runs` of them), on `models`'
         turn; its time budget is `runs` x Limits.run_seconds. It stops at its next step once
-        cancelled where its decodes take `checkpoint` as their progress (submit_run's do)."""
+        cancelled where its decodes take `checkpoint` as their progress (submit_run's do). timed:
+        its time is one the pages' waits are estimated from (a warm-up's model load is not)."""
         models = tuple(dict.fromkeys(m for m in models if m))
         s = self.limits.run_seconds
         ticket = Ticket(next(self._ids), fn, models, owner, kind=tuple(kind) or ("job", *models),
-                        seconds=None if s is None else s * runs, over_time=self.limits.over_time(runs))
+                        seconds=None if s is None else s * runs, over_time=self.limits.over_time(runs), timed=timed)
         return ticket if hold else self._queue(ticket)
 
     def _queue(self, ticket: Ticket) -> Ticket:
@@ -321,7 +324,8 @@ class RunService:
             ticket.future.set_exception(e)
         else:
             with self._cv:                  # a finished run's time: what the next waits are estimated by
-                self._times.setdefault(ticket.kind, deque(maxlen=RECENT)).append(time.monotonic() - ticket.started)
+                if ticket.timed:
+                    self._times.setdefault(ticket.kind, deque(maxlen=RECENT)).append(time.monotonic() - ticket.started)
             ticket.future.set_result(result)
         finally:
             _local.ticket = None
@@ -343,7 +347,7 @@ class Batch:
     def __init__(self, members: list[Ticket], seconds: float | None):
         from speclab.apps import runs
         self.members, self.kind, self.started = members, members[0].kind, members[0].started
-        self.seconds, self.over_time = seconds, members[0].over_time
+        self.seconds, self.over_time, self.timed = seconds, members[0].over_time, True
         share, self.done = 1 / len(members), [0.0]
 
         def progress(n):

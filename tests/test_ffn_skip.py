@@ -14,7 +14,8 @@ import speclab
 from speclab.decoding.drafters.ffn_skip import Saturation
 from speclab.decoding.registry import get_method, guarantee
 from speclab.models.lean import forward as lean
-from speclab.models.lean.forward import LeanLM, SkipSet
+from speclab.models.lean.forward import LeanLM
+from speclab.models.lean.skips import SkipSet
 from speclab.trace import replay
 
 PROMPT, NEW = "def parse(line):", 24

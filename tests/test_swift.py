@@ -16,7 +16,9 @@ from speclab.decoding.registry import guarantee
 from speclab.decoding.speculative import Context, decode
 from speclab.figures.skips import skip_mask_figure
 from speclab.figures.views import view_of
-from speclab.models.lean.forward import LeanLM, SkipSet
+from speclab.models import kernels
+from speclab.models.lean.forward import LeanLM
+from speclab.models.lean.skips import SkipSet
 
 from test_rules import chi2_p    # tests/ is on the path, as for conftest
 
@@ -25,7 +27,11 @@ NEW = 32
 
 @pytest.fixture(scope="module")
 def lm(target):
-    return LeanLM(target[0], "target")
+    """The toy target's lean forward at one fixed team size: its fp32 rows are torch's ops, whose bits
+    may differ between thread counts, and a busy machine moves the "auto" size between forwards."""
+    lm = LeanLM(target[0], "target")
+    lm.team = kernels.TeamSize(1)
+    return lm
 
 
 def prefill(lm, ids, **kw):

@@ -49,7 +49,7 @@ from speclab.decoding.drafters.lookup import RequestStore, SuffixHistory
 from speclab.decoding.drafters.model import check_k, host_read
 from speclab.decoding.speculative import Context, Drafter
 from speclab.decoding.tree import DraftTree
-from speclab.models.lean.forward import SkipSet
+from speclab.models.lean.skips import SkipSet
 from speclab.trace import Decision
 
 SEARCHES = ("swap", "random")

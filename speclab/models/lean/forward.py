@@ -15,14 +15,12 @@ asks layer by layer whether to run each MLP). Logits equal the transformers forw
 (plain Llama and the deltas it implements); models.backends sends anything else to the
 transformers path.
 
-In bf16 on a CPU with AVX512-BF16 each layer is one call into speclab's native kernel
-(speclab.models.kernels): every row is then computed exactly as a one-token forward computes it,
-which makes the `exact` flag unnecessary there. Elsewhere the layers are torch ops.
+In bf16 on an x86 CPU with AVX2 or better each layer is one call into speclab's native kernel
+(speclab.models.kernels picks its path from the CPU's flags): every row is then computed exactly as a
+one-token forward computes it, which makes the `exact` flag unnecessary there. Elsewhere the layers
+are torch ops.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,73 +29,8 @@ from speclab.models import kernels
 from speclab.models.adapter import scatter_subset
 from speclab.models.geometry import is_chain, tree_depths_and_visibility, tree_positions
 from speclab.models.lean.archs import ACTIVATIONS, VERIFY_ROOM, arch_of
+from speclab.models.lean.skips import ExitLM, MlpGate, SkipLM, SkipSet
 from speclab.models.lean.weights import fuse, mm, norm_weight, pack_model, rope_tables
-
-
-@dataclass(frozen=True)
-class SkipSet:
-    """The sublayers a forward leaves out, by 0-based layer: a skipped attention or MLP adds nothing
-    to the residual stream, and a skipped attention writes no KV. Nothing misses those entries: a
-    layer's slots are read by that layer's attention only; a draft's attention (SWIFT's set changes
-    from round to round) reads the committed slots, which the verify wrote in every layer, and its
-    own round's; a layer skipped for the whole run (Unified Layer Skipping) is never read. On the
-    native kernel (bf16, AVX512-BF16) whole-layer skips run as spans of the kernel's layers; a set
-    that skips one sublayer of a layer and runs the other runs the layers as torch ops."""
-    attn: frozenset = frozenset()
-    mlp: frozenset = frozenset()
-
-    @classmethod
-    def layers(cls, idx) -> "SkipSet":
-        """Whole layers skipped (attention and MLP)."""
-        return cls(frozenset(idx), frozenset(idx))
-
-    @classmethod
-    def from_text(cls, text: str) -> "SkipSet":
-        return cls(frozenset(i for i, c in enumerate(text) if c in "ax"),
-                   frozenset(i for i, c in enumerate(text) if c in "mx"))
-
-    def __bool__(self) -> bool:
-        return bool(self.attn or self.mlp)
-
-    @property
-    def whole(self) -> frozenset:
-        """The layers skipped whole."""
-        return self.attn & self.mlp
-
-    @property
-    def partial(self) -> bool:
-        """Some layer skips one sublayer and runs the other."""
-        return self.attn != self.mlp
-
-    def __len__(self) -> int:
-        """Sublayers skipped."""
-        return len(self.attn) + len(self.mlp)
-
-    def text(self, n_layers: int) -> str:
-        """One character a layer: "." runs, "a" attention skipped, "m" MLP skipped, "x" both
-        (".x.x" skips layers 1 and 3 whole)."""
-        return "".join("x" if i in self.whole else "a" if i in self.attn else "m" if i in self.mlp else "."
-                       for i in range(n_layers))
-
-    def check(self, n_layers: int) -> "SkipSet":
-        bad = sorted(i for i in self.attn | self.mlp if not (isinstance(i, int) and 0 <= i < n_layers))
-        if bad:
-            raise ValueError(f"a skip set names layers {bad}, outside this model's 0..{n_layers - 1}")
-        return self
-
-
-class MlpGate(Protocol):
-    """A per-token choice of MLPs, made inside a one-row forward as it runs (FFN-SkipLLM): before
-    layer i's MLP the forward asks run(i); after an MLP that ran it reports ran(i, x_in, x_out),
-    the residual stream (1, C) into and out of that MLP. asks(i): whether it may still test or
-    skip layer i's MLP (False: the layer runs whole, as a native span on the kernel). Multi-row
-    forwards run every MLP."""
-
-    def asks(self, layer: int) -> bool: ...
-
-    def run(self, layer: int) -> bool: ...
-
-    def ran(self, layer: int, x_in: torch.Tensor, x_out: torch.Tensor) -> None: ...
 
 
 class LeanLM:
@@ -454,11 +387,11 @@ class LeanLM:
         self.n -= drop                  # early-exit drafts wrote slots the verify overwrites
 
     def exit_lm(self, n_layers: int):
-        return _ExitLM(self, n_layers)
+        return ExitLM(self, n_layers)
 
     def skip_lm(self, skip: SkipSet):
         """Every layer less the sublayers in `skip`, sharing this cache (SWIFT's draft)."""
-        return _SkipLM(self, skip.check(len(self.layers)))
+        return SkipLM(self, skip.check(len(self.layers)))
 
     def trim_head(self, n: int):
         """Score only the first n of a trimmed head's ids (ranked most frequent first): a smaller
@@ -480,47 +413,6 @@ class LeanLM:
         if self.head_ids is None or subset:
             return logits
         return scatter_subset(logits, self.head_ids, self.vocab_size)
-
-
-class _ExitLM:
-    """The first n_layers of a LeanLM, sharing its cache (the LayerSkip draft)."""
-
-    def __init__(self, base: LeanLM, n_layers: int):
-        self.base, self.n_layers, self.forwards = base, n_layers, 0
-        self.device = base.device
-
-    @property
-    def length(self):
-        return self.base.n
-
-    def forward(self, ids, parents=None, n_prefix=0, logits_to_keep=0):
-        self.forwards += 1
-        saved = self.base.forwards
-        out = self.base.forward(ids, parents, n_prefix, logits_to_keep, n_layers=self.n_layers)
-        self.base.forwards = saved      # a draft forward, not a target forward
-        return out
-
-
-class _SkipLM(_ExitLM):
-    """A LeanLM less a skip set, sharing its cache (the SWIFT draft): forward, and forward_rows for
-    scoring a candidate set on committed text in slots past the cache's end."""
-
-    def __init__(self, base: LeanLM, skip: SkipSet):
-        super().__init__(base, None)
-        self.skip = skip
-
-    def forward(self, ids, parents=None, n_prefix=0, logits_to_keep=0):
-        return self._draft(self.base.forward, ids, parents, n_prefix, logits_to_keep, skip=self.skip)
-
-    def forward_rows(self, ids, pos, vis, score=None):
-        return self._draft(self.base.forward_rows, ids, pos, vis, score, skip=self.skip)
-
-    def _draft(self, fn, *args, **kw):
-        self.forwards += 1
-        saved = self.base.forwards
-        out = fn(*args, **kw)
-        self.base.forwards = saved
-        return out
 
 
 MATMUL_ROWS = 64              # attention rows computed with plain matmuls (see LeanLM._attend)

@@ -4,12 +4,9 @@ first layers or all but a skip set, sharing its cache (LayerSkip's and SWIFT's d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from speclab.models.lean.forward import LeanLM
 
 
 @dataclass(frozen=True)
@@ -81,7 +78,7 @@ class MlpGate(Protocol):
 class ExitLM:
     """The first n_layers of a LeanLM, sharing its cache (the LayerSkip draft)."""
 
-    def __init__(self, base: LeanLM, n_layers: int):
+    def __init__(self, base, n_layers: int):           # base: the LeanLM whose cache it shares
         self.base, self.n_layers, self.forwards = base, n_layers, 0
         self.device = base.device
 
@@ -101,7 +98,7 @@ class SkipLM(ExitLM):
     """A LeanLM less a skip set, sharing its cache (the SWIFT draft): forward, and forward_rows for
     scoring a candidate set on committed text in slots past the cache's end."""
 
-    def __init__(self, base: LeanLM, skip: SkipSet):
+    def __init__(self, base, skip: SkipSet):
         super().__init__(base, None)
         self.skip = skip
 

@@ -64,10 +64,10 @@ def start_server(port: int, log, **env) -> subprocess.Popen:
     return start_process(port, log, **env)
 
 
-# in the page, once a second until the run is drawn: the queue line's text each time it changes
+# in the page, four times a second until the run is drawn: the queue line's text each time it changes
 WATCH_QUEUE = f"""() => {{ window.__queue = []; const read = {DEEP_TEXT};
   window.__watch = setInterval(() => {{ const t = read('speclab-queue');
-    if (t && t !== window.__queue[window.__queue.length - 1]) window.__queue.push(t); }}, 1000); }}"""
+    if (t && t !== window.__queue[window.__queue.length - 1]) window.__queue.push(t); }}, 250); }}"""
 
 
 async def session(ctx, url: str, prompt: str, method: str, tokens: int, go: asyncio.Event, ready: list,
@@ -191,6 +191,7 @@ def main(argv=None) -> int:
                     help="pages loading at once before the common Run (0: all at once; the server builds a "
                          "session's page in turn, and Bokeh drops a page whose session waited over 5 minutes)")
     ap.add_argument("--no-reference", action="store_true", help="skip the greedy-ar output check")
+    ap.add_argument("--pages", help="write each page's record (its queue lines, times, output) to this JSON file")
     a = ap.parse_args(argv)
     methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
     if no_chromium():
@@ -229,6 +230,9 @@ def main(argv=None) -> int:
                   batched=sum(bool(r.get("batched")) for r in results),
                   server_rss_mb=dict(idle=idle_mb, peak=peak_mb), server_log=log.name)
     print(json.dumps(report))
+    if a.pages:
+        with open(a.pages, "w", encoding="utf-8") as f:
+            json.dump(results, f, ensure_ascii=False, indent=1)
     for r in errors + crosstalk:
         print("  problem:", json.dumps(r, ensure_ascii=False), file=sys.stderr)
     return 0 if not errors and not crosstalk and len(lat) == a.sessions else 1

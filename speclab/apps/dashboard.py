@@ -27,6 +27,7 @@ import inspect
 import io
 import logging
 import traceback
+import weakref
 
 import panel as pn
 
@@ -263,7 +264,8 @@ class Dashboard:
         except Exception as e:   # a bug, not bad input: still say so in the page and keep the session
             self.run_failed(f"the run failed unexpectedly: {type(e).__name__}: {e}")
             return None
-        self.show_trace(trace)
+        async with draw_turn():
+            self.show_trace(trace)
         return trace
 
     async def wait(self, ticket: Ticket, total: int, note: str | None = None, done=None):
@@ -448,6 +450,21 @@ class Dashboard:
             self.error(f"could not use the URL arguments: {e}")
             return False
         return get.get("run") == "1"
+
+
+_TURNS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
+
+
+def draw_turn() -> asyncio.Lock:
+    """The server loop's drawing turn: one finished run's figures are drawn at a time, the loop's other
+    work in between. A batch of eight runs ends at once, and drawing a run takes its page 1-2 s of the
+    one loop every page shares: drawn back to back they held the pages that had just pressed Run for
+    10 s or more before the server could tell them their place in line."""
+    loop = asyncio.get_running_loop()
+    turn = _TURNS.get(loop)
+    if turn is None:
+        turn = _TURNS[loop] = asyncio.Lock()
+    return turn
 
 
 def about(seconds: float | None) -> str:

@@ -339,6 +339,7 @@ TRAIN_RECIPES = {
     "flexdraft": ("flexdraft", False),
     "learn2pd": ("learn2pd", False),
     "judge": ("judge", False),
+    "vocab": ("vocab", False),          # a draft's vocabulary size, searched (not a model trained)
 }
 
 

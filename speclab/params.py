@@ -143,6 +143,7 @@ BOUNDS: dict[str, tuple[float, str]] = {
     "min_match": (SIZE, "tokens matched"), "grow": (SIZE, "tokens added"), "lookup": (SIZE, "lookup drafts"),
     "override": (SIZE, "tokens matched"), "n": (LENGTH, "tokens the leader writes"),
     "chunk": (LENGTH, "tokens a chunk"), "query": (LENGTH, "query tokens"), "retrieve": (LENGTH, "tokens retrieved"),
+    "retrieval": (256, "retrieval tree nodes"),
     "pool_size": (1024, "n-grams pooled"), "window": (1024, "positions in the window"),
     "draft_steps": (SIZE, "draft steps"), "branch_slots": (SIZE, "slots branched"), "branch_tokens": (SIZE, "tokens a branch"),
     "max_explore": (SIZE, "explorations a step"), "radius": (1024, "positions"), "window_unmasked": (1024, "positions"),
@@ -158,12 +159,14 @@ BOUNDS: dict[str, tuple[float, str]] = {
     "late": (SCALE, "margin"), "tau_high": (SCALE, "margin"), "tau_low": (SCALE, "margin"),
     "beta": (SCALE, "weight"), "viterbi_beta": (SCALE, "weight"), "beam_alpha": (SCALE, "weight"),
     "temperature": (SCALE, "temperature"), "cost": (SCALE, "ar steps a drafted token"),
+    "temp": (SCALE, "temperature"), "penalty": (SCALE, "log-probability penalty"),
+    "self_text": (LENGTH, "tokens a prompt"),
 }
 # numbers that take any finite value: probabilities and fractions each method checks in [0, 1], and
 # an entropy bound, where a huge value means "commit everything" (each is still finite: parse_value)
 UNBOUNDED = {"threshold", "skip_ratio", "max_score", "alpha", "theta", "relaxed", "edit_threshold",
              "spatial_threshold", "temporal_threshold", "delimiter_threshold", "end_threshold", "top_p",
-             "entropy_bound", "seed", "min_prob", "p"}
+             "entropy_bound", "seed", "min_prob", "p", "prune"}
 
 
 def check_bounds(owner: str, params: dict) -> None:

@@ -353,6 +353,19 @@ class DraftLength(Record):
     entropy: float | None = None
 
 
+@record("round")
+class RetrievalFusion(Record):
+    """RASD's round: the retrieval tree's nodes (rasd_found) after a suffix match of rasd_match
+    tokens, the nodes pruned with their branches because the draft gave the branch's first token
+    too little probability (rasd_pruned), the kept nodes already in the draft's tree (rasd_shared:
+    source "both") and those added below it (rasd_added)."""
+    rasd_match: int | None = None
+    rasd_found: int | None = None
+    rasd_pruned: int | None = None
+    rasd_shared: int | None = None
+    rasd_added: int | None = None
+
+
 # -- a denoising step's records ------------------------------------------------------------------
 @record("step")
 class NoiseCanvas(Record):
@@ -430,10 +443,16 @@ class EditState(Record):
 
 @record("step")
 class EteRound(Record):
-    """ETE's round: the information committed (nats), the slots explored, their cascades [slot, size],
-    and how many crossed the budget."""
+    """ETE's round: the information committed (nats), the explored slots' share of it, the nats so far
+    (rounds >= them / budget), the slots explored and their entropy (nats), the commits outside the
+    active block, the cascades [slot, size] of the slots the round before explored, and how many
+    slots crossed the threshold since."""
     information: float | None = None
+    explore_information: float | None = None
+    information_total: float | None = None
     explored: list[int] | None = None
+    explored_entropy: list[float | None] | None = None
+    outside_block: int | None = None
     cascade: list[list[int]] | None = None
     crossed: int | None = None
 

@@ -6,6 +6,7 @@ dataclasses, saved as JSON (never pickle), checked on load. One Trace holds one 
   speculative  `rounds`:   one Round per target forward (the AR baseline is a round with no draft)
   diffusion    `denoise`:  one DenoiseStep per model forward
   dag          `dag`:      one DagRun (graph summary plus each decoding strategy's path)
+  superposed   `rounds`:   one Round per forward, its beam of k drafts a record (speclab/beam.py)
 
 Which field holds an engine's steps, how many a player walks, how they replay, and what a step and
 the rate are called is the engine's `Steps` row (STEPS, `steps_of(trace)`): replay, metrics, the
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from speclab import metrics, records
+from speclab import beam, metrics, records
 from speclab.trace_schema import (ACCEPTED, DECISIONS, EMITTED_KINDS, MASK, MAX_CANVAS, MAX_DRAFT,  # noqa: F401
                                   MAX_JSON_DEPTH, MAX_NUMBER, MAX_TOKEN_ID, MAX_TRACE_BYTES, NOT_REACHED,
                                   RECORD_LEVELS, REJECTED, SCHEMA, SCHEMA_NAME, SCHEMA_VERSION, THRESHOLD_SCALES,
@@ -568,6 +569,9 @@ STEPS: dict[str, Steps] = {s.engine: s for s in (
           count=lambda t: len(t.denoise), replay=_replay_denoise, canvas=True, check=_check_canvas),
     Steps(engine="dag", field="dag", noun="strategy", rate="tau", count=lambda t: len(_dag_strategies(t)),
           replay=_dag_output, names=_dag_strategies),
+    # Superposed Decoding: one step a forward, k drafts in a beam, nothing committed (speclab/beam.py)
+    Steps(engine="superposed", field="rounds", noun="step", rate="tokens per forward",
+          count=lambda t: len(t.rounds), replay=beam.replay_beam, check=beam.check_beam),
 )}
 
 

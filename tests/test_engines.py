@@ -207,7 +207,7 @@ def test_the_rows_hold_what_each_engine_decides():
     assert not (DIFFUSION.verify or DIFFUSION.draft or DIFFUSION.batch)
     assert {e.name: (e.kind, e.noun, e.rate) for e in ENGINES.values()} == {
         "speculative": ("causal", "round", "tau"), "diffusion": ("diffusion", "step", "tokens per forward"),
-        "dag": ("dag", "strategy", "tau")}
+        "dag": ("dag", "strategy", "tau"), "superposed": ("causal", "step", "tokens per forward")}
     assert {e.steps.field for e in ENGINES.values()} == {"rounds", "denoise", "dag"}
     # the bench's baseline on each engine's targets (a DAG names none: it is not benched)
     assert (SPECULATIVE.baseline(None), DIFFUSION.baseline(None), get_engine("dag").baseline) == ("ar", "dllm-lowconf", None)

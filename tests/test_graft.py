@@ -34,6 +34,10 @@ def test_greedy_identical_to_ar_and_within_its_budget(target, eagle, heldout_pro
                 assert d.output["grafted"] == rnd.info["grafted"]
                 assert all(p < 1.0 for p in d.inputs["pruned_p"])
                 assert d.inputs["pruned_p"] == sorted(d.inputs["pruned_p"])   # the least likely first
+                # the copy takes the slots pruning freed, and no more: the tree's size less the pruned
+                # plus the grafted is what the verify holds; where a leaf went, the budget is full
+                assert rnd.drafted == d.inputs["tree"] - d.output["pruned"] + d.output["grafted"]
+                assert not d.output["pruned"] or rnd.drafted == 4
             pruned += rnd.info.get("pruned", 0)
             grafted += rnd.info.get("grafted", 0)
     assert pruned > 0 and grafted > 0                                 # code repeats: copies pushed leaves out

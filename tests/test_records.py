@@ -151,7 +151,7 @@ def html_unescape(s: str) -> str:
     return html.unescape(s)
 
 
-@pytest.mark.parametrize("example", ["swift--", "dllm-lowconf--", "dag-all--", "osd--", "pearl--"])
+@pytest.mark.parametrize("example", ["swift--", "dllm-lowconf--", "dag-all--", "osd--", "pearl--", "superposed--"])
 def test_the_player_the_dashboard_and_the_export_show_the_same_set(example, tmp_path):
     trace = Trace.load(next(f for f in EXAMPLES if Path(f).name.startswith(example)))
     if example == "osd--":

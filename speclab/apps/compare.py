@@ -126,9 +126,13 @@ class ComparePanel:
         be checked without a model (past the service's limits too)."""
         page = self.page
         family = runs.engine(page.form.method.value)
-        if family not in runs.BASELINE:
+        if family not in runs.BASELINE and runs.is_dag(page.form.method.value):
             raise ValueError("a DAG decodes in one forward: choose dag-all in the form and press Run, and the Step "
                              "tab shows every strategy's path and output side by side")
+        if family not in runs.BASELINE:
+            raise ValueError(f"{page.form.method.value} has no family to race here: Compare times speculative methods "
+                             "against ar and diffusion policies against one-per-step; press Run, and its step figures "
+                             "show what it does")
         base, ref = runs.BASELINE[family]
         chosen = [m for m in self.methods.value if runs.same_engine(m, base) and m != base]
         if not chosen:

@@ -143,7 +143,7 @@ class Dashboard:
                             dynamic=False)
         self.guide_card = guide_card = pn.Card(pn.pane.Markdown(guide.GLOSSARY), title="Glossary", collapsed=True,
                              sizing_mode="stretch_width", css_classes=["speclab-glossary"])
-        self.intro = pn.pane.Markdown(guide.INTRO[runs.engine(self.form.method.value)], css_classes=["speclab-intro"],
+        self.intro = pn.pane.Markdown(guide.intro(self.form.method.value), css_classes=["speclab-intro"],
                                       sizing_mode="stretch_width")
         self.main = pn.Column(pn.Row(self.intro, pn.Column(self.projector, self.lesson_toggle)), guide_card,
                               self.alert, self.viewer.status,
@@ -204,7 +204,7 @@ class Dashboard:
     def _form_changed(self) -> None:
         """Another method or target: the run on the page no longer matches the form."""
         self.compare.fit()
-        self.intro.object = guide.INTRO[runs.engine(self.form.method.value)]
+        self.intro.object = guide.intro(self.form.method.value)
         # back on a pair and method with a recorded example, its prompt untouched: the example again
         # (rather than empty axes); otherwise the run on the page no longer matches the form
         if self.form.prompt.value in EXAMPLE_PROMPTS and self.show_example() is not None:

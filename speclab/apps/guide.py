@@ -28,11 +28,24 @@ one forward that proposes a token for every masked slot with a confidence; the *
 ones it trusts (above the dashed threshold line) and leaves the rest masked for the next step. Fewer
 steps than tokens is the speed-up; committing too eagerly costs quality. Step through with the player
 (or the &larr; &rarr; keys); **Summary** shows the order the canvas was written in.""",
+    "superposed": """**What you are looking at.** Superposed Decoding writes k drafts for the reader from ONE forward a
+token: the model reads a weighted mix of the drafts' last token embeddings, each draft's top candidates are scored by
+the model and by an n-gram table, and the best k continuations are kept. It is not speculative: nothing is verified,
+and the drafts are the model's guesses, not its own greedy text. Step through with the player to see the k drafts side
+by side, their scores and the mix's weights.""",
     "dag": """**What you are looking at.** A Directed Acyclic Transformer predicts a whole graph of tokens in one
 forward; decoding is choosing a path through it. Each step of the player is one strategy (greedy,
 lookahead, Viterbi, sampling, beam): its path is drawn on the graph, and different paths can give
 different, equally valid outputs.""",
 }
+
+def intro(method: str) -> str:
+    """What to look at for `method`: its engine's paragraph; an engine registered without one (a run-time
+    engine of a user's) gets a line that still says where to look."""
+    from speclab.apps import runs
+    return INTRO.get(runs.engine(method), f"**What you are looking at.** A run of `{method}` "
+                     f"({runs.engine(method)} engine): step through it with the player (or the &larr; &rarr; keys).")
+
 
 GLOSSARY = """| term | meaning |
 |---|---|

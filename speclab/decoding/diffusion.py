@@ -4,7 +4,8 @@ State: the canvas x = prompt + G generation slots, initially all <|mask|>, cut i
 `block_length` decoded left to right (semi-autoregressive; block_length = G is one block). Each
 step is ONE forward over the whole canvas; per generation position it gives the proposed token
 x0 (argmax, or Gumbel-max at temperature T), its probability, and the top-1/top-2 margins; the
-policy picks which masked positions of the active block to commit. A policy that revises may also
+policy picks which masked positions of the active block to commit (a cross-block choice, ETE's: of
+any block the model saw; a later block it filled is skipped). A policy that revises may also
 rewrite committed positions of the active block with the step's proposal, or take them back
 (re-mask them), and ask for more forwards over a block it has filled (LLaDA 2.1's post-edit steps):
 each such change is a trace Edit, applied before the step's commits when replayed. Earlier blocks
@@ -126,7 +127,7 @@ def denoise(den, prompt_ids: list[int], policy, gen_length: int, block_length: i
             editable[:lo] = editable[hi:] = False
             ch: Choice = policy.select(View(step, total_steps, (lo, hi), i, eligible, seen, x0, conf,
                                             lmargin, rand, prev_x0, entropy, x[P:], editable))
-            commit = ch.commit & (seen if ch.finish else eligible)
+            commit = ch.commit & (seen if ch.finish or ch.cross_block else eligible)
             if eligible.any() and not commit.any():                     # a step with masks commits something
                 commit[torch.where(eligible, conf, torch.full_like(conf, -1.0)).argmax()] = True
             edits = apply_edits(x[P:], ch, editable, x0, MASK)

@@ -207,29 +207,35 @@ class AdaBlock(DiffusionPolicy):
 
 @dataclass
 class ETE(DiffusionPolicy):
-    """speclab's reading of ETE, explore-then-exploit (Fu et al. 2025, "From Bits to Rounds",
-    arXiv 2511.21103), known from its abstract only. A round committing the set S carries
-    I = sum over S of -log p(x0) nats; a text of NLL nats needs at least NLL / B rounds when no
-    round carries more than B, and a token above a threshold tau carries at most -log tau, so
-    committing only near-certain tokens takes many rounds. Each round here:
-        exploit: commit every eligible slot with p(x0) >= threshold; I = their information
+    """ETE, explore-then-exploit (Fu et al. 2025, "From Bits to Rounds", arXiv 2511.21103), read from
+    its abstract: the paper's full text was not found, so the explore rule, the budget and the
+    defaults below are speclab's. A round committing the set S carries I = sum over S of -log p(x0)
+    nats; a text of NLL nats needs at least NLL / B rounds when no round carries more than B, and a
+    token above a threshold tau carries at most -log tau, so committing only near-certain tokens
+    takes many rounds. Each round here:
+        exploit: commit every masked slot with p(x0) >= threshold; with cross_block (the abstract's
+                 cross-block decoding) every such slot the model saw, later blocks included, else
+                 the active block's only; I = their information
         explore: while I < budget and fewer than max_explore are explored, also commit the next
-                 uncertain slot (explore_by="confidence": the most confident below the threshold;
-                 "leftmost": the leftmost), adding its -log p(x0) to I
+                 uncertain slot of the active block (explore_by="confidence": the most confident
+                 below the threshold; "leftmost": the leftmost), adding its -log p(x0) to I
     Explored tokens re-condition the model; the cascade an explored token set off is the number of
     slots below the threshold in its round that pass it in the next (each crossing counted for the
-    nearest explored slot, ties to the left). How explored tokens are chosen, the budget and the
-    defaults are speclab's choices: the abstract gives none. budget=0 or max_explore=0 is the
-    threshold policy (its forced best commit when nothing passes). Commits stay inside the engine's
-    block: on a whole-canvas dLLM with block_length unset that is the canvas (ETE decodes across
-    blocks); a block-causal model has not seen later blocks. Recorded per round: info["information"]
-    (nats committed), info["explored"], info["cascade"] ([slot, size] for each slot the round before
-    explored), info["crossed"], and the Decisions "ete exploit", "ete explore", "ete round" (its
-    information against the budget) and "ete cascade"."""
+    nearest explored slot, ties to the left). budget=0 or max_explore=0 with cross_block=False is
+    the threshold policy (its forced best commit when nothing passes). Cross-block commits need a
+    model that saw the later blocks: a whole-canvas dLLM (digits-dllm, code-dllm); a block-causal
+    one (smollm2-dllm) saw only its block, where every commit then stays.
+    Recorded per round (EteRound): info["information"] (nats committed), ["explore_information"]
+    (the explored slots' share), ["information_total"] (nats so far: rounds >= it / budget),
+    ["explored"] and ["explored_entropy"] (their entropy, nats), ["outside_block"] (commits outside
+    the active block), ["cascade"] ([slot, size] for each slot the round before explored),
+    ["crossed"]; and the Decisions "ete exploit", "ete explore", "ete round" (its information against
+    the budget) and "ete cascade"."""
     threshold: float = 0.9
     budget: float = 1.0
     max_explore: int = 2
     explore_by: str = "confidence"
+    cross_block: bool = True
 
     def plan(self, gen_length: int, n_blocks: int) -> int:
         Threshold(self.threshold).plan(gen_length, n_blocks)
@@ -240,19 +246,21 @@ class ETE(DiffusionPolicy):
             raise ValueError(f"max_explore must be an integer >= 0 (0: never explore), got {m!r}")
         if self.explore_by not in ("confidence", "leftmost"):
             raise ValueError(f"explore_by must be confidence or leftmost, got {self.explore_by!r}")
-        self._last = None                       # (slots explored, slots left below the threshold)
+        if not isinstance(self.cross_block, bool):
+            raise ValueError(f"cross_block must be true or false, got {self.cross_block!r}")
+        self._last, self._total = None, 0.0     # (slots explored, slots left below the threshold); nats so far
         return gen_length
 
     def start_block(self, n_masked: int):
         pass
 
-    def cascades(self, v: View) -> tuple[list, list[Decision], int]:
+    def cascades(self, v: View, scope: torch.Tensor) -> tuple[list, list[Decision], int]:
         """The slots that crossed the threshold since the last round, each counted for the nearest
         slot that round explored: ([slot, size] per explored slot, their Decisions, crossings)."""
         if self._last is None:
             return [], [], 0
         explored, below = self._last
-        crossed = [p for p in below if v.eligible[p] and v.conf[p] >= self.threshold]
+        crossed = [p for p in below if scope[p] and v.conf[p] >= self.threshold]
         by = {e: [] for e in explored}
         for p in crossed if explored else ():
             by[min(explored, key=lambda e: (abs(e - p), e))].append(p)
@@ -261,22 +269,29 @@ class ETE(DiffusionPolicy):
         return [[e, len(ps)] for e, ps in by.items()], ds, len(crossed)
 
     def select(self, v: View) -> Choice:
-        cascade, decisions, crossed = self.cascades(v)
+        lo, hi = v.block
+        scope = v.masked if self.cross_block else v.eligible        # where the threshold may commit
+        cascade, decisions, crossed = self.cascades(v, scope)
         nats = -v.conf.double().clamp_min(1e-30).log()            # (G,) information of each proposal
-        exploit = v.eligible & (v.conf >= self.threshold)
+        ent = v.entropy
+        exploit = scope & (v.conf >= self.threshold)
         info = float(nats[exploit].sum())
-        decisions += [Decision("ete exploit", {"p": p4(v.conf[p])}, self.threshold, "commit", at=p)
+        decisions += [Decision("ete exploit", {"p": p4(v.conf[p])}, self.threshold, "commit", at=p,
+                               note="" if lo <= p < hi else "outside the active block")
                       for p in exploit.nonzero().flatten().tolist()]
         uncertain = v.eligible & ~exploit
         order = ranked(v.conf, uncertain) if self.explore_by == "confidence" else uncertain.nonzero().flatten()
-        explored = []
+        explored, explore_info = [], 0.0
         for p in order.tolist():
             if len(explored) >= self.max_explore or info >= self.budget:
                 break
             decisions.append(Decision("ete explore", {"round information": p4(info), "p": p4(v.conf[p]),
-                                                      "-log p": p4(nats[p])}, self.budget, "explore", at=p))
+                                                      "-log p": p4(nats[p]),
+                                                      "entropy": None if ent is None else p4(ent[p])},
+                                      self.budget, "explore", at=p))
             explored.append(p)
             info += float(nats[p])
+            explore_info += float(nats[p])
         commit = exploit.clone()
         commit[explored] = True
         if not commit.any() and v.eligible.any():                   # no exploring: the threshold rule's best
@@ -285,12 +300,18 @@ class ETE(DiffusionPolicy):
             info += float(nats[best])
             decisions.append(Decision("ete exploit", {"p": p4(v.conf[best])}, self.threshold,
                                       "forced (best masked)", at=best))
+        self._total += info
+        outside = int(commit.sum()) - int(commit[lo:hi].sum())
         decisions.append(Decision("ete round", {"information": p4(info), "committed": int(commit.sum()),
-                                                "explored": len(explored), "crossed": crossed},
+                                                "explored": len(explored), "crossed": crossed,
+                                                "outside block": outside, "information so far": p4(self._total)},
                                   self.budget, len(explored)))
-        self._last = (explored, (uncertain & ~commit).nonzero().flatten().tolist())
-        return Choice(commit, self.threshold, "probability", decisions=decisions,
-                      info={"information": p4(info), "explored": explored, "cascade": cascade, "crossed": crossed})
+        self._last = (explored, (scope & ~commit & (v.conf < self.threshold)).nonzero().flatten().tolist())
+        return Choice(commit, self.threshold, "probability", decisions=decisions, cross_block=self.cross_block,
+                      info={"information": p4(info), "explore_information": p4(explore_info),
+                            "information_total": p4(self._total), "explored": explored,
+                            "explored_entropy": [None if ent is None else p4(ent[p]) for p in explored],
+                            "outside_block": outside, "cascade": cascade, "crossed": crossed})
 
 
 FASTV2_CACHES = ("sub-block", "block", "none")

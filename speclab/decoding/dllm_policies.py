@@ -56,6 +56,8 @@ class Choice:
     reasons: dict[int, str] = field(default_factory=dict)   # position -> why it was edited (Edit.reason)
     more: bool = False                      # one more forward over this block even if it holds no mask
     decisions: list[Decision] = field(default_factory=list)
+    cross_block: bool = False               # commits may land on any masked slot the model saw (a whole-
+                                            # canvas dLLM: later blocks too; a block-causal one: its block)
 
 
 class DiffusionPolicy(Protocol):

@@ -4,6 +4,7 @@
     speculative   causal      rounds                 round / tau                     yes     yes    yes    ar
     diffusion     diffusion   denoise                step / tokens per forward       no      no     no     dllm-lowconf
     dag           dag         dag                    strategy / tau                  no      no     no     (none)
+    superposed    causal      rounds                 step / tokens per forward       no      no     no     ar
 
 An `Engine` row holds the model kind it decodes (and how an error names it), `run(target, prompt,
 method, **kw) -> Result` (its door: spec_run.generate, dllm_run.run_dllm, the DAG decoder below), how
@@ -38,6 +39,7 @@ from speclab.decoding.dllm_run import run_dllm
 from speclab.decoding.registry import Method, get_method, method_params, param_types
 from speclab.decoding.result import Result
 from speclab.decoding.spec_run import generate
+from speclab.decoding.superposed import run_superposed
 from speclab.models.loading import as_model, model_kind
 from speclab.params import check_types
 from speclab.trace import STEPS, Steps, Trace, register_steps, unregister_steps
@@ -241,3 +243,8 @@ DAG = register_engine(Engine(
     name="dag", kind="dag", kind_is="a DA-Transformer", decoders="a dag-* method (dag-viterbi, dag-greedy, ...)",
     wrong_target="{method} needs a DA-Transformer target (numwords-dat, dates-dat), not {target} ({its})",
     run=run_dag_method, steps=STEPS["dag"]))
+SUPERPOSED = register_engine(Engine(
+    name="superposed", kind="causal", kind_is="a causal LM", decoders="superposed, ar, draft-model, ...",
+    wrong_target="{target} is {its}: {method} writes its drafts with a causal LM (Llama, Qwen2, ...); decode "
+                 "{target} with {use}",
+    run=run_superposed, steps=STEPS["superposed"], baseline=lambda model: "ar"))

@@ -310,8 +310,9 @@ register(Method(name="dllm-draft", family="speculative", engine="speculative", g
                 draft=Draft("dllm", "a block-diffusion LM", {"smollm2-135m": "smollm2-dllm"})))
 from speclab.decoding.drafters.osd import OsdDrafter  # noqa: E402
 register(Method(name="osd", family="speculative", engine="speculative", guarantee=AR,
-                summary="draft-model's chain through a low-rank adapter on the draft's head, distilled online on the "
-                        "target's distributions where the verify rejected, every `interval` buffered positions; the "
+                summary="draft-model's chain with the draft distilled online (train=all: the whole draft, a copy the "
+                        "caller owns; train=head: a low-rank adapter on its head) on the target's distributions where "
+                        "the verify rejected, every `interval` buffered positions, by KL, reverse KL or JSD; the "
                         "caller's history keeps it across requests (OSD, Liu et al. ICML 2024)",
                 drafter=OsdDrafter, inputs=DRAFT, draft=DRAFT_LM))
 from speclab.decoding.drafters.clover import CloverDrafter  # noqa: E402
@@ -343,6 +344,20 @@ register(Method(name="rapid", family="speculative", engine="speculative", guaran
                         "(RAPID, Chen et al. ICML 2025; its enriched target: rule=rapid, lossy)",
                 drafter=RapidDrafter, inputs=DRAFT, draft=DRAFT_LM, batchable=True,
                 adaptive=lambda p: p["threshold"] is not None or p["schedule"] != "fixed"))
+from speclab.decoding.drafters.rasd import RASDDrafter  # noqa: E402
+register(Method(name="rasd", family="feature-head", engine="speculative", guarantee=AR,
+                summary="a retrieval tree (the continuations of the context's longest earlier suffix) pruned where "
+                        "the EAGLE head gives a branch's first token little probability, fused with the head's tree by "
+                        "longest prefix matching, one verify (RASD, Quan et al. Findings of ACL 2025; draft: an EAGLE "
+                        "head)", drafter=RASDDrafter, inputs={**TARGET_AND_DRAFT, "key": vocabulary_of_target},
+                draft=EAGLE_HEAD, tree=True))
+from speclab.decoding.superposed import SuperposedConfig  # noqa: E402
+register(Method(name="superposed", family="superposed", engine="superposed", guarantee="lossy", sampling=False,
+                summary="k drafts for the user from one forward a token over the superposition (score-weighted mix) "
+                        "of the drafts' last token embeddings; each step keeps the best k of k x topk candidates, "
+                        "the LM's log-probability interpolated with an n-gram table's (the shipped prompt sets "
+                        "and the model's own text); no verify (Superposed Decoding, Shen et al. NeurIPS 2024)",
+                config=SuperposedConfig))
 
 
 DAG_SUMMARY = {
@@ -384,8 +399,8 @@ DLLM_POLICIES = {   # method -> (its policy's config, summary)
                     "n steps"),
     "dllm-adablock": (AdaBlock, "AdaBlock-dLLM: threshold commits in adaptive blocks that end at a confident "
                                 "delimiter (inside the engine's block)"),
-    "dllm-ete": (ETE, "ETE (From Bits to Rounds; speclab's reading): threshold commits, plus uncertain slots "
-                      "explored until a round carries a budget of nats"),
+    "dllm-ete": (ETE, "ETE (From Bits to Rounds, Fu et al. 2025; speclab's reading of its abstract): threshold "
+                      "commits across blocks, plus uncertain slots explored until a round carries a budget of nats"),
     "dllm-learn2pd": (Learn2PD, "Learn2PD: a filter trained on the dLLM's own runs commits the slots it scores as "
                                 "final; end-of-text prediction"),
     "dllm-fastv2": (FastV2, "threshold commits in sub-blocks filled left to right, each step running only the "

@@ -34,6 +34,11 @@ step, so a player can update a figure in place and an export can animate it with
                                    over its accepted length (every trace holding skip masks)
     slice_figure(trace, step)      rounds x context positions: the retrieved slice a RAG drafter reads
                                    against the target's whole context (RAPID; figures/rapid.py)
+    fusion_figure(trace, step)     a fused retrieval + draft tree coloured by each node's origin, the
+                                   retrieved branches pruned beside it (RASD; figures/rasd.py)
+    beam_frame(trace, step)        Superposed Decoding's k drafts side by side with their scores, one
+                                   step's beam; candidates_html / weights_figure: its candidate table
+                                   and superposition weights (figures/superposed.py)
     view_of(trace), add_figure     which figures a trace shows (figures.views: one spec per engine,
                                    the figures a method adds); every front end reads it
 """

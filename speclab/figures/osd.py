@@ -3,8 +3,8 @@
     osd_updates(trace)          (round, the osd Decision) for every update the run recorded
     osd_figure(trace, step)     per round, the share of its draft the target accepted (bars) and
                                 its running mean over the last 8 rounds (line); a dotted vertical
-                                line at each update (hover: buffer, loss before / after, steps,
-                                lr, seconds); on the right axis, the draft version each round
+                                line at each update (hover: what is trained and the loss, buffer,
+                                loss before / after, steps, lr, seconds); on the right axis, the draft version each round
                                 drafted with (rounds' info["draft_version"]); `step` marked
     has_osd_versions(trace)     some round recorded a draft version
 
@@ -58,7 +58,9 @@ def osd_figure(trace: Trace, step: int | None = None) -> go.Figure:
         x = i + 1.5                 # after round i + 1's verify: the next round drafts with it
         ux += [x, x, None]
         uy += [0, 1.05, None]
-        text = (f"update after round {i + 1}: version {d.inputs.get('version')}<br>buffer {d.inputs.get('buffer')} "
+        what = f"{d.inputs.get('train', 'head')}, {d.inputs.get('loss', 'kl')}" + (
+            f" (beta {num(d.inputs['beta'])})" if "beta" in d.inputs else "")
+        text = (f"update after round {i + 1}: version {d.inputs.get('version')} ({what})<br>buffer {d.inputs.get('buffer')} "
                 f"({d.inputs.get('new')} new), {d.inputs.get('steps')} steps of lr {num(d.inputs.get('lr'))}<br>"
                 f"loss {num(d.inputs.get('loss_before'))} -> {num(d.inputs.get('loss_after'))}, "
                 f"{num(d.inputs.get('seconds'))} s")

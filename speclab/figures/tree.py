@@ -9,6 +9,8 @@ rescued (figures.verdicts). A chain is a tree of width one.
 """
 from __future__ import annotations
 
+import functools
+
 import networkx as nx
 import plotly.graph_objects as go
 
@@ -113,6 +115,15 @@ def context_token(trace: Trace, step: int) -> int | None:
     return trace.prompt_ids[-1] if trace.prompt_ids else None
 
 
+def edge_xy(pos: dict, edges) -> tuple[list, list]:
+    """Line segments through the laid-out nodes (pos: node -> (x, y)), None between them, for one trace."""
+    xs, ys = [], []
+    for a, b in edges:
+        xs += [pos[a][0], pos[b][0], None]
+        ys += [pos[a][1], pos[b][1], None]
+    return xs or [None], ys or [None]
+
+
 def tree_parts(trace: Trace, step: int = 0) -> dict:
     """The tree as plain dicts (data, xaxis, yaxis, title, height): cheap to build per frame."""
     step = check_step(trace, step, len(trace.rounds))
@@ -121,14 +132,7 @@ def tree_parts(trace: Trace, step: int = 0) -> dict:
     pos = tidy_layout(g)
     on_path = set(r.accepted)
     path_edges = set(zip([ROOT] + r.accepted, r.accepted + [EMIT]))
-
-    def lines(edges):
-        xs, ys = [], []
-        for a, b in edges:
-            xs += [pos[a][0], pos[b][0], None]
-            ys += [pos[a][1], pos[b][1], None]
-        return xs or [None], ys or [None]
-
+    lines = functools.partial(edge_xy, pos)
     data = []
     ex, ey = lines([e for e in g.edges if e not in path_edges])
     data.append(dict(type="scatter", x=ex, y=ey, mode="lines", line=dict(color=colors.EDGE, width=1.5),

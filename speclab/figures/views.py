@@ -57,6 +57,7 @@ from speclab.figures.lessons import LessonStep, dag_lesson, diffusion_lesson, sp
 from speclab.figures.mask import mask_dict, mask_size
 from speclab.figures.steps import go_to_step, step_label, step_names, step_title  # numbering, defined there
 from speclab.figures.summary import acceptance_summary, round_strip, timing
+from speclab.figures.superposed import beam_frame, candidates_html, has_weights, weights_figure
 from speclab.figures.verdicts import has_verdicts, rescued_figure
 from speclab.trace import Trace, TraceError
 from speclab.scoped import scoped
@@ -223,6 +224,10 @@ VIEWS = {
         run_strip=FigureSpec("confidence bands", confidence_bands),
         summary=(FigureSpec("decoding order", decoding_order), DECISIONS_OVER_RUN, LANES), lesson=diffusion_lesson),
     "dag": View("dag", step=(step_view("strategies", dag_dict), DETAIL), summary=(LANES,), lesson=dag_lesson),
+    # Superposed Decoding: the k drafts side by side, the step's candidate table, the weights over the run
+    "superposed": View("superposed", step=(step_view("drafts", beam_frame),
+                                           FigureSpec("step detail", candidates_html, "step", kind="html", key="detail")),
+                       summary=(FigureSpec("superposition weights", weights_figure, height=300, when=has_weights),)),
 }
 
 __all__ = ["FigureSpec", "View", "VIEWS", "view_of", "lesson_of", "LessonStep", "add_view", "added_view", "remove_view", "add_figure",
@@ -357,9 +362,11 @@ from speclab.figures.osd import has_osd_versions, osd_figure  # noqa: E402
 from speclab.figures.synthetic import has_synthetic, synthetic_figure  # noqa: E402
 from speclab.figures.graft import graft_figure, has_grafts  # noqa: E402
 from speclab.figures.rapid import has_slices, slice_figure  # noqa: E402
+from speclab.figures.rasd import fusion_figure, has_fusion  # noqa: E402
 from speclab.figures.treefit import fit_figure, has_fits  # noqa: E402
 from speclab.figures.foreal import handoff_figure, has_handoff  # noqa: E402
 from speclab.figures.speckv import has_length_choices, length_figure  # noqa: E402
+from speclab.figures.ete import ete_figure, has_ete  # noqa: E402
 for _spec in (
         # PEARL's lanes over its modes
         FigureSpec("lanes and modes", pearl_figure, record=records.PearlMode, when=has_pearl_lanes, redraw=True),
@@ -382,7 +389,12 @@ for _spec in (
         FigureSpec("draft length choice", length_figure, record=records.DraftLength, when=has_length_choices,
                    height=380),
         # a RAG drafter's retrieved slice against the target's whole context, round by round (RAPID)
-        FigureSpec("retrieved slice", slice_figure, record=records.RetrievedSlice, when=has_slices, height=360)):
+        FigureSpec("retrieved slice", slice_figure, record=records.RetrievedSlice, when=has_slices, height=360),
+        # a retrieval tree pruned by the draft's q and fused with the draft's tree: nodes by origin (RASD)
+        FigureSpec("retrieval fusion", fusion_figure, "step", record=records.RetrievalFusion, when=has_fusion,
+                   fresh=True),
+        # ETE's information meter: nats per round against the budget, cascades, rounds against NLL / B
+        FigureSpec("information meter", ete_figure, record=records.EteRound, when=has_ete, height=580, redraw=True)):
     add_record_figure(_spec)
 
 

@@ -88,6 +88,7 @@ async def session(ctx, url: str, prompt: str, method: str, tokens: int, go: asyn
         t0 = time.perf_counter()
         await page.evaluate(WATCH_QUEUE)
         await page.locator(".speclab-run button").click(timeout=timeout_ms)
+        out["click_s"] = time.perf_counter() - t0       # Playwright's click done: the press left the browser
         # the page opens on a recorded example: this run is drawn when the prompt line holds this prompt
         await page.wait_for_function(f"p => (({DEEP_TEXT})('speclab-prompt-echo').includes(p) && "
                                      f"({DEEP_TEXT})('speclab-step') !== '') || ({DEEP_TEXT})('speclab-alert') !== ''",

@@ -27,7 +27,6 @@ import inspect
 import io
 import logging
 import traceback
-import weakref
 
 import panel as pn
 
@@ -35,7 +34,7 @@ from speclab.apps import guide, runs
 from speclab.apps.categories import CategoriesPanel
 from speclab.apps.compare import DIFFUSION_DEMO, ComparePanel, compare_start  # noqa: F401 (tests, scripts)
 from speclab.apps.form import EXAMPLE_PROMPTS, Form
-from speclab.apps.service import Cancelled, RunService, Ticket, default_service, ordinal
+from speclab.apps.service import Cancelled, RunService, Ticket, about, default_service, draw_turn, ordinal
 from speclab.apps.viewer import Viewer
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.figures.views import lesson_of
@@ -450,32 +449,6 @@ class Dashboard:
             self.error(f"could not use the URL arguments: {e}")
             return False
         return get.get("run") == "1"
-
-
-_TURNS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
-
-
-def draw_turn() -> asyncio.Lock:
-    """The server loop's drawing turn: one finished run's figures are drawn at a time, the loop's other
-    work in between. A batch of eight runs ends at once, and drawing a run takes its page 1-2 s of the
-    one loop every page shares: drawn back to back they held the pages that had just pressed Run for
-    10 s or more before the server could tell them their place in line."""
-    loop = asyncio.get_running_loop()
-    turn = _TURNS.get(loop)
-    if turn is None:
-        turn = _TURNS[loop] = asyncio.Lock()
-    return turn
-
-
-def about(seconds: float | None) -> str:
-    """An estimated wait in words, to 10 s or to the minute ("about 40 s", "about 3 min"): coarse,
-    so a page's line changes as the queue moves, not at every tick (thirty pages ticking a
-    countdown each would keep the server sending)."""
-    if seconds is None:
-        return "its wait estimated once a run here has finished"
-    if seconds < 90:
-        return f"about {max(1, round(seconds / 10)) * 10} s to wait"
-    return f"about {round(seconds / 60)} min to wait"
 
 
 def failing_figure(trace: Trace, e: BaseException) -> str | None:

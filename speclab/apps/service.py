@@ -38,10 +38,12 @@ One service per server (`speclab serve` makes one; a Dashboard made without one 
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -408,3 +410,30 @@ def ordinal(n: int) -> str:
     """1 -> "1st", 2 -> "2nd", 11 -> "11th", 23 -> "23rd"."""
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
+
+
+# -- what the pages of one server share on its event loop, and how a wait is said -------------------
+_TURNS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
+
+
+def draw_turn() -> asyncio.Lock:
+    """The server loop's drawing turn: one finished run's figures are drawn at a time, the loop's other
+    work in between. A batch of eight runs ends at once, and drawing a run takes its page 1-2 s of the
+    one loop every page shares: drawn back to back they held the pages that had just pressed Run for
+    10 s or more before the server could tell them their place in line."""
+    loop = asyncio.get_running_loop()
+    turn = _TURNS.get(loop)
+    if turn is None:
+        turn = _TURNS[loop] = asyncio.Lock()
+    return turn
+
+
+def about(seconds: float | None) -> str:
+    """An estimated wait in words, to 10 s or to the minute ("about 40 s", "about 3 min"): coarse,
+    so a page's line changes as the queue moves, not at every tick (thirty pages ticking a
+    countdown each would keep the server sending)."""
+    if seconds is None:
+        return "its wait estimated once a run here has finished"
+    if seconds < 90:
+        return f"about {max(1, round(seconds / 10)) * 10} s to wait"
+    return f"about {round(seconds / 60)} min to wait"

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"speclab": ROOT / "speclab"}
 
 UPPER = ("speclab.api", "speclab.cli", "speclab.bench", "speclab.apps", "speclab.widgets", "speclab.train")
-LOWER = ("speclab.decoding", "speclab.models", "speclab.trace", "speclab.trace_schema", "speclab.records", "speclab.figures",
+LOWER = ("speclab.decoding", "speclab.models", "speclab.trace", "speclab.trace_schema", "speclab.trace_check",
+         "speclab.records", "speclab.figures",
          "speclab.metrics", "speclab.scoped",
          "speclab.params", "speclab.prompts")
 UI = ("panel", "ipywidgets", "bokeh")

@@ -228,6 +228,9 @@ def main(argv=None) -> int:
                   most_in_line=max((int(m[1]) for r in told for q in r["queue"]
                                     if (m := re.match(r"(\d+)(?:st|nd|rd|th) in line", q))), default=0),
                   started_at_once=sum(any("nobody was ahead" in q for q in r["queue"]) for r in told),
+                  # the rest were told by their running line ("you waited 16 s in line, 9th at first")
+                  told_while_waiting=sum(any(re.match(r"\d+(?:st|nd|rd|th) in line", q) for q in r["queue"])
+                                         for r in told),
                   batched=sum(bool(r.get("batched")) for r in results),
                   server_rss_mb=dict(idle=idle_mb, peak=peak_mb), server_log=log.name)
     print(json.dumps(report))

@@ -173,20 +173,23 @@ def test_dag_vertex_labels_sit_on_the_axis_where_plotly_keeps_them_apart():
     assert fig.layout.xaxis.tickangle is None and fig.layout.xaxis.autotickangles   # plotly turns labels that would collide
 
 
-def test_the_first_run_says_loading_until_its_first_token():
+def test_the_queue_line_says_loading_then_keeps_the_wait_while_tokens_come():
     from speclab.apps.dashboard import LOADING, Dashboard
     d = Dashboard()
     d._set_busy(True, 64)
     assert d.queue_note.object == LOADING and "loading the model" in LOADING
     d._tick(0)                                      # it never waited: the page says nobody was ahead
     assert d.queue_note.object == f"{LOADING}; nobody was ahead of you in line"
-    d._tick(5)
-    assert d.queue_note.object == "5 of 64 tokens"
+    d._tick(5)                                      # and keeps saying so while tokens come
+    assert d.queue_note.object == "5 of 64 tokens; nobody was ahead of you in line"
     d._set_busy(True, 64)                           # a run that waited 2nd in line, then started
     d._tick(0, place=2)
     assert d.queue_note.object.startswith("2nd in line")
-    d._tick(0)
-    assert d.queue_note.object == LOADING
+    d._tick(0, place=1)
+    d._tick(0)                                      # running: its place at first and its wait stay said
+    assert d.queue_note.object == f"{LOADING}; you waited 0 s in line, 2nd at first"
+    d._tick(3)
+    assert d.queue_note.object == "3 of 64 tokens; you waited 0 s in line, 2nd at first"
 
 
 def test_a_diffusion_model_is_labelled_real_or_toy_with_its_examples_parallelism():

@@ -26,6 +26,7 @@ import html
 import inspect
 import io
 import logging
+import time
 import traceback
 
 import panel as pn
@@ -71,7 +72,8 @@ class Dashboard:
                                       css_classes=["speclab-cancel"])
         self.progress = w.Progress(name="progress", value=0, max=1, visible=False, bar_color="primary")
         self.queue_note = pn.pane.Markdown("", visible=False, css_classes=["speclab-queue"])
-        self._queued = False                # the request now running waited in line first
+        # the request's first place in line and when (while it waits), then what the page says of its wait
+        self._line: tuple[int, float] | str | None = None
         self.alert = pn.pane.Alert("", alert_type="danger", visible=False, css_classes=["speclab-alert"])
         # -- compare: methods of the form's family, against that family's baseline (compare.py) ----
         self.compare = c = ComparePanel(self)
@@ -328,7 +330,7 @@ class Dashboard:
         self.cancel_button.disabled = not on
         self.progress.visible = self.queue_note.visible = on
         self.progress.max, self.progress.value = max(total, 1), 0
-        self._queued = False                # this request has waited in line (the page said its place)
+        self._line = None                   # this request has not waited in line (yet)
         if on:
             self.queue_note.object = LOADING      # until the first token (a stale count would show)
             self.clear_error()
@@ -340,13 +342,25 @@ class Dashboard:
             self.progress.value = min(done, self.progress.max)
             if place:
                 load = self.service.load()
+                self._line = self._line or (place, time.monotonic())
                 self.queue_note.object = (f"{ordinal(place)} in line, {about(wait_s)}: {load['running']} run(s) "
                                           f"going on {load['workers']} worker(s); Cancel leaves the queue")
-            elif done:
-                self.queue_note.object = f"{done} of {self.progress.max} tokens"
-            else:                           # a run that never waited is told so: nobody was ahead of it
-                self.queue_note.object = LOADING if self._queued else f"{LOADING}; nobody was ahead of you in line"
-            self._queued = self._queued or bool(place)
+            else:   # running: the line keeps the page's place in the queue, so a page that missed the
+                # waiting line (a busy browser, a wait shorter than one update) is still told it
+                if not isinstance(self._line, str):     # its first running update: the wait ends
+                    self._line = self._waited(self._line)
+                now = f"{done} of {self.progress.max} tokens" if done else LOADING
+                self.queue_note.object = f"{now}; {self._line}"
+
+    @staticmethod
+    def _waited(line: tuple[int, float] | None) -> str:
+        """Where a request that now runs stood in line (its first place, when): how long it waited."""
+        if line is None:
+            return "nobody was ahead of you in line"
+        place, since = line
+        s = time.monotonic() - since
+        waited = f"{round(s)} s" if s < 90 else f"{s / 60:.1f} min"
+        return f"you waited {waited} in line, {ordinal(place)} at first"
 
     # -- showing ----------------------------------------------------------------------------------
     def show_trace(self, trace: Trace) -> None:

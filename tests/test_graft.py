@@ -1,11 +1,14 @@
 """Graft (decoding/drafters/graft.py): prune-then-graft within one budget, on the code zoo with the
 toy EAGLE head. Greedy identical to ar; every round within its budget; the pruning follows the
 rule (the least likely leaves below `keep`, never the copy's shared prefix), and each round's
-Decision says what it did. The real-model numbers: BENCHMARKS.md (a bench command, not a test)."""
+Decision says what it did. Under sampling the joint law of the first two tokens is the target's, and
+the same trees verified against a q they were not drawn from are caught. The real-model numbers: BENCHMARKS.md (a bench command, not a test)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import toy_heads
+from test_rasd import PROMPT, tiny  # noqa: F401 (tiny: the sampling tests' pair and EAGLE head, a fixture)
 
 import speclab
 from speclab.decoding.drafters.graft import needed, path_probs, prune
@@ -65,13 +68,47 @@ def test_prune_takes_the_least_likely_leaves_below_keep_and_spares_the_shared_pr
     del d, c
 
 
-def test_bad_parameters_and_sampling_are_refused_in_one_line(target, eagle, heldout_prompts):
+def test_bad_parameters_are_refused_in_one_line(target, eagle, heldout_prompts):
     with pytest.raises(ValueError, match="keep is a path probability"):
         speclab.generate(target, heldout_prompts[0], "graft", draft=eagle, max_new_tokens=4, keep=1.5)
     with pytest.raises(ValueError, match="lookup must be at least 1"):
         speclab.generate(target, heldout_prompts[0], "graft", draft=eagle, max_new_tokens=4, lookup=0)
-    with pytest.raises(ValueError, match="greedy decoding only"):
-        speclab.generate(target, heldout_prompts[0], "graft", draft=eagle, max_new_tokens=4, temperature=1.0)
+
+
+def graft_of(pair, head):
+    from speclab.decoding.registry import build_drafter
+    return build_drafter("graft", pair[0], head, dict(budget=3, width=2, depth=2, threshold=None, lookup=4,
+                                                       ngram=1, keep=1.0))
+
+
+def uniform_q(tree, sampler, inner):
+    """The broken variant: the root's children (the head's and the copy's) tested as samples of a
+    uniform q they were not drawn from: accepted with min(1, p/q), residual (p - q)+."""
+    from test_sampling_power import V
+    if len(tree):
+        tree.set_q(-1, torch.full((V,), 1.0 / V))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_sampled_grafted_trees_follow_the_target_and_a_wrong_q_is_caught(tiny):
+    """Under sampling every node, the head's and the copy's, is a point mass to the rule; the joint law
+    of the first two tokens is the target's (tests/sampling_law.py), with copies accepted, and the same
+    trees verified against a q they were not drawn from depart from it."""
+    from sampling_law import N, N_BROKEN, departs, draw_pairs, follows, target_law
+    from test_sampling_power import Misreported
+
+    from speclab.decoding.acceptance import Sampler
+    from speclab.decoding.speculative import decode
+    pair, head, lm = tiny
+    copied = 0
+    for seed in range(30):
+        _, rounds, _ = decode(lm, graft_of(pair, head), PROMPT, 2, Sampler(1.0), seed=seed, record="light")
+        assert all(n.rule == "point-mass" for rd in rounds for n in rd.nodes)
+        copied += sum("-gram@" in rd.nodes[a].source for rd in rounds for a in rd.accepted)
+    assert copied > 0                               # the copy is tried and taken under sampling too
+    law = target_law(pair[0], PROMPT, Sampler(1.0))
+    follows(law, draw_pairs(lm, graft_of(pair, head), PROMPT, Sampler(1.0), n=N))
+    departs(law, draw_pairs(lm, Misreported(graft_of(pair, head), uniform_q), PROMPT, Sampler(1.0), n=N_BROKEN))
 
 
 def test_the_figure_follows_the_grafting_record_in_every_view(target, eagle, heldout_prompts):

@@ -311,16 +311,16 @@ def test_graft_shares_the_nodes_the_tree_has():
     assert tree.info["grafted"] == 0 and len(tree) == 6
 
 
-def test_eagle_with_lookup_grafts_copies_and_is_greedy_only(target, heads, heldout_prompts):
+def test_eagle_with_lookup_grafts_copies_greedy_and_sampled(target, heads, heldout_prompts):
     grafted = counted = 0
     for prompt in heldout_prompts[:6]:
         r = speclab.generate(target, prompt, "eagle", draft=heads["eagle"], max_new_tokens=NEW, record="full", lookup=4)
         grafted += sum("-gram@" in n.source for rnd in r.trace.rounds for n in rnd.nodes)
         counted += sum(rnd.info.get("grafted", 0) for rnd in r.trace.rounds)
     assert grafted == counted > 0                 # code repeats itself: copies reach the tree, each one recorded
-    with pytest.raises(ValueError, match="greedy decoding only"):
-        speclab.generate(target, heldout_prompts[0], "eagle", draft=heads["eagle"], max_new_tokens=4, lookup=4,
-                         temperature=1.0)
+    # sampled: the head's nodes and the copies are point masses to the rule (the law: tests/test_graft.py)
+    sampled_drafts_are_point_mass(target, "eagle", heldout_prompts[0], draft=heads["eagle"], lookup=4)
+    sampled_drafts_are_point_mass(target, "eagle", heldout_prompts[0], draft=heads["eagle"], lookup=4, override=3)
 
 
 def test_per_position_of_a_tree_without_node_records(target, heads, heldout_prompts):

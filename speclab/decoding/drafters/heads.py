@@ -10,7 +10,10 @@ eagle        EAGLE-2: a dynamic tree grown by cumulative draft probability under
              depth is one head forward over the tree so far (tree attention in the head's cache).
              With lookup=K, prompt lookup's copy (up to K tokens after an earlier occurrence of the
              last n >= ngram tokens) is grafted onto the tree: the head for open text, the copy for
-             text that repeats, both in one verify (greedy only).
+             text that repeats, both in one verify. Lossless under sampling too: the tree's nodes (the
+             head's top choices and the copy) tell the rule no q, so the verify walks them as point
+             masses (recursive rejection; acceptance.py), whose law is the target's for any
+             candidates that depend on the committed text alone.
 medusa       Medusa-1: a static tree of top-k products, all K heads from one position, one call.
              Heads that carry their held-out rank accuracies (`medusa_rank_acc` in their config,
              written by `speclab train medusa`) get the paper's calibrated tree of `budget` nodes.
@@ -246,9 +249,6 @@ class EagleDrafter(EagleChainDrafter):
             self.suffix = SuffixDrafter(max_k=OVERRIDE_K, min_match=override)
 
     def begin(self, ctx, target, sampler, gen, record="light"):
-        if (self.lookup is not None or self.suffix is not None) and not sampler.greedy:
-            raise ValueError("eagle's lookup=K and override=N draft copied tokens, which is lossless under greedy "
-                             "decoding only: use temperature 0, or leave both at 0 to sample")
         super().begin(ctx, target, sampler, gen, record)
         if self.suffix is not None:
             self.suffix.begin(ctx, target, sampler, gen, record)
@@ -314,7 +314,7 @@ class EagleDrafter(EagleChainDrafter):
 
 def graft(tree: DraftTree, chain: DraftTree):
     """Add a chain as a path from the root, through the nodes `tree` already has for its first
-    tokens; info["grafted"]: how many nodes it added (greedy only: these nodes have no q)."""
+    tokens; info["grafted"]: how many nodes it added (they have no q: point masses under sampling)."""
     kids, node, added = tree.children(), -1, 0
     for tok, src in zip(chain.tokens, chain.source):
         same = [c for c in kids.get(node, []) if tree.tokens[c] == tok]

@@ -336,7 +336,11 @@ TRAIN_RECIPES = {
     "speckv": ("speckv", False),
     "clover": ("clover", False),
     "falcon": ("falcon", False),
+    "peagle": ("peagle", False),
     "flexdraft": ("flexdraft", False),
+    "ppd": ("ppd", False),
+    "hidden-transfer": ("hidden_transfer", False),
+    "first": ("first", False),
     "learn2pd": ("learn2pd", False),
     "judge": ("judge", False),
     "vocab": ("vocab", False),          # a draft's vocabulary size, searched (not a model trained)

@@ -144,6 +144,7 @@ BOUNDS: dict[str, tuple[float, str]] = {
     "override": (SIZE, "tokens matched"), "n": (LENGTH, "tokens the leader writes"),
     "chunk": (LENGTH, "tokens a chunk"), "query": (LENGTH, "query tokens"), "retrieve": (LENGTH, "tokens retrieved"),
     "retrieval": (256, "retrieval tree nodes"),
+    "attach": (256, "candidates with prompt tokens"),
     "pool_size": (1024, "n-grams pooled"), "window": (1024, "positions in the window"),
     "draft_steps": (SIZE, "draft steps"), "branch_slots": (SIZE, "slots branched"), "branch_tokens": (SIZE, "tokens a branch"),
     "max_explore": (SIZE, "explorations a step"), "radius": (1024, "positions"), "window_unmasked": (1024, "positions"),

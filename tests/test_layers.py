@@ -16,7 +16,7 @@ PACKAGES = {"speclab": ROOT / "speclab"}
 
 UPPER = ("speclab.api", "speclab.cli", "speclab.bench", "speclab.apps", "speclab.widgets", "speclab.train")
 LOWER = ("speclab.decoding", "speclab.models", "speclab.trace", "speclab.trace_schema", "speclab.trace_check",
-         "speclab.records", "speclab.figures",
+         "speclab.records", "speclab.record_types", "speclab.figures",
          "speclab.metrics", "speclab.scoped",
          "speclab.params", "speclab.prompts")
 UI = ("panel", "ipywidgets", "bokeh")

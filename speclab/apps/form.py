@@ -186,10 +186,10 @@ class Form:
     def knobs_of(self, method: str) -> list[str]:
         """The knobs a method is shown with: the parameters it takes that a knob sets, less any whose
         default the knob cannot hold (dllm-ete's budget is a fraction, dllm-sched's k a schedule's
-        steepness, not counts: they go in "other parameters")."""
+        steepness, ppd's budget "auto", not counts: they go in "other parameters")."""
         defaults = method_defaults(method) if not runs.is_dag(method) else {}
         return [n for n in runs.takes(method) if n in self.knobs
-                and not (isinstance(self.knobs[n], pn.widgets.IntSlider) and isinstance(defaults.get(n), float))]
+                and not (isinstance(self.knobs[n], pn.widgets.IntSlider) and isinstance(defaults.get(n), (float, str)))]
 
     def _fit_draft(self, method: str) -> None:
         """A draft LM is picked from the causal models; a feature head (EAGLE, Medusa) is not picked:

@@ -32,8 +32,12 @@ step, so a player can update a figure in place and an export can animate it with
                                    (SpecKV; figures/speckv.py)
     skip_mask_figure(trace, step)  layers x rounds: which layers each round's draft or forward ran,
                                    over its accepted length (every trace holding skip masks)
+    router_figure(trace, step)     per layer the router's score for the prompt and the skip mask it chose,
+                                   once per request (FiRST; figures/first.py)
     slice_figure(trace, step)      rounds x context positions: the retrieved slice a RAG drafter reads
                                    against the target's whole context (RAPID; figures/rapid.py)
+    transfer_figure(trace, step)   per future offset, how often the transferred hidden state's top-1 is the
+                                   token the target then wrote, and the transfer layer (Hidden Transfer)
     fusion_figure(trace, step)     a fused retrieval + draft tree coloured by each node's origin, the
                                    retrieved branches pruned beside it (RASD; figures/rasd.py)
     beam_frame(trace, step)        Superposed Decoding's k drafts side by side with their scores, one

@@ -367,6 +367,10 @@ from speclab.figures.treefit import fit_figure, has_fits  # noqa: E402
 from speclab.figures.foreal import handoff_figure, has_handoff  # noqa: E402
 from speclab.figures.speckv import has_length_choices, length_figure  # noqa: E402
 from speclab.figures.ete import ete_figure, has_ete  # noqa: E402
+from speclab.figures.hidden_transfer import has_transfer, transfer_figure  # noqa: E402
+from speclab.figures.peagle import block_figure, has_blocks  # noqa: E402
+from speclab.figures.ppd import has_ppd_fit, ppd_figure  # noqa: E402
+from speclab.figures.first import has_router_choice, router_figure  # noqa: E402
 for _spec in (
         # PEARL's lanes over its modes
         FigureSpec("lanes and modes", pearl_figure, record=records.PearlMode, when=has_pearl_lanes, redraw=True),
@@ -394,7 +398,17 @@ for _spec in (
         FigureSpec("retrieval fusion", fusion_figure, "step", record=records.RetrievalFusion, when=has_fusion,
                    fresh=True),
         # ETE's information meter: nats per round against the budget, cascades, rounds against NLL / B
-        FigureSpec("information meter", ete_figure, record=records.EteRound, when=has_ete, height=580, redraw=True)):
+        FigureSpec("information meter", ete_figure, record=records.EteRound, when=has_ete, height=580, redraw=True),
+        # Hidden Transfer: each future offset's pseudo-state guess against what the target wrote, and layer l
+        FigureSpec("transfer agreement", transfer_figure, record=records.TransferPrediction, when=has_transfer,
+                   height=360),
+        # a block drafted in one forward: each slot's q and verdict, each slot's acceptance over the run (P-EAGLE)
+        FigureSpec("parallel block", block_figure, "step", record=records.ParallelBlock, when=has_blocks,
+                   height=540),
+        # PPD: acceptance by depth against the fit, the tree chosen for the machine, the rate per size
+        FigureSpec("prompt-token tree", ppd_figure, "step", record=records.PpdFit, when=has_ppd_fit, height=380),
+        # FiRST: each layer's router score for this prompt against the threshold, and the mask it chose
+        FigureSpec("layer routers", router_figure, record=records.RouterChoice, when=has_router_choice, height=380)):
     add_record_figure(_spec)
 
 

@@ -156,13 +156,29 @@ def build_falcon(base, cfg, head_ids: torch.Tensor):
     return FalconHead(base, cfg, head_ids)
 
 
+def build_peagle(base, cfg, head_ids: torch.Tensor):
+    from speclab.models.peagle import PEagleHead          # its own file
+    return PEagleHead(base, cfg, head_ids)
+
+
 def build_flexdraft(base, cfg, head_ids: torch.Tensor):
     from speclab.models.flexdraft import FlexDraftAdapter     # its own file
     return FlexDraftAdapter(base, cfg, head_ids)
 
 
+def build_hidden_transfer(base, cfg, head_ids: torch.Tensor):
+    from speclab.models.hidden_transfer import HiddenTransfer     # its own file
+    return HiddenTransfer(base, cfg, head_ids)
+
+
+def build_ppd(base, cfg, head_ids: torch.Tensor):
+    from speclab.models.ppd import PromptTokens           # its own file
+    return PromptTokens(base, cfg, head_ids)
+
+
 BUILDERS = {"draft": build_draft, "eagle": build_eagle, "medusa": build_medusa, "clover": build_clover,
-            "falcon": build_falcon, "flexdraft": build_flexdraft}
+            "falcon": build_falcon, "flexdraft": build_flexdraft, "peagle": build_peagle,
+            "hidden-transfer": build_hidden_transfer, "ppd": build_ppd}
 
 
 def load_draft(where: str | Path, base, dtype: torch.dtype):

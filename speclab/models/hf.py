@@ -32,7 +32,7 @@ def _cache_name(cls) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
-SKIP_REFUSED = ("skipping layers (swift, unified-layer-skip, ffn-skip) runs on speclab's lean forward only, not on "
+SKIP_REFUSED = ("skipping layers (swift, unified-layer-skip, ffn-skip, first) runs on speclab's lean forward only, not on "
                 "transformers' (backend='hf'): use backend='auto', 'fast' or 'exact' with a model the lean "
                 "forward runs")
 

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from speclab.models.flexdraft import FlexDraftAdapter, flexdraft_config
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, set_lr
 
 
 def get_args(argv=None):
@@ -239,8 +239,7 @@ def load_text(args, model, tok) -> dict:
 
 def main(argv=None):
     from speclab.models import zoo
-    from speclab.models.gguf import cache_root
-    from speclab.train.checkpoint import resume_state, save_checkpoint
+    from speclab.train.checkpoint import save_checkpoint, start
     from speclab.train.smollm2_data import split_rows
 
     argv = list(argv if argv is not None else [])
@@ -264,19 +263,12 @@ def main(argv=None):
     params = [p for p in adapter.parameters() if p.requires_grad]
     print(f"flexdraft: {sum(p.numel() for p in params) / 1e6:.2f}M trained params, layers {first}..{n_layers - 1}, "
           f"rank {args.rank}, k {args.k}; {len(spans)} train windows, {len(held)} held out", flush=True)
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    ckpt = cache_root() / "ckpt" / args.out.name
-    state = {"step": 0, "elapsed": 0.0, "epoch": 0, "pos": 0, "log": []}
-    if args.resume:
-        state = resume_state(ckpt, args.out, adapter, opt, state)
+    opt, ckpt, state = start(adapter, params, args.out, args.lr, args.resume)
     rng = random.Random(args.seed + state["step"])
 
     def save():
         ev = evaluate(model, adapter, data, held, args)
-        state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
-        print(f"\nheld-out step {state['step']}: {ev}", flush=True)
-        if ev["tau_hat"] >= state.get("best", -1.0):
-            state["best"] = ev["tau_hat"]
+        if held_out(state, ev, "tau_hat"):
             info = {"command": shlex.join(["speclab", "train", "flexdraft", *argv]), "options":
                     {k: str(v) for k, v in vars(args).items()}, "steps": state["step"], "held_out": ev,
                     "log": state["log"]}

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from speclab.models.hidden_transfer import HiddenTransfer, transfer_config
 from speclab.train.flexdraft import load_text, make_batch, windows
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, optimizer_step, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, optimizer_step, set_lr
 
 
 def get_args(argv=None):
@@ -171,8 +171,7 @@ def save_transfer(transfer: HiddenTransfer, out: Path, base_name: str, info: dic
 
 def main(argv=None):
     from speclab.models import zoo
-    from speclab.models.gguf import cache_root
-    from speclab.train.checkpoint import resume_state, save_checkpoint
+    from speclab.train.checkpoint import save_checkpoint, start
     from speclab.train.smollm2_data import split_rows
 
     argv = list(argv if argv is not None else [])
@@ -193,19 +192,12 @@ def main(argv=None):
     params = list(transfer.parameters())
     print(f"hidden-transfer: {sum(p.numel() for p in params) / 1e6:.2f}M trained params, layer {layer} of "
           f"{n_layers}, k {args.k}; {len(spans)} train windows, {len(held)} held out", flush=True)
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    ckpt = cache_root() / "ckpt" / args.out.name
-    state = {"step": 0, "elapsed": 0.0, "epoch": 0, "pos": 0, "log": []}
-    if args.resume:
-        state = resume_state(ckpt, args.out, transfer, opt, state)
+    opt, ckpt, state = start(transfer, params, args.out, args.lr, args.resume)
     rng = random.Random(args.seed + state["step"])
 
     def save():
         ev = evaluate(model, transfer, data, held, args)
-        state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
-        print(f"\nheld-out step {state['step']}: {ev}", flush=True)
-        if ev["tau_hat"] >= state.get("best", -1.0):
-            state["best"] = ev["tau_hat"]
+        if held_out(state, ev, "tau_hat"):
             info = {"command": shlex.join(["speclab", "train", "hidden-transfer", *argv]), "options":
                     {k: str(v) for k, v in vars(args).items()}, "layer": layer, "steps": state["step"],
                     "held_out": ev, "log": state["log"]}
@@ -216,16 +208,13 @@ def main(argv=None):
     if not state["log"]:
         save()                                  # step 0: the identity transfer
     loop = BudgetLoop(state, len(spans), args.batch, args.seed, args.minutes, args.eval_every, save,
-                      "train hidden-transfer")
+                      "train hidden-transfer", args.max_steps)
     for idx in loop:
         set_lr(opt, cosine_lr(args.lr, state["step"], args.warmup, loop.frac))
         ids, anchors = make_batch(data, [spans[j] for j in idx], args.groups, args.k, rng)
         loss, st = transfer_loss(model, transfer, ids, anchors, args.hard_weight)
         optimizer_step(opt, loss, params)
         loop.bar.set_postfix(kl=f"{st['kl']:.3f}", acc1=f"{st['acc1']:.2f}")
-        if args.max_steps and state["step"] + 1 >= args.max_steps:
-            state["step"] += 1
-            break
     save()
     return 0
 

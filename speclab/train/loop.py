@@ -74,12 +74,13 @@ def optimizer_step(opt, loss, params: list, clip: float = 1.0) -> None:
     opt.step()
 
 
-def held_out(state: dict, ev: dict) -> bool:
-    """Log the held-out agreement per slot `ev` at this step in state["log"] and print it. True when
-    its mean is at least the best so far (kept as state["best"]): the caller then saves."""
-    score = sum(ev.values()) / len(ev)
+def held_out(state: dict, ev: dict, key: str | None = None) -> bool:
+    """Log the held-out numbers `ev` at this step in state["log"] and print them. True when the score
+    (ev[key], or with no key the mean of ev: the agreement per slot) is at least the best so far
+    (kept as state["best"]): the caller then saves."""
+    score = ev[key] if key else sum(ev.values()) / len(ev)
     state["log"].append({"step": state["step"], "min": round(state["elapsed"] / 60, 1), **ev})
-    print(f"\nheld-out agreement step {state['step']}: {ev}", flush=True)
+    print(f"\nheld-out {'agreement ' if key is None else ''}step {state['step']}: {ev}", flush=True)
     if score < state.get("best", -1.0):
         return False
     state["best"] = score
@@ -89,11 +90,11 @@ def held_out(state: dict, ev: dict) -> bool:
 class BudgetLoop:
     """Steps until `minutes` of wall time are spent: epochs over `n` training windows, each in an
     order shuffled with seed + epoch, `batch` windows a step; a progress bar in seconds of the
-    budget; `save()` every `every_minutes`. Iterating yields each step's window indices; the step
-    counts once the caller's body has run."""
+    budget; `save()` every `every_minutes`; `max_steps` (0: none) ends it at that step. Iterating
+    yields each step's window indices; the step counts once the caller's body has run."""
 
     def __init__(self, state: dict, n: int, batch: int, seed: int, minutes: float, every_minutes: float,
-                 save, desc: str = "train"):
+                 save, desc: str = "train", max_steps: int = 0):
         if n < 1:
             raise ValueError("no training windows: the data has no rows left after the held-out split "
                              "(use more data or a smaller --held-frac)")
@@ -101,7 +102,7 @@ class BudgetLoop:
             state.setdefault(key, v)
         self.state, self.n, self.batch, self.seed = state, n, batch, seed
         self.budget, self.every, self.save, self.desc = minutes * 60, every_minutes * 60, save, desc
-        self.bar = None
+        self.max_steps, self.bar = max_steps or 0, None
 
     @property
     def frac(self) -> float:
@@ -121,7 +122,7 @@ class BudgetLoop:
         self.bar = tqdm(total=int(self.budget), initial=int(min(elapsed0, self.budget)), unit="s", desc=self.desc,
                         mininterval=10)
         try:
-            while s["elapsed"] < self.budget:
+            while s["elapsed"] < self.budget and not (self.max_steps and s["step"] >= self.max_steps):
                 if s["pos"] >= self.n:
                     s["epoch"], s["pos"] = s["epoch"] + 1, 0
                     order = self.order()

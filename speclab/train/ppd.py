@@ -204,7 +204,8 @@ def main(argv=None):
 
     if not state["log"]:
         save()                                                    # step 0: where the vectors start
-    loop = BudgetLoop(state, len(spans), args.batch, args.seed, args.minutes, args.eval_every, save, "train ppd")
+    loop = BudgetLoop(state, len(spans), args.batch, args.seed, args.minutes, args.eval_every, save, "train ppd",
+                      args.max_steps)
     for idx in loop:
         set_lr(opt, cosine_lr(args.lr, state["step"], args.warmup, loop.frac))
         rows = batch_rows(data, [spans[j] for j in idx], args.tokens, args.anchors, gen)
@@ -212,9 +213,6 @@ def main(argv=None):
         optimizer_step(opt, loss, params)
         loop.bar.set_postfix(loss=f"{float(loss.detach()):.3f}",
                              **{k: f"{v:.2f}" for k, v in st.items() if k.startswith("acc")})
-        if args.max_steps and state["step"] + 1 >= args.max_steps:
-            state["step"] += 1
-            break
     save()
     return 0
 

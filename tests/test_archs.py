@@ -177,6 +177,15 @@ def _draft(method: str, family: str, models, which: str):
         from speclab.models.flexdraft import FlexDraftAdapter, flexdraft_config
         n = target.config.num_hidden_layers
         head = FlexDraftAdapter(target, flexdraft_config(target.config, first_layer=n - 1, rank=4, alpha=8, k=3), ids)
+    elif kind == "peagle":              # one forward over the real entry and a shared mask state
+        from speclab.models.peagle import PEagleHead, peagle_config
+        head = PEagleHead(target, peagle_config(target.config, n_layers=1, k=4), ids)
+    elif kind == "ppd":                 # prompt vectors the target's own rows read
+        from speclab.models.ppd import PromptTokens, ppd_config
+        head = PromptTokens(target, ppd_config(target.config, 3))
+    elif kind == "hidden-transfer":     # maps the state after layer 1 to pseudo states for layers 2..
+        from speclab.models.hidden_transfer import HiddenTransfer, transfer_config
+        head = HiddenTransfer(target, transfer_config(target.config, 1, 3))
     else:
         head = (build_eagle if kind == "eagle" else build_medusa)(target, head_config(target.config, kind, n_heads=3), ids)
     with torch.no_grad():

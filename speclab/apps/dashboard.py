@@ -35,7 +35,8 @@ from speclab.apps import guide, runs
 from speclab.apps.categories import CategoriesPanel
 from speclab.apps.compare import DIFFUSION_DEMO, ComparePanel, compare_start  # noqa: F401 (tests, scripts)
 from speclab.apps.form import EXAMPLE_PROMPTS, Form
-from speclab.apps.service import Cancelled, RunService, Ticket, about, default_service, draw_turn, ordinal
+from speclab.apps.service import (Cancelled, RunService, Ticket, about, default_service, draw_turn, ordinal,
+                                  waited)
 from speclab.apps.viewer import Viewer
 from speclab.decoding.drafters.lookup import SuffixHistory
 from speclab.figures.views import lesson_of
@@ -348,19 +349,9 @@ class Dashboard:
             else:   # running: the line keeps the page's place in the queue, so a page that missed the
                 # waiting line (a busy browser, a wait shorter than one update) is still told it
                 if not isinstance(self._line, str):     # its first running update: the wait ends
-                    self._line = self._waited(self._line)
+                    self._line = waited(self._line)
                 now = f"{done} of {self.progress.max} tokens" if done else LOADING
                 self.queue_note.object = f"{now}; {self._line}"
-
-    @staticmethod
-    def _waited(line: tuple[int, float] | None) -> str:
-        """Where a request that now runs stood in line (its first place, when): how long it waited."""
-        if line is None:
-            return "nobody was ahead of you in line"
-        place, since = line
-        s = time.monotonic() - since
-        waited = f"{round(s)} s" if s < 90 else f"{s / 60:.1f} min"
-        return f"you waited {waited} in line, {ordinal(place)} at first"
 
     # -- showing ----------------------------------------------------------------------------------
     def show_trace(self, trace: Trace) -> None:

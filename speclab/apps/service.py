@@ -428,6 +428,16 @@ def draw_turn() -> asyncio.Lock:
     return turn
 
 
+def waited(line: tuple[int, float] | None) -> str:
+    """What a page says of a request that now runs, from its first place in line and when it took
+    it (time.monotonic; None: it never waited): how long it waited, or that nobody was ahead."""
+    if line is None:
+        return "nobody was ahead of you in line"
+    place, since = line
+    s = time.monotonic() - since
+    return f"you waited {f'{round(s)} s' if s < 90 else f'{s / 60:.1f} min'} in line, {ordinal(place)} at first"
+
+
 def about(seconds: float | None) -> str:
     """An estimated wait in words, to 10 s or to the minute ("about 40 s", "about 3 min"): coarse,
     so a page's line changes as the queue moves, not at every tick (thirty pages ticking a

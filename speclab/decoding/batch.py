@@ -123,9 +123,7 @@ def decode_batch(model, drafters: list[Drafter], prompts_ids: list[list[int]], m
     t0 = time.perf_counter()
     while active:
         for lane, (rnd, committed) in zip(active, batch_round(lm, active, form, params)):
-            keep = commit_round(lane.s, lane.ctx, rnd, committed, lane.new, lane.rounds, max_new_tokens, eos_id)
-            if progress is not None:
-                progress(len(keep))
+            commit_round(lane.s, lane.ctx, rnd, committed, lane.new, lane.rounds, max_new_tokens, eos_id, progress)
         done = [len(ln.new) >= max_new_tokens or (eos_id is not None and ln.new[-1:] == [eos_id]) for ln in active]
         if any(done):                                       # finished lanes leave the batch
             for lane in (ln for ln, d in zip(active, done) if d):

@@ -225,9 +225,10 @@ def _topk(dist: torch.Tensor, k: int = TOPK_RECORD) -> list[list[float]]:
 
 
 def commit_round(s, ctx: Context, rnd: Round, committed: list[int], new: list[int], rounds: list[Round],
-                 max_new_tokens: int, eos_id: int | None) -> list[int]:
+                 max_new_tokens: int, eos_id: int | None, progress=None) -> list[int]:
     """Book one verified round: the tokens kept (cut at max_new_tokens and after EOS) go to `new`,
-    every committed token to the context, the round to `rounds`, its counts to s.totals."""
+    every committed token to the context, the round to `rounds`, its counts to s.totals, and how
+    many were kept to `progress(n)` where given."""
     keep = committed[: max_new_tokens - len(new)]
     if eos_id is not None and eos_id in keep:
         keep = keep[: keep.index(eos_id) + 1]
@@ -241,6 +242,8 @@ def commit_round(s, ctx: Context, rnd: Round, committed: list[int], new: list[in
     tot.accepted += len(rnd.accepted)
     tot.draft_s += rnd.draft_s
     tot.verify_s += rnd.verify_s
+    if progress is not None:
+        progress(len(keep))
     return keep
 
 
@@ -272,9 +275,7 @@ def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_to
                 device_loop(s, ctx, new, rounds, max_new_tokens, eos_id, progress)
                 break
             rnd, committed = speculative_round(s, ctx)
-            keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id)
-            if progress is not None:
-                progress(len(keep))
+            keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id, progress)
             if eos_id is not None and keep and keep[-1] == eos_id:
                 break
     finally:

@@ -237,19 +237,26 @@ def load_text(args, model, tok) -> dict:
     return data
 
 
-def main(argv=None):
+def frozen_target(args):
+    """An adapter trainer's start: its threads and seed set, the target loaded in --dtype, in eval
+    mode and frozen. -> (model, tokenizer)."""
     from speclab.models import zoo
-    from speclab.train.checkpoint import save_checkpoint, start
-    from speclab.train.smollm2_data import split_rows
-
-    argv = list(argv if argv is not None else [])
-    args = get_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, tok = zoo.load(args.target, dtype=args.dtype)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    return model, tok
+
+
+def main(argv=None):
+    from speclab.train.checkpoint import save_checkpoint, start
+    from speclab.train.smollm2_data import split_rows
+
+    argv = list(argv if argv is not None else [])
+    args = get_args(argv)
+    model, tok = frozen_target(args)
     n_layers = model.config.num_hidden_layers
     first = max(0, n_layers - args.layers)
     cfg = flexdraft_config(model.config, first, args.rank, args.alpha, args.k)

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from speclab.models.hidden_transfer import HiddenTransfer, transfer_config
-from speclab.train.flexdraft import load_text, make_batch, windows
+from speclab.train.flexdraft import frozen_target, load_text, make_batch, windows
 from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, optimizer_step, set_lr
 
 
@@ -170,18 +170,12 @@ def save_transfer(transfer: HiddenTransfer, out: Path, base_name: str, info: dic
 
 
 def main(argv=None):
-    from speclab.models import zoo
     from speclab.train.checkpoint import save_checkpoint, start
     from speclab.train.smollm2_data import split_rows
 
     argv = list(argv if argv is not None else [])
     args = get_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    model, tok = zoo.load(args.target, dtype=args.dtype)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model, tok = frozen_target(args)
     n_layers = model.config.num_hidden_layers
     layer = n_layers - max(2, n_layers // 5) if args.layer is None else args.layer
     transfer = HiddenTransfer(model, transfer_config(model.config, layer, args.k))

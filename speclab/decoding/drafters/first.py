@@ -17,7 +17,7 @@ once per request, which decoder layers to skip while decoding that sequence. spe
 
 The first new token comes from the full prefill. The reference library gives FiRST's abstract only
 ("compatible with KV caching"), not how the cache is kept whole nor the router's form; the form here
-(a linear map on the prompt's mean state) and the labels (speclab.train.first: per prompt, the layers
+(a linear map on the prompt's mean state) and the labels (`speclab train first`: per prompt, the layers
 whose skip moves the target's own continuation least in KL) are speclab's. `adaptive=False` runs the
 part's input-independent set instead: the layers its training prompts labelled skippable most often
 (the same budget and threshold over those frequencies), the fixed set FiRST has to beat.

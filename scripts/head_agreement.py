@@ -2,7 +2,7 @@
 the target writes to a prompt set (speclab/train/dev_eval.py says how and why).
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/head_agreement.py --prompts chat-dev,chat,code-edit \
-        [--head speclab/zoo/smollm2-eagle] [--limit 20] [--tokens 128]
+        [--head speclab-zoo/speclab_zoo/smollm2-eagle] [--limit 20] [--tokens 128]
 
 Counted over the first --tokens answer tokens of each prompt: the head's top-1 and top-3 against the
 target's own greedy token there, and the target's mean top-1 probability (how sure it is itself).
@@ -21,7 +21,7 @@ from speclab.train.dev_eval import answers, mean_agreement
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--head", default=str(zoo.ZOO_DIR / "smollm2-eagle"))
+    ap.add_argument("--head", default=str(zoo.zoo_path("smollm2-eagle") or "smollm2-eagle"))
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--prompts", default="chat-dev,chat,code-edit", help="prompt sets or JSONL files, comma-separated")
     ap.add_argument("--limit", type=int, default=20)

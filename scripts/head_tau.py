@@ -3,7 +3,7 @@ every output checked against `ar`'s token for token; with the draft forwards a r
 tau does not depend on the machine's load, so this runs beside other work; it times nothing.
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/head_tau.py clover --prompts chat --limit 8 --tokens 64 \
-        [--draft speclab/zoo/smollm2-clover] [--baseline smollm2-medusa]
+        [--draft speclab-zoo/speclab_zoo/smollm2-clover] [--baseline smollm2-medusa]
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/head_tau.py falcon --draft DIR --prompts chat --limit 8 \
         --tokens 64 [--baseline smollm2-eagle]
 

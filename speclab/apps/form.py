@@ -77,8 +77,8 @@ KNOBS = {
 
 
 def _config(model: str, key: str) -> int:
-    cfg = runs.ZOO_DIR / model / "config.json"
-    return json.loads(cfg.read_text()).get(key, 0) if cfg.exists() else 0
+    part = runs.zoo_path(model)
+    return json.loads((part / "config.json").read_text()).get(key, 0) if part is not None else 0
 
 
 def is_block_causal(model: str) -> bool:

@@ -58,10 +58,10 @@ class Limits:
 def model_config(name) -> dict | None:
     """The config of a zoo name, a packaged real LM already converted, or a local directory, read
     from its config.json without loading weights; None where it cannot be read so (a hub id)."""
-    from speclab.models.zoo import REAL, ZOO_DIR
+    from speclab.models.zoo import REAL, zoo_path
     if not isinstance(name, (str, os.PathLike)):
         return None
-    s, where = str(name), [ZOO_DIR / str(name) / "config.json", Path(str(name)).expanduser() / "config.json"]
+    s, where = str(name), [(zoo_path(name) or Path(str(name)).expanduser()) / "config.json"]
     if s in REAL:
         from speclab.models.gguf import cache_root
         where.insert(0, cache_root() / s / "config.json")

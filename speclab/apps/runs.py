@@ -13,7 +13,7 @@ from pathlib import Path
 
 from speclab import metrics
 from speclab.decoding.registry import get_method, method_params, methods
-from speclab.models.zoo import ZOO_DIR, zoo_names
+from speclab.models.zoo import zoo_names, zoo_path
 from speclab.params import parse_assignment  # the same NAME=VALUE parsing as --param
 from speclab.trace import Trace, TraceError
 
@@ -31,7 +31,7 @@ def zoo_models() -> dict[str, list[str]]:
     # the real pretrained LMs first, when their wheel is installed (they load offline from it)
     kinds = {"causal": [n for n in REAL if importlib.util.find_spec(PACKAGED[n].package)], "dag": [], "diffusion": []}
     for name in zoo_names():
-        cfg = json.loads((ZOO_DIR / name / "config.json").read_text())
+        cfg = json.loads((zoo_path(name) / "config.json").read_text())
         if cfg.get("speclab_adapter", {}).get("kind") in ("eagle", "medusa", "clover"):
             continue            # feature heads decode nothing alone: methods pick them (registry: Method.draft.paired)
         kind = ("dag" if cfg.get("model_type") == "da-transformer"

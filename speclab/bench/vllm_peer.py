@@ -293,11 +293,11 @@ def vllm_eagle3_dir(drafter: str | None) -> str:
     """The directory of an EAGLE-3 drafter vLLM loads as is (speculators or SpecForge layout); one
     line saying what to do for anything else (speclab's own head, a plain LM, nothing)."""
     from speclab.models.eagle3 import read_config
-    from speclab.models.zoo import ZOO_DIR
+    from speclab.models.zoo import zoo_path
     if drafter is None:
         raise ValueError("vllm-eagle3 needs an EAGLE-3 drafter: vllm-eagle3[model=DIR] (a speculators or SpecForge "
                          "directory, e.g. one `speclab train eagle3` or `speclab export-drafter` wrote)")
-    where = ZOO_DIR / drafter if (ZOO_DIR / drafter / "config.json").exists() else Path(drafter).expanduser()
+    where = zoo_path(drafter) or Path(drafter).expanduser()
     cfg = where / "config.json"
     if cfg.is_file() and "speclab_adapter" in json.loads(cfg.read_text()):
         raise ValueError(f"{drafter} is a speclab head, which vLLM cannot load ({EAGLE_LAYOUT.split(':')[0]}): "

@@ -231,11 +231,11 @@ def build_drafter(name: str | Method, target, draft, params: dict, backend: str 
 
 def paired_draft(target, method: str | Method) -> str | None:
     """The zoo's draft for `method` on a target given by name (None if there is none, or none installed)."""
-    from speclab.models.zoo import ZOO_DIR
+    from speclab.models.zoo import zoo_path
     m = get_method(method)
     name = target if isinstance(target, str) else getattr(target[0], "name_or_path", None)
     d = m.draft.paired.get(str(name)) if m.draft else None
-    return d if d and (ZOO_DIR / d / "config.json").exists() else None
+    return d if d and zoo_path(d) is not None else None
 
 
 def batch_methods() -> list[str]:

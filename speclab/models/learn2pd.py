@@ -135,10 +135,10 @@ def paired_filter(dllm_name: str | None) -> Path | None:
 
 def resolve_filter(where: str | None, dllm_name: str | None) -> Path:
     """A filter directory: `where` (a directory or a zoo name), else the zoo's filter for the dLLM."""
-    from speclab.models.zoo import ZOO_DIR
+    from speclab.models.zoo import zoo_path
     if where is not None:
-        for p in (Path(where), ZOO_DIR / str(where)):
-            if (p / CONFIG).is_file():
+        for p in (Path(where), zoo_path(where, CONFIG)):
+            if p is not None and (p / CONFIG).is_file():
                 return p
         raise ValueError(f"filter={where!r} is not a Learn2PD filter directory or zoo name: pass the --out of "
                          f"`speclab train learn2pd` (docs/training.md)")

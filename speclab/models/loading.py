@@ -84,7 +84,7 @@ def model_kind(m) -> str | None:
     import json
     from pathlib import Path
 
-    from speclab.models.zoo import REAL, ZOO_DIR
+    from speclab.models.zoo import REAL, zoo_path
     if m is None:
         return None
     if not isinstance(m, (str, os.PathLike)):     # (model, tokenizer), or a loaded model
@@ -95,19 +95,19 @@ def model_kind(m) -> str | None:
     s = str(m)
     if s in REAL:
         return "causal"
-    for cfg in (ZOO_DIR / s / "config.json", Path(s).expanduser() / "config.json"):
-        if cfg.is_file():
-            try:
-                raw = json.loads(cfg.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                return None             # loading says what is wrong with it
-            if not isinstance(raw, dict):
-                return None
-            if raw.get("model_type") == "da-transformer":
-                return "dag"
-            diffusion = raw.get("speclab_engine") == "diffusion" or raw.get("model_type") == "diffusion_gemma"
-            return "diffusion" if diffusion else "causal"
-    return None
+    cfg = (zoo_path(s) or Path(s).expanduser()) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        raw = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None             # loading says what is wrong with it
+    if not isinstance(raw, dict):
+        return None
+    if raw.get("model_type") == "da-transformer":
+        return "dag"
+    diffusion = raw.get("speclab_engine") == "diffusion" or raw.get("model_type") == "diffusion_gemma"
+    return "diffusion" if diffusion else "causal"
 
 
 def chat_prompt(tokenizer, question: str) -> list[int]:

@@ -35,11 +35,11 @@ def read_part(where: str | Path, config: str, key: str, missing: str) -> dict:
 
 def paired_part(config: str, key: str, field: str, name: str | None) -> Path | None:
     """The zoo's part whose config's `field` names the model `name` (a zoo name or a path), or None."""
-    from speclab.models.zoo import ZOO_DIR
-    if not name or not ZOO_DIR.exists():
+    from speclab.models.zoo import zoo_dirs
+    if not name:
         return None
     name = Path(str(name)).name
-    for p in sorted(ZOO_DIR.glob(f"*/{config}")):
+    for p in (p for d in zoo_dirs() for p in sorted(d.glob(f"*/{config}"))):
         if Path(str(json.loads(p.read_text())[key].get(field, ""))).name == name:
             return p.parent
     return None
@@ -47,8 +47,9 @@ def paired_part(config: str, key: str, field: str, name: str | None) -> Path | N
 
 def part_dir(given) -> Path | None:
     """`given` as a zoo name or a directory: that directory, or None where it is neither."""
-    from speclab.models.zoo import ZOO_DIR
-    where = ZOO_DIR / str(given) if (ZOO_DIR / str(given)).is_dir() else Path(str(given)).expanduser()
+    from speclab.models.zoo import zoo_dirs
+    named = [d / str(given) for d in zoo_dirs() if "/" not in str(given) and (d / str(given)).is_dir()]
+    where = named[0] if named else Path(str(given)).expanduser()
     return where if where.is_dir() else None
 
 

@@ -1,7 +1,9 @@
 """Load models by zoo name, local directory or hub id, through the same transformers calls a
 user's own checkpoint goes through (`AutoModelForCausalLM.from_pretrained(path)`).
 
-The zoo lives in speclab/zoo/<name>/ as fp16 safetensors + config, upcast on load. Models that
+The toy zoo lives in speclab/zoo/<name>/ as fp16 safetensors + config, upcast on load; the parts
+trained for the real model (smollm2-draft, -eagle, ...) live in the data package speclab-zoo
+(`speclab_zoo/<name>/`), looked up after it by the same names (`zoo_path`). Models that
 share a tokenizer ship it once: a model directory with no tokenizer files of its own reads the
 `tokenizer/` folder beside it (speclab/zoo/tokenizer/ for code-target, code-draft and code-dllm);
 any directory that has its own tokenizer, a user's checkpoint above all, loads with its own.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import threading
@@ -17,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
+ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"      # the core wheel's zoo: the toy models
+ZOO_PACKAGE = "speclab_zoo"       # the data package (speclab-zoo) of the real model's trained parts
 ZOO = {
     "code-target": "Llama causal LM, ~12.5M params, early-exit trained (LayerSkip losses at layers 2, 4, 6)",
     "code-draft": "Llama causal LM, ~1.8M params, trained on the corpus then distilled on code-target",
@@ -38,8 +42,25 @@ class ModelLoadError(ValueError):
     pass
 
 
+@functools.cache
+def zoo_dirs() -> tuple[Path, ...]:
+    """Where zoo names are looked up, in order: speclab/zoo, then speclab-zoo's folder if installed."""
+    spec = importlib.util.find_spec(ZOO_PACKAGE)
+    extra = [Path(p) for p in (spec.submodule_search_locations or [])] if spec is not None else []
+    return (ZOO_DIR, *(p for p in extra if p.is_dir()))
+
+
+def zoo_path(name, marker: str = "config.json") -> Path | None:
+    """The folder of the zoo part called `name` (one holding `marker`), in the first of zoo_dirs()
+    that has it; None when no zoo has it (then `name` may be a directory or a hub id)."""
+    s = str(name)
+    if not s or "/" in s or "\\" in s or s.startswith("."):
+        return None
+    return next((d / s for d in zoo_dirs() if (d / s / marker).is_file()), None)
+
+
 def zoo_names() -> list[str]:
-    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "config.json").exists()) if ZOO_DIR.exists() else []
+    return sorted({p.name for d in zoo_dirs() if d.is_dir() for p in d.iterdir() if (p / "config.json").exists()})
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
@@ -97,8 +118,8 @@ def resolve(name_or_path: str | os.PathLike) -> str:
     """Zoo name -> its directory; a packaged real LM -> its converted copy; an existing directory ->
     itself; 'org/name' -> hub id."""
     s = str(name_or_path)
-    if (ZOO_DIR / s / "config.json").exists():
-        return str(ZOO_DIR / s)
+    if (part := zoo_path(s)) is not None:
+        return str(part)
     if s in REAL:
         from speclab.models.gguf import converted_dir
         return converted_dir(s)
@@ -109,6 +130,9 @@ def resolve(name_or_path: str | os.PathLike) -> str:
         return str(p)
     if s.count("/") == 1 and not s.startswith((".", "/", "~")):
         return s  # a hub id: transformers decides whether it can be fetched
+    if len(zoo_dirs()) == 1 and s.startswith("smollm2-"):
+        raise ModelLoadError(f"{s!r} is a part for the real model, in the speclab-zoo package, which is not "
+                             "installed: pip install 'speclab[real]' (or `make setup` in a checkout)")
     raise ModelLoadError(f"unknown model {s!r}: use a zoo name ({', '.join(zoo_names()) or 'none installed'}), "
                          "a directory made by save_pretrained, or a hub id like org/name")
 

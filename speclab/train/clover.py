@@ -1,7 +1,7 @@
 """Train Clover's heads (speclab/models/clover.py) on the target's own text: `smollm2-clover`,
 `code-clover`.
 
-    speclab train clover --target smollm2-135m --init-from speclab/zoo/smollm2-medusa \\
+    speclab train clover --target smollm2-135m --init-from speclab-zoo/speclab_zoo/smollm2-medusa \\
         --data-dirs ~/.cache/speclab/smollm2-draft-data13 --out DIR --minutes 30
     speclab train clover --target code-target --self-text 400 --out speclab/zoo/code-clover --minutes 4
 
@@ -93,11 +93,11 @@ def text_and_states(base, tok, args, layers: list[int]) -> tuple[dict, list[torc
 
 def head_parser(kind: str, doc: str) -> argparse.ArgumentParser:
     """The command line of a head trained on the target's own text (Clover's, Falcon's), up to its own
-    options: the target, the directory written (default speclab/zoo/smollm2-<kind>) and the options
+    options: the target, the directory written (default speclab-zoo/speclab_zoo/smollm2-<kind>) and the options
     that choose the training text (text_and_states)."""
     ap = argparse.ArgumentParser(prog=f"speclab train {kind}", description=doc.split("\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--out", default=None, help=f"default: speclab/zoo/smollm2-{kind}")
+    ap.add_argument("--out", default=None, help=f"default: speclab-zoo/speclab_zoo/smollm2-{kind}")
     ap.add_argument("--data-dirs", nargs="*", default=None,
                     help=f"sets written by `speclab train smollm2-draft --gen-only` (default: {' '.join(DATA_DIRS)}, "
                          "unless --self-text is given)")
@@ -153,14 +153,14 @@ def get_args(argv):
         ap.error("--heads must be >= 1 and --minutes > 0")
     if args.init_from and not (init_dir(args.init_from) / "model.safetensors").exists():
         ap.error(f"--init-from {args.init_from}: no heads there; give a Medusa or Clover directory "
-                 "(e.g. speclab/zoo/smollm2-medusa)")
+                 "(e.g. speclab-zoo/speclab_zoo/smollm2-medusa)")
     return args
 
 
 def init_dir(name: str) -> Path:
     """--init-from: a directory, or a zoo name."""
-    from speclab.models.zoo import ZOO_DIR
-    return Path(name) if Path(name).is_dir() else ZOO_DIR / name
+    from speclab.models.zoo import ZOO_DIR, zoo_path
+    return Path(name) if Path(name).is_dir() else zoo_path(name) or ZOO_DIR / name
 
 
 def build(base, head_ids, args):
@@ -189,7 +189,7 @@ def main(argv=None):
     from speclab.train.vocab import text_head_ids
 
     argv, args = command_line(get_args, argv)
-    out = Path(args.out or "speclab/zoo/smollm2-clover")
+    out = Path(args.out or "speclab-zoo/speclab_zoo/smollm2-clover")
     base, tok = zoo.load(args.target)
     for p in base.parameters():
         p.requires_grad_(False)

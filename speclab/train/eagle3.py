@@ -1,8 +1,8 @@
 """Train an EAGLE-3 draft in the standard layout (speclab.models.eagle3) and write it as a speculators
 directory that speclab, vLLM and SGLang load as is.
 
-    speclab train eagle3 --target smollm2-135m --out speclab/zoo/smollm2-eagle3 --minutes 60 \\
-        --init-from speclab/zoo/smollm2-eagle
+    speclab train eagle3 --target smollm2-135m --out speclab-zoo/speclab_zoo/smollm2-eagle3 --minutes 60 \\
+        --init-from speclab-zoo/speclab_zoo/smollm2-eagle
 
 The data pipeline is the heads' (train/head_data.py): the text the target wrote for smollm2-draft,
 and its hidden states after the aux layers and after its last layer (the last gives the target's
@@ -125,7 +125,7 @@ def warm_start(draft, head_dir: Path, base, X: list[torch.Tensor], data: dict, h
 def get_args(argv):
     ap = argparse.ArgumentParser(prog="speclab train eagle3", description=__doc__.split("\n")[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--out", default="speclab/zoo/smollm2-eagle3")
+    ap.add_argument("--out", default="speclab-zoo/speclab_zoo/smollm2-eagle3")
     ap.add_argument("--data-dirs", nargs="*", default=DATA_DIRS)
     ap.add_argument("--minutes", type=float, default=30.0, help="training budget (wall time)")
     ap.add_argument("--layers", default=None,

@@ -181,7 +181,7 @@ def main(argv=None):
     from speclab.train.vocab import text_head_ids
 
     argv, args = command_line(get_args, argv)
-    out = Path(args.out or "speclab/zoo/smollm2-falcon")
+    out = Path(args.out or "speclab-zoo/speclab_zoo/smollm2-falcon")
     init, init_cfg = init_state(args.init_from)
     base, tok = zoo.load(args.target)
     L = base.config.num_hidden_layers

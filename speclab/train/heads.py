@@ -1,7 +1,7 @@
 """Train the heads that draft from the target's own hidden state: `smollm2-eagle`, `smollm2-medusa`.
 
-    speclab train eagle  --target smollm2-135m --out speclab/zoo/smollm2-eagle  --minutes 40
-    speclab train medusa --target smollm2-135m --out speclab/zoo/smollm2-medusa --minutes 20
+    speclab train eagle  --target smollm2-135m --out speclab-zoo/speclab_zoo/smollm2-eagle  --minutes 40
+    speclab train medusa --target smollm2-135m --out speclab-zoo/speclab_zoo/smollm2-medusa --minutes 20
 
 The text is the one the target wrote for `smollm2-draft` (speclab/train/smollm2_data.py: Magpie chat,
 code continuations, stdlib windows it read). The target is frozen and runs once over that text:
@@ -113,7 +113,7 @@ def get_args(argv):
     ap = argparse.ArgumentParser(prog="speclab train eagle|medusa", description=__doc__.split("\n")[0])
     ap.add_argument("kind", choices=["eagle", "medusa"])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--out", default=None, help="default: speclab/zoo/smollm2-<kind>")
+    ap.add_argument("--out", default=None, help="default: speclab-zoo/speclab_zoo/smollm2-<kind>")
     ap.add_argument("--data-dirs", nargs="*", default=DATA_DIRS)
     add_options(ap, minutes=30.0, batch=8, seq_len=256, lr=1e-3, warmup=50,
                 dev_help="eagle: a prompt set people wrote; each eval also measures the head's step-1 agreement on "
@@ -205,7 +205,7 @@ def main(argv=None):
     args = get_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    out = Path(args.out or f"speclab/zoo/smollm2-{args.kind}")
+    out = Path(args.out or f"speclab-zoo/speclab_zoo/smollm2-{args.kind}")
     data = first_rows(load_data(args.data_dirs), args.limit_rows)
     base, tok = zoo.load(args.target, dtype="bf16")
     L = base.config.num_hidden_layers

@@ -1,6 +1,6 @@
 """Train Judge decoding's probe (speclab/models/judge.py) for a target and a draft.
 
-    speclab train judge --target smollm2-135m --draft smollm2-draft --out speclab/zoo/smollm2-judge
+    speclab train judge --target smollm2-135m --draft smollm2-draft --out speclab-zoo/speclab_zoo/smollm2-judge
 
 The target is frozen; only the probe (one weight per hidden unit) trains. Judge decoding (Bachmann
 et al., ICLR 2025) labels tokens by hand ("TokenCourt"); speclab mines its labels as AutoJudge

@@ -1,6 +1,6 @@
 """Train Learn2PD's filter (speclab/models/learn2pd.py) for a masked-diffusion LM, on its own runs.
 
-    speclab train learn2pd --dllm smollm2-dllm --out speclab/zoo/smollm2-dllm-learn2pd --minutes 35
+    speclab train learn2pd --dllm smollm2-dllm --out speclab-zoo/speclab_zoo/smollm2-dllm-learn2pd --minutes 35
 
 The dLLM is frozen; only the filter trains ("Learning to Parallel Decode"; its repository's
 `llada/generate_training_data.py` and `train.ipynb`):

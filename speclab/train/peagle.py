@@ -89,7 +89,7 @@ def main(argv=None):
     from speclab.train.vocab import text_head_ids
 
     argv, args = command_line(get_args, argv)
-    out = Path(args.out or "speclab/zoo/smollm2-peagle")
+    out = Path(args.out or "speclab-zoo/speclab_zoo/smollm2-peagle")
     init, init_cfg = init_state(args.init_from)
     if init is not None:
         init.pop("mask", None)                                        # a Falcon head's per-slot entries

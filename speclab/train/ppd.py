@@ -176,7 +176,7 @@ def main(argv=None):
     from speclab.train.smollm2_data import split_rows
 
     argv, args = command_line(get_args, argv)
-    out = Path(args.out or "speclab/zoo/smollm2-ppd")
+    out = Path(args.out or "speclab-zoo/speclab_zoo/smollm2-ppd")
     base, tok = zoo.load(args.target)
     data = training_text(base, tok, args)
     base = zoo.load(args.target, dtype="fp32")[0]                     # fp32 master weights, frozen

@@ -1,6 +1,6 @@
 """Adapt SmolLM2-135M into a block-diffusion LM: `smollm2-dllm` (Fast-dLLM v2's recipe, CPU-sized).
 
-    speclab train smollm2-dllm --out speclab/zoo/smollm2-dllm --minutes 80
+    speclab train smollm2-dllm --out speclab-zoo/speclab_zoo/smollm2-dllm --minutes 80
 
 The text is the one the target wrote for `smollm2-draft` (speclab/train/smollm2_data.py): chat
 questions and answers, code continuations. Each window goes in twice, side by side (BD3-LM's
@@ -41,7 +41,7 @@ def get_args(argv=None):
     ap = argparse.ArgumentParser(prog="speclab train smollm2-dllm",
                                  description="adapt SmolLM2 into a block-diffusion LM (LoRA + mask embedding)")
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--out", type=Path, default=Path("speclab/zoo/smollm2-dllm"))
+    ap.add_argument("--out", type=Path, default=Path("speclab-zoo/speclab_zoo/smollm2-dllm"))
     ap.add_argument("--data-dirs", nargs="+", default=DATA_DIRS)
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--block-length", type=int, default=32)
@@ -80,9 +80,11 @@ def windows(data: dict, rows: list[int], L: int, rng: random.Random, eos_id: int
 
 
 def make_batch(data: dict, spans, block_length: int, mask_id: int, t_min: float, gen: torch.Generator,
-               rng: random.Random, eos_id: int = EOS_ID):
+               rng: random.Random, eos_id: int = EOS_ID, mask_fn=None):
     """ids (N, 2L) = [clean | noisy], position ids (N, 2L), the additive mask (N, 1, 2L, 2L) and the
-    loss terms: (row, predictor column, target token, is_masked_term) for every trained token."""
+    loss terms: (row, predictor column, target token, is_masked_term) for every trained token.
+    mask_fn(i, maskable) -> (n,) bool, when given: row i's noisy mask, drawn by the caller (dParallel's
+    fixed t and complementary pairs), its blocks starting at the row's first generated token."""
     # an answer's end is padded with a block of end-of-turn tokens (LLaDA's SFT recipe): the slots
     # after the end of a decoded answer become confident end-of-turn, not noise
     ext = [(e - s) + (block_length if ends else 0) for s, e, _, ends in spans]
@@ -99,11 +101,11 @@ def make_batch(data: dict, spans, block_length: int, mask_id: int, t_min: float,
         maskable = torch.zeros(n, dtype=torch.bool)
         for kind in MASKED_KINDS:
             maskable |= k == kind
-        start = g if rng.random() < 0.5 else rng.randrange(block_length)   # decode-aligned or anywhere
+        start = g if mask_fn is not None or rng.random() < 0.5 else rng.randrange(block_length)   # decode-aligned or anywhere
         blk = block_of(torch.arange(L), start, block_length)
         t = t_min + (1 - t_min) * torch.rand(int(blk.max()) - int(blk.min()) + 1, generator=gen)
         p = t[blk[:n] - blk.min()]
-        m = maskable & (torch.rand(n, generator=gen) < p)
+        m = mask_fn(i, maskable) if mask_fn is not None else maskable & (torch.rand(n, generator=gen) < p)
         ids[i, :n], ids[i, L:L + n] = x, torch.where(m, torch.full_like(x, mask_id), x)
         v = block_visible(pos[i], blk.repeat(2), grp, pos[i], blk.repeat(2), grp)
         real = torch.cat([torch.arange(L) < n] * 2)
@@ -118,13 +120,19 @@ def make_batch(data: dict, spans, block_length: int, mask_id: int, t_min: float,
     return ids, pos, vis, (torch.tensor(rows), torch.tensor(cols), torch.tensor(tgt), torch.tensor(noisy_term))
 
 
-def loss_fn(model, mask_vec, batch, mask_id: int, ar_weight: float) -> tuple[torch.Tensor, dict]:
-    ids, pos, vis, (r, c, y, noisy) = batch
+def trained_logits(model, mask_vec, batch, mask_id: int) -> torch.Tensor:
+    """(M, V) fp32 logits of the batch's loss terms, in their order."""
+    ids, pos, vis, (r, c, _, _) = batch
     emb = model.model.embed_tokens(ids)
     emb = torch.where((ids == mask_id)[..., None], mask_vec.to(emb.dtype), emb)
     mask = additive(vis[:, None], emb.dtype)
     h = model.model(inputs_embeds=emb, attention_mask=mask, position_ids=pos).last_hidden_state
-    logits = model.lm_head(h[r, c]).float()                              # (M, V) only where trained
+    return model.lm_head(h[r, c]).float()                               # (M, V) only where trained
+
+
+def loss_fn(model, mask_vec, batch, mask_id: int, ar_weight: float) -> tuple[torch.Tensor, dict]:
+    y, noisy = batch[3][2], batch[3][3]
+    logits = trained_logits(model, mask_vec, batch, mask_id)
     ce = F.cross_entropy(logits, y, reduction="none")
     m_loss = ce[noisy].mean() if noisy.any() else ce.sum() * 0
     a_loss = ce[~noisy].mean() if (~noisy).any() else ce.sum() * 0

@@ -17,7 +17,7 @@ norm, and the target's frozen embedding, which also serves as the output layer r
 N most frequent tokens of the generated text (speclab.models.adapter.SubsetHead). Only the layers
 and the norm are trained and shipped.
 
-    python -m speclab.train.smollm2_draft --out speclab/zoo/smollm2-draft --minutes 40
+    python -m speclab.train.smollm2_draft --out speclab-zoo/speclab_zoo/smollm2-draft --minutes 40
 """
 from __future__ import annotations
 
@@ -212,7 +212,7 @@ def alpha_eval(draft_dir: str, tok, data: dict, held: list[int], n_chat: int = 1
 
 def get_args(argv):
     ap = argparse.ArgumentParser(prog="speclab.train.smollm2_draft", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="speclab/zoo/smollm2-draft")
+    ap.add_argument("--out", default="speclab-zoo/speclab_zoo/smollm2-draft")
     ap.add_argument("--data-dir", default="~/.cache/speclab/smollm2-draft-data")
     ap.add_argument("--gen-minutes", type=float, default=18.0, help="generation budget (2/3 chat, 1/3 code)")
     ap.add_argument("--chat-share", type=float, default=2 / 3)

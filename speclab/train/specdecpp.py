@@ -1,7 +1,7 @@
 """Train SpecDec++'s acceptance head (speclab/models/acceptance_head.py) for a draft model.
 
     speclab train specdecpp --target smollm2-135m --draft smollm2-draft \\
-        --out speclab/zoo/smollm2-specdecpp --minutes 20 --compare 3
+        --out speclab-zoo/speclab_zoo/smollm2-specdecpp --minutes 20 --compare 3
 
 Both models are frozen; only the head trains (Huang et al., COLM 2025; their `data/gen_acceptance.py`
 and `specdec_pp/train.py`):

@@ -1,6 +1,6 @@
 """SpecKV's length model, fit on the draft's features and the target's verdicts from real runs:
 
-    speclab train speckv --target smollm2-135m --draft smollm2-draft --out speclab/zoo/smollm2-speckv
+    speclab train speckv --target smollm2-135m --draft smollm2-draft --out speclab-zoo/speclab_zoo/smollm2-speckv
 
 collect   greedy speculative runs with a fixed draft length G over the seed questions (chat
           template) and stdlib prefixes (none of them a bench prompt): per round the draft's

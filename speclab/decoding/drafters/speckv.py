@@ -96,10 +96,9 @@ def load_model(where: str | Path) -> tuple[LengthModel, dict]:
 def resolve_model(given: str | None, draft) -> Path:
     """The length model's directory: `given` (a zoo name or a directory), the zoo's part fit for this
     draft, or the SmolLM2 part (its inputs are scalars: it reads any draft)."""
-    from speclab.models.zoo import ZOO_DIR
+    from speclab.models.zoo import zoo_path
     name = getattr(draft, "name_or_path", None)
-    paired = lambda: paired_part(CONFIG, KEY, "draft", name) or (  # noqa: E731
-        ZOO_DIR / DEFAULT_PART if (ZOO_DIR / DEFAULT_PART / CONFIG).is_file() else None)
+    paired = lambda: paired_part(CONFIG, KEY, "draft", name) or zoo_path(DEFAULT_PART, CONFIG)  # noqa: E731
     return resolve_part(given, paired, "speckv", "model", "SpecKV length model", "speckv", "None for the zoo's")
 
 

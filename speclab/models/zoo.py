@@ -132,7 +132,7 @@ def resolve(name_or_path: str | os.PathLike) -> str:
         return s  # a hub id: transformers decides whether it can be fetched
     if len(zoo_dirs()) == 1 and s.startswith("smollm2-"):
         raise ModelLoadError(f"{s!r} is a part for the real model, in the speclab-zoo package, which is not "
-                             "installed: pip install 'speclab[real]' (or `make setup` in a checkout)")
+                             "installed: `pip install ./speclab-zoo` in a speclab checkout (`make setup` does it)")
     raise ModelLoadError(f"unknown model {s!r}: use a zoo name ({', '.join(zoo_names()) or 'none installed'}), "
                          "a directory made by save_pretrained, or a hub id like org/name")
 

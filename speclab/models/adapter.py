@@ -99,6 +99,23 @@ def atomic_dir(out: str | Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def write_adapter(out: str | Path, config: dict, adapter: dict, tensors: dict, info: dict | None = None,
+                  dtype: torch.dtype = torch.float16, head_ids: bool = True):
+    """An adapter directory, written atomically: config.json (`config` with `adapter`, the
+    speclab_adapter block: its base, kind, ...), model.safetensors (`tensors`, floating ones in
+    `dtype`; with `head_ids`, an empty head_ids where none is given: the target's own head) and,
+    given `info`, speclab_train.json."""
+    from safetensors.torch import save_file
+    state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous() for k, v in tensors.items()}
+    if head_ids:
+        state.setdefault("head_ids", torch.zeros(0, dtype=torch.int64))
+    with atomic_dir(out) as tmp:
+        (tmp / "config.json").write_text(json.dumps({**config, ADAPTER_KEY: adapter}, indent=2))
+        save_file(state, str(tmp / "model.safetensors"))
+        if info is not None:
+            (tmp / "speclab_train.json").write_text(json.dumps(info, indent=2, default=str))
+
+
 def save_draft(model, out: str | Path, base_name: str, tokenizer=None, kind: str = "draft"):
     """Write an adapter directory atomically. Without a tokenizer the directory loads with its
     base's (speclab.models.zoo.load). kind: "draft" (a draft LM), "eagle" or "medusa"

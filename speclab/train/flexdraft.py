@@ -29,7 +29,6 @@ far, with `speclab_train.json` (the command, the held-out log) beside the adapte
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shlex
 from pathlib import Path
@@ -200,16 +199,9 @@ def evaluate(model, adapter, data, held, args) -> dict:
 
 
 def save_adapter(adapter: FlexDraftAdapter, out: Path, base_name: str, info: dict):
-    from safetensors.torch import save_file
-    from speclab.models.adapter import ADAPTER_KEY, atomic_dir
-    with atomic_dir(out) as tmp:
-        cfg = adapter.config.to_dict()
-        cfg[ADAPTER_KEY] = {"base": base_name, "kind": "flexdraft"}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in adapter.state_dict().items()}
-        state["head_ids"] = torch.zeros(0, dtype=torch.int64)
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "speclab_train.json").write_text(json.dumps(info, indent=2))
+    from speclab.models.adapter import write_adapter
+    write_adapter(out, adapter.config.to_dict(), {"base": base_name, "kind": "flexdraft"}, adapter.state_dict(), info,
+                  torch.bfloat16)
 
 
 def join_text(a: dict, b: dict) -> dict:

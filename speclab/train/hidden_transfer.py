@@ -27,7 +27,6 @@ Held out (`--held-frac` of the rows): per offset j the share whose top-1 is p's 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shlex
 from pathlib import Path
@@ -157,16 +156,9 @@ def evaluate(model, transfer, data, held, args) -> dict:
 
 def save_transfer(transfer: HiddenTransfer, out: Path, base_name: str, info: dict):
     """The adapter directory (fp16 weights, an empty head_ids), written atomically."""
-    from safetensors.torch import save_file
-    from speclab.models.adapter import ADAPTER_KEY, atomic_dir
-    with atomic_dir(out) as tmp:
-        cfg = transfer.config.to_dict()
-        cfg[ADAPTER_KEY] = {"base": base_name, "kind": "hidden-transfer"}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        state = {k: v.detach().to(torch.float16).contiguous() for k, v in transfer.state_dict().items()}
-        state["head_ids"] = torch.zeros(0, dtype=torch.int64)
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "speclab_train.json").write_text(json.dumps(info, indent=2))
+    from speclab.models.adapter import write_adapter
+    write_adapter(out, transfer.config.to_dict(), {"base": base_name, "kind": "hidden-transfer"},
+                  transfer.state_dict(), info)
 
 
 def main(argv=None):

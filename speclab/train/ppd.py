@@ -22,7 +22,6 @@ stalls (the target's guess for a token two ahead hedges), and the tree reads eve
 """
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
@@ -150,20 +149,12 @@ def expected_tokens(rank_acc, nodes: int = 8) -> float:
 
 def save_prompts(model, out: Path, argv, args, state: dict, data: dict, ev: dict, rank_acc) -> None:
     """The prompt tokens as an adapter directory (kind "ppd", fp16) with speclab_train.json beside."""
-    from safetensors.torch import save_file
-    from speclab.models.adapter import ADAPTER_KEY, atomic_dir
-    from speclab.train.checkpoint import write_json
-    with atomic_dir(out) as tmp:
-        cfg = model.config.to_dict()
-        cfg["ppd_rank_acc"] = rank_acc
-        cfg[ADAPTER_KEY] = {"base": args.target, "kind": "ppd", "shared": [], "head": "target"}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        save_file({"prompt": model.prompt.detach().to(torch.float16).contiguous(),
-                   "head_ids": torch.zeros(0, dtype=torch.int64)}, str(tmp / "model.safetensors"))
-        write_json(tmp / "speclab_train.json", {"command": shlex.join(["speclab", "train", "ppd", *argv]),
-                                                "options": vars(args), "steps": state["step"],
-                                                "positions": len(data["tokens"]), "curve": state["log"],
-                                                "held_out": ev, "rank_acc": rank_acc})
+    from speclab.models.adapter import write_adapter
+    write_adapter(out, {**model.config.to_dict(), "ppd_rank_acc": rank_acc},
+                  {"base": args.target, "kind": "ppd", "shared": [], "head": "target"}, {"prompt": model.prompt},
+                  {"command": shlex.join(["speclab", "train", "ppd", *argv]), "options": vars(args),
+                   "steps": state["step"], "positions": len(data["tokens"]), "curve": state["log"], "held_out": ev,
+                   "rank_acc": rank_acc})
     model.config.ppd_rank_acc = rank_acc
     print(f"saved {out}", flush=True)
 

@@ -147,22 +147,15 @@ def loss_fn(model, mask_vec, batch, mask_id: int, ar_weight: float) -> tuple[tor
 def save_adapter(model, mask_vec, out: Path, base_name: str, args, mask_id: int, log: dict):
     """config.json (the base's config marked as a block-diffusion LM + the adapter block) and
     model.safetensors (LoRA A/B, mask embedding), written to a temporary directory and renamed."""
-    from safetensors.torch import save_file
-    from speclab.models.adapter import ADAPTER_KEY, atomic_dir
+    from speclab.models.adapter import write_adapter
     from speclab.models.dllm import mark_dllm
     from speclab.models.lora import lora_state
-    with atomic_dir(out) as tmp:
-        cfg = mark_dllm(type(model.config).from_dict(model.config.to_dict()), mask_id, shift=True)
-        cfg.speclab_block_causal, cfg.speclab_block_length = True, args.block_length
-        d = cfg.to_dict()
-        d[ADAPTER_KEY] = {"base": base_name, "kind": "dllm-lora", "lora_scale": args.alpha / args.rank,
-                          "rank": args.rank}
-        (tmp / "config.json").write_text(json.dumps(d, indent=2))
-        state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in lora_state(model).items()}
-        state["mask_embedding"] = mask_vec.detach().to(torch.bfloat16).contiguous()
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "speclab_train.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                             "log": log}, indent=1))
+    cfg = mark_dllm(type(model.config).from_dict(model.config.to_dict()), mask_id, shift=True)
+    cfg.speclab_block_causal, cfg.speclab_block_length = True, args.block_length
+    write_adapter(out, cfg.to_dict(), {"base": base_name, "kind": "dllm-lora", "lora_scale": args.alpha / args.rank,
+                                       "rank": args.rank},
+                  {**lora_state(model), "mask_embedding": mask_vec}, {"args": {k: str(v) for k, v in vars(args).items()},
+                                                                      "log": log}, torch.bfloat16, head_ids=False)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import shlex
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from speclab.models.flexdraft import FlexDraftAdapter, flexdraft_config
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, run_info, set_lr
 
 
 def get_args(argv=None):
@@ -268,10 +267,7 @@ def main(argv=None):
     def save():
         ev = evaluate(model, adapter, data, held, args)
         if held_out(state, ev, "tau_hat"):
-            info = {"command": shlex.join(["speclab", "train", "flexdraft", *argv]), "options":
-                    {k: str(v) for k, v in vars(args).items()}, "steps": state["step"], "held_out": ev,
-                    "log": state["log"]}
-            save_adapter(adapter, args.out, args.target, info)
+            save_adapter(adapter, args.out, args.target, run_info("flexdraft", argv, args, state, ev))
             print(f"saved {args.out}", flush=True)
         save_checkpoint(ckpt, adapter, opt, state)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shlex
 from pathlib import Path
 
 import torch
@@ -36,7 +35,7 @@ import torch.nn.functional as F
 
 from speclab.models.hidden_transfer import HiddenTransfer, transfer_config
 from speclab.train.flexdraft import frozen_target, load_text, make_batch, windows
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, optimizer_step, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, optimizer_step, run_info, set_lr
 
 
 def get_args(argv=None):
@@ -184,10 +183,8 @@ def main(argv=None):
     def save():
         ev = evaluate(model, transfer, data, held, args)
         if held_out(state, ev, "tau_hat"):
-            info = {"command": shlex.join(["speclab", "train", "hidden-transfer", *argv]), "options":
-                    {k: str(v) for k, v in vars(args).items()}, "layer": layer, "steps": state["step"],
-                    "held_out": ev, "log": state["log"]}
-            save_transfer(transfer, args.out, args.target, info)
+            save_transfer(transfer, args.out, args.target, run_info("hidden-transfer", argv, args, state, ev,
+                                                                    layer=layer))
             print(f"saved {args.out}", flush=True)
         save_checkpoint(ckpt, transfer, opt, state)
 

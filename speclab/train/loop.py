@@ -74,6 +74,14 @@ def optimizer_step(opt, loss, params: list, clip: float = 1.0) -> None:
     opt.step()
 
 
+def run_info(name: str, argv, args, state: dict, ev: dict, **more) -> dict:
+    """A trained part's speclab_train.json: the exact command (`speclab train NAME ...`), every
+    option, the steps run, the held-out numbers it was kept for, the curve, and `more`."""
+    import shlex
+    return {"command": shlex.join(["speclab", "train", name, *argv]), "options": {k: str(v) for k, v in vars(args).items()},
+            "steps": state["step"], "held_out": ev, "log": state["log"], **more}
+
+
 def held_out(state: dict, ev: dict, key: str | None = None) -> bool:
     """Log the held-out numbers `ev` at this step in state["log"] and print them. True when the score
     (ev[key], or with no key the mean of ev: the agreement per slot) is at least the best so far

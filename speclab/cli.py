@@ -338,11 +338,16 @@ TRAIN_RECIPES = {
     "falcon": ("falcon", False),
     "peagle": ("peagle", False),
     "flexdraft": ("flexdraft", False),
+    "causal-tree": ("causal_tree", False),
     "ppd": ("ppd", False),
+    "lud": ("lud", False),
     "hidden-transfer": ("hidden_transfer", False),
     "first": ("first", False),
+    "m2r2": ("m2r2", False),
     "learn2pd": ("learn2pd", False),
+    "dparallel": ("dparallel", False),
     "judge": ("judge", False),
+    "s2d": ("s2d", False),
     "vocab": ("vocab", False),          # a draft's vocabulary size, searched (not a model trained)
 }
 

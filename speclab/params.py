@@ -149,6 +149,7 @@ BOUNDS: dict[str, tuple[float, str]] = {
     "draft_steps": (SIZE, "draft steps"), "branch_slots": (SIZE, "slots branched"), "branch_tokens": (SIZE, "tokens a branch"),
     "max_explore": (SIZE, "explorations a step"), "radius": (1024, "positions"), "window_unmasked": (1024, "positions"),
     "exit_layer": (1024, "layers"), "cold_start": (1024, "layers"), "cold_end": (1024, "layers"),
+    "min_exit": (1024, "layers"), "exit_after": (1024, "layers"),
     "warmup": (LENGTH, "tokens at full depth"), "temporal_steps": (1024, "steps"), "max_post_edit_steps": (1024, "steps"), "rank": (1024, "adapter rank"),
     "vocab": (1_000_000, "draft vocabulary tokens"), "beam_size": (1024, "beams"), "top_k": (1_000_000, "tokens"),
     # search lengths of a method's own optimiser
@@ -167,7 +168,7 @@ BOUNDS: dict[str, tuple[float, str]] = {
 # an entropy bound, where a huge value means "commit everything" (each is still finite: parse_value)
 UNBOUNDED = {"threshold", "skip_ratio", "max_score", "alpha", "theta", "relaxed", "edit_threshold",
              "spatial_threshold", "temporal_threshold", "delimiter_threshold", "end_threshold", "top_p",
-             "entropy_bound", "seed", "min_prob", "p", "prune"}
+             "entropy_bound", "seed", "min_prob", "p", "prune", "exit_threshold", "depth_threshold"}
 
 
 def check_bounds(owner: str, params: dict) -> None:

@@ -269,6 +269,20 @@ class PromptGuess(Record):
 
 
 @record("round")
+class LexicalUnit(Record):
+    """LUD's unit from the round's forward: per placeholder j (the token j+1 past the round's own next
+    token) its top-1 [token, probability] (a draw and its probability when sampling: lud_slots), the
+    probability a placeholder must reach to join (lud_threshold), how many joined (lud_span: the unit
+    is the round's next token and these, the next round's draft) and why it ended (lud_end:
+    "threshold", "repeat" a placeholder repeating the token before it, "eos", "k" all joined,
+    "rejected" the verify rejected a token of this round's draft, voiding the guesses)."""
+    lud_slots: list[list[float]] | None = None
+    lud_threshold: float | None = None
+    lud_span: int | None = None
+    lud_end: str | None = None
+
+
+@record("round")
 class RouterChoice(Record):
     """FiRST's choice for the request, on its first round: per layer the router's score (router_scores,
     None for the first and last layers, which always run; the training prompts' label frequencies
@@ -279,6 +293,34 @@ class RouterChoice(Record):
     router_budget: int | None = None
     router_skipped: list[int] | None = None
     router_mode: str | None = None
+
+
+@record("round")
+class SubDraft(Record):
+    """S2D's sub-draft: the depth of the sorted draft this round drafted from (s2d_depth), the sorted
+    depths (s2d_depths), and per depth the target's tokens scored so far (s2d_scored) and how many of
+    them that sub-draft's greedy token matched (s2d_hits): its acceptance on this target."""
+    s2d_depth: int | None = None
+    s2d_depths: list[int] | None = None
+    s2d_scored: int | None = None
+    s2d_hits: list[int] | None = None
+
+
+@record("round")
+class StreamExit(Record):
+    """M2R2's accelerated residual stream: per drafted token the layer its draft exited after
+    (m2r2_exits) and that exit's top-1 confidence (m2r2_conf), the confidence an exit before
+    exit_after needs (m2r2_threshold; absent: a fixed exit), the stream's depth E and rate R
+    (m2r2_depth, m2r2_rate: the fast state after j layers is trained toward the slow one after R j),
+    and on the first round the part's held-out top-1 agreement with the final layer per layer, for
+    the plain exits (m2r2_align_plain, layers 1..L) and the accelerated stream (m2r2_align_fast, 1..E)."""
+    m2r2_exits: list[int] | None = None
+    m2r2_conf: list[float] | None = None
+    m2r2_threshold: float | None = None
+    m2r2_depth: int | None = None
+    m2r2_rate: float | None = None
+    m2r2_align_plain: list[float] | None = None
+    m2r2_align_fast: list[float] | None = None
 
 
 # -- a denoising step's records ------------------------------------------------------------------
@@ -390,3 +432,14 @@ class LearnedScore(Record):
     was committed this step."""
     score: list[float | None] | None = None
     end_of_text: int | None = None
+
+
+@record("step")
+class EntropyCommit(Record):
+    """dParallel's entropy-threshold step: the threshold (nats), the eligible slots lowest entropy
+    first (by_entropy) with their entropies (by_entropy_nats), and how many of them were at or under
+    the threshold (the step commits that many, at least one)."""
+    entropy_threshold: float | None = None
+    by_entropy: list[int] | None = None
+    by_entropy_nats: list[float] | None = None
+    under_threshold: int | None = None

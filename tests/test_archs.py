@@ -163,7 +163,7 @@ def _draft(method: str, family: str, models, which: str):
     kind = get_method(method).draft.kind if get_method(method).needs_draft else None
     if kind is None:
         return None
-    if kind == "draft":
+    if kind in ("draft", "sorted-draft"):   # a draft LM (S2D's: every depth a sub-draft)
         return small if which == "small" else target
     torch.manual_seed(2)
     ids = torch.arange(target.config.vocab_size)
@@ -186,6 +186,9 @@ def _draft(method: str, family: str, models, which: str):
     elif kind == "hidden-transfer":     # maps the state after layer 1 to pseudo states for layers 2..
         from speclab.models.hidden_transfer import HiddenTransfer, transfer_config
         head = HiddenTransfer(target, transfer_config(target.config, 1, 3))
+    elif kind == "m2r2":                # accelerator adapters on the first layer: random, so they matter
+        from speclab.models.m2r2 import Accelerator, m2r2_config
+        head = Accelerator(target, m2r2_config(target.config, 1, 4, 8.0))
     else:
         head = (build_eagle if kind == "eagle" else build_medusa)(target, head_config(target.config, kind, n_heads=3), ids)
     with torch.no_grad():

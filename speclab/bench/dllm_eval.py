@@ -88,6 +88,8 @@ CHAT_POLICIES = [
     ("ETE, defaults (0.9 / budget 1 nat / 2 explored)", "dllm-ete", {}),
     ("Fast-dLLM v2, sub-block cache (8 / 0.9)", "dllm-fastv2", {}),
     ("Fast-dLLM v2, no cache (8 / 0.9)", "dllm-fastv2", {"cache": "none"}),
+    ("dParallel entropy 0.5 nats", "dllm-dparallel", {}),
+    ("dParallel entropy 1.0 nats", "dllm-dparallel", {"threshold": 1.0}),
 ]
 
 # dllm-learn2pd needs a filter trained for the chat target (no smollm2-dllm filter ships): --learn2pd DIR

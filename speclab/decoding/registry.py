@@ -27,6 +27,7 @@ from speclab.decoding.diffusion import denoise
 from speclab.decoding.dllm_adapt import ETE, AdaBlock, FastV2, Learn2PD
 from speclab.decoding.dllm_policies import EntropyBound, FreeDave, LocalLeap, LowConfidence, Prophet, Sched, Threshold
 from speclab.decoding.dllm_revise import R2, JointThreshold
+from speclab.decoding.dparallel import EntropyThreshold
 from speclab.decoding.freedave import freedave
 from speclab.decoding.guarantees import GUARANTEES, LOSSLESS, check, weakest  # noqa: F401 (re-exported)
 from speclab.decoding.drafters.aded import AdedDrafter
@@ -230,6 +231,15 @@ register(Method(name="flexdraft", family="speculative", engine="speculative", gu
                         "theta, then verified (FlexDraft, Zhang et al. 2026, sequential form)",
                 drafter=FlexDraftDrafter, inputs=TARGET_AND_DRAFT,
                 draft=Draft("flexdraft", "a FlexDraft adapter", {"code-target": "code-flexdraft"})))
+from speclab.decoding.drafters.causal_tree import CausalTreeDrafter  # noqa: E402
+register(Method(name="causal-tree", family="speculative-tree", engine="speculative", guarantee=AR,
+                summary="causal parallel tree drafting: one forward of the target drafts a whole tree with tuned "
+                        "mask rows that are tree-causal (each sees the context and its own branch's rows) and carry "
+                        "a learned branch rank, so a side branch's next token follows its own first token; verified "
+                        "as a tree (JetSpec, Hu et al. 2026; DFlash, Chen et al. 2026; on FlexDraft's mask rows, "
+                        "Zhang et al. 2026)",
+                drafter=CausalTreeDrafter, inputs=TARGET_AND_DRAFT, tree=True,
+                draft=Draft("causal-tree", "a causal-tree adapter", {"code-target": "code-causal-tree"})))
 from speclab.decoding.drafters.hidden_transfer import HiddenTransferDrafter  # noqa: E402
 register(Method(name="hidden-transfer", family="feature-head", engine="speculative", guarantee=AR,
                 summary="trained linear maps turn the target's state after layer l into pseudo states for the next K "
@@ -245,6 +255,21 @@ register(Method(name="ppd", family="feature-head", engine="speculative", guarant
                         "2024; draft: prompt tokens)",
                 drafter=PPDDrafter, inputs=TARGET_AND_DRAFT, tree=True,
                 draft=Draft("ppd", "prompt tokens", {"code-target": "code-ppd"})))
+from speclab.decoding.drafters.lud import LudDrafter  # noqa: E402
+register(Method(name="lud", family="feature-head", engine="speculative", guarantee="lossy", rule="unverified",
+                summary="the target fine-tuned (a low-rank delta) on lexical units of its own text emits a unit a "
+                        "forward: its next token, then k-1 placeholder rows' guesses while each reaches a confidence "
+                        "threshold, kept unverified (rule=exact: verified by the next forward) (Lexical Unit "
+                        "Decoding, Sun et al. LREC-COLING 2024; draft: the fine-tune)",
+                drafter=LudDrafter, inputs=TARGET_AND_DRAFT,
+                draft=Draft("lud", "a LUD fine-tune", {"code-target": "code-lud"})))
+from speclab.decoding.drafters.m2r2 import M2R2Drafter  # noqa: E402
+register(Method(name="m2r2", family="self-speculative", engine="speculative", guarantee=AR,
+                summary="the target's first layers plus trained accelerator adapters (a residual stream R times as "
+                        "fast, on the target's own cache) draft through its own head and exit early, fixed or by "
+                        "confidence; the full target verifies (M2R2, Bhendawade et al. 2025; draft: an accelerator)",
+                drafter=M2R2Drafter, inputs=TARGET_AND_DRAFT,
+                draft=Draft("m2r2", "an M2R2 accelerator", {"code-target": "code-m2r2"})))
 from speclab.decoding.drafters.rapid import RapidDrafter  # noqa: E402
 register(Method(name="rapid", family="speculative", engine="speculative", guarantee=AR,
                 summary="a RAG drafter: draft-model's chain with the draft reading only the prompt's chunks that BM25 "
@@ -252,6 +277,14 @@ register(Method(name="rapid", family="speculative", engine="speculative", guaran
                         "(RAPID, Chen et al. ICML 2025; its enriched target: rule=rapid, lossy)",
                 drafter=RapidDrafter, inputs=DRAFT, draft=DRAFT_LM, batchable=True,
                 adaptive=lambda p: p["threshold"] is not None or p["schedule"] != "fixed"))
+from speclab.decoding.drafters.s2d import S2DDrafter  # noqa: E402
+register(Method(name="s2d", family="speculative", engine="speculative", guarantee=AR,
+                summary="one sorted (nested) draft LM serves several targets: each drafts a chain from the sub-draft "
+                        "depth that serves it, the shallowest whose agreement with that target's own text reaches a "
+                        "threshold (S2D: sorted speculative decoding, Kavehzadeh et al. 2024; draft: code-s2d)",
+                drafter=S2DDrafter, inputs=DRAFT,
+                draft=Draft("sorted-draft", "a sorted draft model (speclab train s2d)",
+                            {"code-target": "code-s2d", "code-target-s": "code-s2d"})))
 from speclab.decoding.drafters.rasd import RASDDrafter  # noqa: E402
 register(Method(name="rasd", family="feature-head", engine="speculative", guarantee=AR,
                 summary="a retrieval tree (the continuations of the context's longest earlier suffix) pruned where "
@@ -313,6 +346,8 @@ DLLM_POLICIES = {   # method -> (its policy's config, summary)
                                 "final; end-of-text prediction"),
     "dllm-fastv2": (FastV2, "threshold commits in sub-blocks filled left to right, each step running only the "
                             "sub-block on a stale cache of its block where it can (Fast-dLLM v2, Wu et al. 2025)"),
+    "dllm-dparallel": (EntropyThreshold, "dParallel (Chen et al. 2025): commit every slot whose entropy is under a "
+                                         "threshold (nats), for a dLLM distilled to be certain sooner"),
 }
 for _name, (_config, _summary) in DLLM_POLICIES.items():
     register(Method(name=_name, config=_config, summary=_summary, **DLLM | DLLM_OWN.get(_name, {})))

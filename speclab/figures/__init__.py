@@ -34,6 +34,15 @@ step, so a player can update a figure in place and an export can animate it with
                                    over its accepted length (every trace holding skip masks)
     router_figure(trace, step)     per layer the router's score for the prompt and the skip mask it chose,
                                    once per request (FiRST; figures/first.py)
+    stream_figure(trace, step)     per layer the agreement with the final layer, plain exits against the
+                                   accelerated stream, and each drafted token's exit layer (M2R2; figures/m2r2.py)
+    subdraft_figure(trace, step)   per sub-draft depth of a sorted draft, its acceptance on this target, and
+                                   the depth drafted from round by round (S2D; figures/s2d.py)
+    lud_figure(trace, step)        a round's placeholders against the threshold, where its lexical unit ended,
+                                   and the run's units by length (LUD; figures/lud.py)
+    certainty_figure(trace, step)  slots x steps: each masked slot's entropy until it committed under the
+                                   threshold or was forced, and the steps each slot used (dParallel;
+                                   figures/dparallel.py)
     slice_figure(trace, step)      rounds x context positions: the retrieved slice a RAG drafter reads
                                    against the target's whole context (RAPID; figures/rapid.py)
     transfer_figure(trace, step)   per future offset, how often the transferred hidden state's top-1 is the

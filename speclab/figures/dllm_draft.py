@@ -1,6 +1,8 @@
 """A drafted block being filled, one round at a time, above what the verify made of it: dllm-draft's
 (a block-diffusion LM, one or several forwards) and flexdraft's (the target's own mask rows, one
-forward; its slot 1 is the target's own token).
+forward; its slot 1 is the target's own token) and causal-tree's main chain (the same mask rows made
+tree-causal; its side branches are counted in the title and, when one of their tokens was the one
+accepted at a slot, shown there as "branch").
 
     block_fill_figure(trace, step)  round `step`: one column a slot of the block, one row a
                                     denoising forward (the first at the top). A slot's cell in the
@@ -28,8 +30,9 @@ from speclab.figures import colors
 from speclab.figures._util import check_step, num, tok
 from speclab.trace import ACCEPTED, NOT_REACHED, Trace
 
-POLICIES = ("dllm-draft", "flexdraft")
-WHO = {"dllm-draft": "the dLLM", "flexdraft": "the target (mask rows)"}
+POLICIES = ("dllm-draft", "flexdraft", "causal-tree")
+WHO = {"dllm-draft": "the dLLM", "flexdraft": "the target (mask rows)",
+       "causal-tree": "the target (tree-causal mask rows)"}
 EARLIER = "#d9d9d9"
 
 
@@ -87,7 +90,7 @@ def block_fill_figure(trace: Trace, step: int = 0) -> go.Figure | None:
         marker=dict(symbol="square", size=30, color=[colors.DECISION[dec] for dec, _ in v]),
         text=[tok(trace, n.token) if n is not None else "" for _, n in v], textfont=dict(size=11),
         hovertext=[f"slot {i + 1}: {colors.DECISION_LABEL[dec]}" + (
-            f" {tok(trace, n.token)} (p {num(n.p)}, q {num(n.q)})" + (f", {n.source}" if n.source == "candidate" else "")
+            f" {tok(trace, n.token)} (p {num(n.p)}, q {num(n.q)})" + (f", {n.source}" if n.source in ("candidate", "branch") else "")
             if n is not None else "") for i, (dec, n) in enumerate(v)], hoverinfo="text"), row=1, col=1)
     fig.add_trace(go.Heatmap(x=list(range(k)), y=list(range(S)), z=earlier, zmin=0, zmax=1,
                              colorscale=[[0, EARLIER], [1, EARLIER]], showscale=False, hoverinfo="skip",
@@ -105,6 +108,10 @@ def block_fill_figure(trace: Trace, step: int = 0) -> go.Figure | None:
     who = WHO.get(slots[0].policy if slots else "", "the drafter")
     head = f"round {step + 1}: {len(slots)} slots filled in {S} forward{'s' if S > 1 else ''} of {who}, " \
            f"{len(rnd.accepted)} accepted"
+    side = [d for d in rnd.decisions if d.policy == "causal-tree-branch"]
+    if side:                                    # causal-tree: its side branches, each with the token after it
+        head += f" ({len(side)} side branches, {sum(n.source == 'branch' and n.decision == ACCEPTED for n in rnd.nodes)}" \
+                " of their tokens accepted)"
     if m is not None:
         head += (f"<br><sub>round cost c ≥ {m['c']:.2f} ar steps (draft {m['c_draft']:.2f}; unit: the verify "
                  f"forward) → breaks even at tau {m['break_even_tau']:.2f}; this run's tau {m['tau']:.2f}</sub>")

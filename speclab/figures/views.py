@@ -371,6 +371,10 @@ from speclab.figures.hidden_transfer import has_transfer, transfer_figure  # noq
 from speclab.figures.peagle import block_figure, has_blocks  # noqa: E402
 from speclab.figures.ppd import has_ppd_fit, ppd_figure  # noqa: E402
 from speclab.figures.first import has_router_choice, router_figure  # noqa: E402
+from speclab.figures.m2r2 import has_stream_exits, stream_figure  # noqa: E402
+from speclab.figures.s2d import has_subdrafts, subdraft_figure  # noqa: E402
+from speclab.figures.lud import has_units, lud_figure  # noqa: E402
+from speclab.figures.dparallel import certainty_figure, has_entropy_commits  # noqa: E402
 for _spec in (
         # PEARL's lanes over its modes
         FigureSpec("lanes and modes", pearl_figure, record=records.PearlMode, when=has_pearl_lanes, redraw=True),
@@ -407,8 +411,19 @@ for _spec in (
                    height=540),
         # PPD: acceptance by depth against the fit, the tree chosen for the machine, the rate per size
         FigureSpec("prompt-token tree", ppd_figure, "step", record=records.PpdFit, when=has_ppd_fit, height=380),
+        # LUD: the round's placeholders against the threshold, where the unit ended; units by length
+        FigureSpec("lexical units", lud_figure, "step", record=records.LexicalUnit, when=has_units, height=380),
         # FiRST: each layer's router score for this prompt against the threshold, and the mask it chose
-        FigureSpec("layer routers", router_figure, record=records.RouterChoice, when=has_router_choice, height=380)):
+        FigureSpec("layer routers", router_figure, record=records.RouterChoice, when=has_router_choice, height=380),
+        # M2R2: per layer the agreement with the final layer, plain exits against the accelerated stream,
+        # and the layer each drafted token exited after
+        FigureSpec("accelerated stream", stream_figure, record=records.StreamExit, when=has_stream_exits,
+                   height=380),
+        # S2D: each sub-draft depth's acceptance on this target, the depth drafted from round by round
+        FigureSpec("sub-draft depth", subdraft_figure, record=records.SubDraft, when=has_subdrafts, height=380),
+        # dParallel: each slot's entropy step by step against the threshold, and the steps each slot used
+        FigureSpec("certainty per slot", certainty_figure, record=records.EntropyCommit, when=has_entropy_commits,
+                   height=540, redraw=True)):
     add_record_figure(_spec)
 
 

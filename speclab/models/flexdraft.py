@@ -100,13 +100,23 @@ def draft_logits(lm, adapter: FlexDraftAdapter, clean: torch.Tensor, n_masks: in
     the last clean row's (the target's next token), then each mask row's. Writes the cache slots
     past lm.n only (the verify overwrites them); lm.n is unchanged."""
     past, P = lm.n, clean.shape[0]
-    T = P + n_masks
+    rows = adapter.mask_embedding.to(lm.device, lm.dtype).expand(n_masks, -1)
+    return rows_forward(lm, adapter, clean, rows, mask_visibility(past, P, n_masks, lm.device),
+                        torch.arange(past, past + P + n_masks, device=lm.device))
+
+
+@torch.inference_mode()
+def rows_forward(lm, adapter: FlexDraftAdapter, clean: torch.Tensor, rows: torch.Tensor, vis: torch.Tensor,
+                 pos: torch.Tensor) -> torch.Tensor:
+    """The target's layers over the pending tokens `clean` (P,) then the input vectors `rows` (R, C),
+    the adapter's low-rank deltas on the rows from its first tuned layer on, row r attending to the
+    slots vis[r] ((P + R, past + P + R) bool) at positions pos (P + R,) -> (1 + R, V) float32
+    logits from the last clean row on. Writes the cache slots past lm.n only; lm.n is unchanged."""
+    past, P = lm.n, clean.shape[0]
+    T = P + rows.shape[0]
     if past + T > lm.max_len:
         raise ValueError(f"{past + T} cache slots exceed the cache of {lm.max_len}")
-    dt = lm.dtype
-    x = torch.cat([lm.embed_ids(clean), adapter.mask_embedding.to(lm.device, dt).expand(n_masks, -1)])
-    vis = mask_visibility(past, P, n_masks, lm.device)
-    pos = torch.arange(past, past + T, device=lm.device)
+    x = torch.cat([lm.embed_ids(clean), rows.to(lm.dtype)])
     cos, sin = lm.cos[pos][:, None], lm.sin[pos][:, None]
     Hq, Hkv, D = lm.Hq, lm.Hkv, lm.D
     for i, w in enumerate(lm.layers):

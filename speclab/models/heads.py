@@ -166,6 +166,11 @@ def build_flexdraft(base, cfg, head_ids: torch.Tensor):
     return FlexDraftAdapter(base, cfg, head_ids)
 
 
+def build_causal_tree(base, cfg, head_ids: torch.Tensor):
+    from speclab.models.causal_tree import CausalTreeAdapter     # its own file
+    return CausalTreeAdapter(base, cfg, head_ids)
+
+
 def build_hidden_transfer(base, cfg, head_ids: torch.Tensor):
     from speclab.models.hidden_transfer import HiddenTransfer     # its own file
     return HiddenTransfer(base, cfg, head_ids)
@@ -176,9 +181,20 @@ def build_ppd(base, cfg, head_ids: torch.Tensor):
     return PromptTokens(base, cfg, head_ids)
 
 
+def build_lud(base, cfg, head_ids: torch.Tensor):
+    from speclab.models.lud import LudAdapter             # its own file
+    return LudAdapter(base, cfg, head_ids)
+
+
+def build_m2r2(base, cfg, head_ids: torch.Tensor):
+    from speclab.models.m2r2 import Accelerator           # its own file
+    return Accelerator(base, cfg, head_ids)
+
+
 BUILDERS = {"draft": build_draft, "eagle": build_eagle, "medusa": build_medusa, "clover": build_clover,
             "falcon": build_falcon, "flexdraft": build_flexdraft, "peagle": build_peagle,
-            "hidden-transfer": build_hidden_transfer, "ppd": build_ppd}
+            "hidden-transfer": build_hidden_transfer, "ppd": build_ppd, "m2r2": build_m2r2,
+            "causal-tree": build_causal_tree, "lud": build_lud}
 
 
 def load_draft(where: str | Path, base, dtype: torch.dtype):

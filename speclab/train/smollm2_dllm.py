@@ -101,7 +101,8 @@ def make_batch(data: dict, spans, block_length: int, mask_id: int, t_min: float,
         maskable = torch.zeros(n, dtype=torch.bool)
         for kind in MASKED_KINDS:
             maskable |= k == kind
-        start = g if mask_fn is not None or rng.random() < 0.5 else rng.randrange(block_length)   # decode-aligned or anywhere
+        aligned = mask_fn is not None or rng.random() < 0.5                 # decode-aligned or anywhere
+        start = g if aligned else rng.randrange(block_length)
         blk = block_of(torch.arange(L), start, block_length)
         t = t_min + (1 - t_min) * torch.rand(int(blk.max()) - int(blk.min()) + 1, generator=gen)
         p = t[blk[:n] - blk.min()]

@@ -13,6 +13,10 @@ verdict beside this one (the same uniform draw), so a node the exact rule would 
 token where the draft and the leader part ways: the paper's token-level misalignment. Each test
 records the leader's own greedy token there (`top`).
 
+LUD (Sun et al. 2024) keeps the same way the tail of a lexical unit its placeholders guessed
+(decoding/drafters/lud.py): the model's next-token rows read it, and exact's verdict beside says
+where a guess and the model's own token part.
+
 `induced` (the bench's TV column): a round's first token is x ~ q, always kept, so its law is q
 (nothing drafted: p itself); exact, no slack.
 """
@@ -36,6 +40,6 @@ def induced(P, q, params: dict, model=None):
 
 
 UNVERIFIED = register_rule(Rule(
-    name="unverified", guarantee="lossy", test=test, induced=induced, reads=("top",), only_for=("foreal",),
+    name="unverified", guarantee="lossy", test=test, induced=induced, reads=("top",), only_for=("foreal", "lud"),
     summary="every draft token kept unverified, the target only reading them; exact's verdict recorded beside "
             "(FoReaL-Decoding's sentence handoff, Li et al. 2025)"))

@@ -186,6 +186,10 @@ def _draft(method: str, family: str, models, which: str):
     elif kind == "hidden-transfer":     # maps the state after layer 1 to pseudo states for layers 2..
         from speclab.models.hidden_transfer import HiddenTransfer, transfer_config
         head = HiddenTransfer(target, transfer_config(target.config, 1, 3))
+    elif kind == "causal-tree":         # tree-causal mask rows with rank embeddings, deltas on the last layer
+        from speclab.models.causal_tree import CausalTreeAdapter, causal_tree_config
+        n = target.config.num_hidden_layers
+        head = CausalTreeAdapter(target, causal_tree_config(target.config, n - 1, 4, 8, k=3, width=2), ids)
     elif kind == "m2r2":                # accelerator adapters on the first layer: random, so they matter
         from speclab.models.m2r2 import Accelerator, m2r2_config
         head = Accelerator(target, m2r2_config(target.config, 1, 4, 8.0))

@@ -255,15 +255,16 @@ def test_cli_json_and_errors(capsys):
 
 
 def test_every_policy_is_registered():
-    """Every policy class of the three policy files is one diffusion row's config, with a step loop."""
+    """Every policy class of the four policy files is one diffusion row's config, with a step loop."""
     import inspect
 
-    from speclab.decoding import dllm_adapt, dllm_policies, dllm_revise
+    from speclab.decoding import dllm_adapt, dllm_policies, dllm_revise, dparallel
     from speclab.decoding.registry import METHODS, method_params
     rows = {m.config: m for m in METHODS.values() if m.family == "diffusion"}
-    classes = {c for mod in (dllm_policies, dllm_adapt, dllm_revise) for _, c in inspect.getmembers(mod, inspect.isclass)
+    classes = {c for mod in (dllm_policies, dllm_adapt, dllm_revise, dparallel)
+               for _, c in inspect.getmembers(mod, inspect.isclass)
                if DiffusionPolicy in c.__mro__[1:] and not c.__name__.startswith("_")}
-    assert classes == set(rows) and len(rows) == 13
+    assert classes == set(rows) and len(rows) == 14
     for cls, m in rows.items():
         assert m.engine == "diffusion" and m.loop is not None and "gen_length" in method_params(m.name)
     assert METHODS["dllm-freedave"].loop is not METHODS["dllm-threshold"].loop

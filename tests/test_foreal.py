@@ -105,6 +105,6 @@ def test_bad_parameters_are_one_line_errors(target, draft, kw, words):
     assert "\n" not in str(e.value)
 
 
-def test_the_rule_serves_foreal_only(target):
-    with pytest.raises(ValueError, match="verifies the drafts of foreal only"):
+def test_the_rule_serves_only_the_methods_without_a_verify(target):
+    with pytest.raises(ValueError, match="verifies the drafts of foreal, lud only"):
         speclab.generate(target, "x = 1", "prompt-lookup", max_new_tokens=4, rule="unverified")

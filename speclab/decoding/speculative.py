@@ -247,6 +247,29 @@ def commit_round(s, ctx: Context, rnd: Round, committed: list[int], new: list[in
     return keep
 
 
+def own_rounds(s, ctx: Context, one_round: Callable, lm, max_new_tokens: int, eos_id: int | None, progress=None,
+               end: Callable | None = None, f0: int | None = None):
+    """The loop of a drafter whose rounds are its own (ppd's verify with prompt rows, lud's forward of
+    units): `one_round(rounds)` -> (round, committed tokens), booked by commit_round until
+    max_new_tokens or EOS; `end()` however it stops. -> (new ids, rounds, totals), the forwards
+    counted on `lm` since `f0` (default: from the loop's start; no draft forward)."""
+    f0, rounds, new = lm.forwards if f0 is None else f0, [], []
+    t0 = time.perf_counter()
+    try:
+        while len(new) < max_new_tokens:
+            rnd, committed = one_round(rounds)
+            keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id, progress)
+            if eos_id is not None and keep and keep[-1] == eos_id:
+                break
+    finally:
+        if end is not None:
+            end()
+    tot = s.totals
+    tot.wall_s = time.perf_counter() - t0
+    tot.target_forwards, tot.draft_forwards, tot.new_tokens = lm.forwards - f0, 0, len(new)
+    return new, rounds, tot
+
+
 def decode(target: TargetLM, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int,
            sampler: Sampler, seed: int = 0, record: str | None = "light", eos_id: int | None = None,
            progress=None, rule: str = "exact", rule_params: dict | None = None, model=None):

@@ -28,42 +28,27 @@ is the best so far, with `speclab_train.json` (the command, the held-out log).
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import shlex
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from speclab.models.causal_tree import CausalTreeAdapter, causal_tree_config, depths_of, tree_shape
-from speclab.train.flexdraft import frozen_target, load_text, make_batch, windows
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, set_lr
+from speclab.train.flexdraft import frozen_target, load_text, make_batch, mask_row_options, windows
+from speclab.train.loop import BudgetLoop, cosine_lr, held_out, run_info, set_lr
 
 
 def get_args(argv=None):
-    from speclab.train.head_data import DATA_DIRS
     ap = argparse.ArgumentParser(prog="speclab train causal-tree",
                                  description="train a causal-tree adapter: tree-causal mask rows drafting a tree "
                                              "inside the target")
-    ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--data-dirs", nargs="*", default=DATA_DIRS, help="text the target wrote ('' for none)")
-    ap.add_argument("--self-text", type=int, default=0, help="also N greedy continuations of code prompts")
-    ap.add_argument("--max-new", type=int, default=96, help="tokens of each --self-text continuation")
-    ap.add_argument("--k", type=int, default=6, help="the tree's depth: the target's token + k - 1 mask slots")
-    ap.add_argument("--width", type=int, default=2, help="branches per slot (ranks learned)")
-    ap.add_argument("--layers", type=int, default=8, help="the last layers whose attention the mask rows tune")
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--alpha", type=float, default=32.0)
-    ap.add_argument("--groups", type=int, default=16, help="trees (anchors) per window")
-    ap.add_argument("--hard-weight", type=float, default=0.1)
-    ap.add_argument("--init", type=Path, default=None, help="start from a flexdraft adapter directory")
-    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
-    ap.add_argument("--eval-every", type=float, default=10.0, help="minutes between held-out evaluations / saves")
-    ap.add_argument("--max-steps", type=int, default=0, help="stop at this step (0: the --minutes budget only)")
-    add_options(ap, minutes=40, batch=4, seq_len=256, lr=2e-3, warmup=20,
-                dev_help="unused (the held-out rows are the evaluation)")
+
+    def extra(ap):
+        ap.add_argument("--width", type=int, default=2, help="branches per slot (ranks learned)")
+        ap.add_argument("--init", type=Path, default=None, help="start from a flexdraft adapter directory")
+        ap.add_argument("--max-steps", type=int, default=0, help="stop at this step (0: the --minutes budget only)")
+    mask_row_options(ap, 6, "the tree's depth: the target's token + k - 1 mask slots", 16, 40, extra)
     args = ap.parse_args(argv)
     if args.k < 2:
         ap.error("--k must be at least 2 (the target's token and one mask slot)")
@@ -209,16 +194,8 @@ def evaluate(model, adapter, data, held, args) -> dict:
 
 
 def save_adapter(adapter: CausalTreeAdapter, out: Path, base_name: str, info: dict):
-    from safetensors.torch import save_file
-    from speclab.models.adapter import ADAPTER_KEY, atomic_dir
-    with atomic_dir(out) as tmp:
-        cfg = adapter.config.to_dict()
-        cfg[ADAPTER_KEY] = {"base": base_name, "kind": "causal-tree"}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        state = {k: v.detach().to(torch.float16).contiguous() for k, v in adapter.state_dict().items()}
-        state["head_ids"] = torch.zeros(0, dtype=torch.int64)
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "speclab_train.json").write_text(json.dumps(info, indent=2))
+    from speclab.models.adapter import write_adapter
+    write_adapter(out, adapter.config.to_dict(), {"base": base_name, "kind": "causal-tree"}, adapter.state_dict(), info)
 
 
 def main(argv=None):
@@ -252,10 +229,7 @@ def main(argv=None):
     def save():
         ev = evaluate(model, adapter, data, held, args)
         if held_out(state, ev, "tau_hat"):
-            info = {"command": shlex.join(["speclab", "train", "causal-tree", *argv]), "options":
-                    {k: str(v) for k, v in vars(args).items()}, "steps": state["step"], "held_out": ev,
-                    "log": state["log"]}
-            save_adapter(adapter, args.out, args.target, info)
+            save_adapter(adapter, args.out, args.target, run_info("causal-tree", argv, args, state, ev))
             print(f"saved {args.out}", flush=True)
         save_checkpoint(ckpt, adapter, opt, state)
 

@@ -39,26 +39,34 @@ from speclab.models.flexdraft import FlexDraftAdapter, flexdraft_config
 from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, run_info, set_lr
 
 
-def get_args(argv=None):
+def mask_row_options(ap, k: int, k_help: str, groups: int, minutes: int, extra=None):
+    """The options of a trainer of mask rows inside the target (flexdraft, causal-tree): the target,
+    its text, the block, the tuned layers and rank, the loop's; `extra(ap)` adds the trainer's own."""
     from speclab.train.head_data import DATA_DIRS
-    ap = argparse.ArgumentParser(prog="speclab train flexdraft",
-                                 description="train a FlexDraft adapter: mask rows drafting a block inside the target")
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--data-dirs", nargs="*", default=DATA_DIRS, help="text the target wrote ('' for none)")
     ap.add_argument("--self-text", type=int, default=0, help="also N greedy continuations of code prompts")
     ap.add_argument("--max-new", type=int, default=96, help="tokens of each --self-text continuation")
-    ap.add_argument("--k", type=int, default=8, help="the largest block: the target's token + k - 1 mask slots")
+    ap.add_argument("--k", type=int, default=k, help=k_help)
+    if extra is not None:
+        extra(ap)
     ap.add_argument("--layers", type=int, default=8, help="the last layers whose attention the mask rows tune")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--alpha", type=float, default=32.0)
-    ap.add_argument("--groups", type=int, default=24, help="mask groups (anchors) per window")
+    ap.add_argument("--groups", type=int, default=groups, help="mask groups (anchors) per window")
     ap.add_argument("--hard-weight", type=float, default=0.1)
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--eval-every", type=float, default=10.0, help="minutes between held-out evaluations / saves")
-    add_options(ap, minutes=60, batch=4, seq_len=256, lr=2e-3, warmup=20,
+    add_options(ap, minutes=minutes, batch=4, seq_len=256, lr=2e-3, warmup=20,
                 dev_help="unused (the held-out rows are the evaluation)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def get_args(argv=None):
+    ap = argparse.ArgumentParser(prog="speclab train flexdraft",
+                                 description="train a FlexDraft adapter: mask rows drafting a block inside the target")
+    args = mask_row_options(ap, 8, "the largest block: the target's token + k - 1 mask slots", 24, 60).parse_args(argv)
     if args.k < 2:
         ap.error("--k must be at least 2 (the target's token and one mask slot)")
     return args

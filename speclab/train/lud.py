@@ -30,7 +30,6 @@ start is written first and replaced by the first trained evaluation).
 from __future__ import annotations
 
 import contextlib
-import json
 import shlex
 from pathlib import Path
 
@@ -165,25 +164,17 @@ def evaluate(tuned, data, spans, args) -> dict:
 
 def save_lud(tuned: Tuned, out: Path, argv, args, state: dict, data: dict, ev: dict) -> None:
     """The fine-tune as an adapter directory (kind "lud", fp16) with speclab_train.json beside."""
-    from safetensors.torch import save_file
-    from speclab.models.adapter import ADAPTER_KEY, atomic_dir
+    from speclab.models.adapter import write_adapter
     from speclab.models.lora import lora_state
     from speclab.models.lud import key_of, lud_config
-    from speclab.train.checkpoint import write_json
-    state_d = {"pad_embedding": tuned.pad.detach().to(torch.float16).contiguous(),
-               "head_ids": torch.zeros(0, dtype=torch.int64)}
+    tensors = {"pad_embedding": tuned.pad}
     for name, v in lora_state(tuned.base).items():
         mod, ab = name.rsplit(".", 1)
-        state_d["lora." + key_of(mod) + ("__A" if ab == "lora_A" else "__B")] = v.detach().to(torch.float16).contiguous()
-    with atomic_dir(out) as tmp:
-        cfg = lud_config(tuned.base.config, args.rank, args.alpha, args.k, args.unit_alpha, args.threshold).to_dict()
-        cfg[ADAPTER_KEY] = {"base": args.target, "kind": "lud", "shared": [], "head": "target"}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        save_file(state_d, str(tmp / "model.safetensors"))
-        write_json(tmp / "speclab_train.json", {"command": shlex.join(["speclab", "train", "lud", *argv]),
-                                                "options": vars(args), "steps": state["step"],
-                                                "positions": len(data["tokens"]), "curve": state["log"],
-                                                "held_out": ev})
+        tensors["lora." + key_of(mod) + ("__A" if ab == "lora_A" else "__B")] = v
+    cfg = lud_config(tuned.base.config, args.rank, args.alpha, args.k, args.unit_alpha, args.threshold).to_dict()
+    write_adapter(out, cfg, {"base": args.target, "kind": "lud", "shared": [], "head": "target"}, tensors,
+                  {"command": shlex.join(["speclab", "train", "lud", *argv]), "options": vars(args),
+                   "steps": state["step"], "positions": len(data["tokens"]), "curve": state["log"], "held_out": ev})
     print(f"saved {out}", flush=True)
 
 

@@ -29,9 +29,7 @@ drafter records it in the trace) and `speclab_train.json` (the command, the curv
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import shlex
 from pathlib import Path
 
 import torch
@@ -39,7 +37,7 @@ import torch.nn.functional as F
 
 from speclab.models.m2r2 import Accelerator, m2r2_config, slow_layer
 from speclab.train.flexdraft import frozen_target, load_text, windows
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, optimizer_step, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, optimizer_step, run_info, set_lr
 
 
 def get_args(argv=None):
@@ -200,17 +198,10 @@ def alignment(model, acc: Accelerator, data, held, args) -> dict:
 
 def save_accelerator(acc: Accelerator, out: Path, base_name: str, ev: dict, info: dict):
     """The adapter directory (fp16 weights, an empty head_ids, the alignment in the config), atomic."""
-    from safetensors.torch import save_file
-    from speclab.models.adapter import ADAPTER_KEY, atomic_dir
-    with atomic_dir(out) as tmp:
-        cfg = acc.config.to_dict()
-        cfg["m2r2"] = dict(cfg["m2r2"], align_plain=ev["plain"], align_fast=ev["fast"])
-        cfg[ADAPTER_KEY] = {"base": base_name, "kind": "m2r2"}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-        state = {k: v.detach().to(torch.float16).contiguous() for k, v in acc.state_dict().items()}
-        state["head_ids"] = torch.zeros(0, dtype=torch.int64)
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "speclab_train.json").write_text(json.dumps(info, indent=2))
+    from speclab.models.adapter import write_adapter
+    cfg = acc.config.to_dict()
+    cfg["m2r2"] = dict(cfg["m2r2"], align_plain=ev["plain"], align_fast=ev["fast"])
+    write_adapter(out, cfg, {"base": base_name, "kind": "m2r2"}, acc.state_dict(), info)
 
 
 def main(argv=None):
@@ -238,10 +229,8 @@ def main(argv=None):
         ev = alignment(model, acc, data, held, args)
         ev["fast_final"] = ev["fast"][-1]
         if held_out(state, ev, "fast_final"):
-            info = {"command": shlex.join(["speclab", "train", "m2r2", *argv]), "options":
-                    {k: str(v) for k, v in vars(args).items()}, "layers": E, "rate": acc.rate,
-                    "steps": state["step"], "held_out": ev, "log": state["log"]}
-            save_accelerator(acc, args.out, args.target, ev, info)
+            save_accelerator(acc, args.out, args.target, ev, run_info("m2r2", argv, args, state, ev, layers=E,
+                                                                       rate=acc.rate))
             print(f"saved {args.out}", flush=True)
         save_checkpoint(ckpt, acc, opt, state)
 

@@ -37,7 +37,7 @@ from speclab.decoding.drafters.heads import _name
 from speclab.decoding.drafters.model import host_read
 from speclab.decoding.rules import get_rule
 from speclab.decoding.rules import rule_params as resolve_rule_params
-from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, accept, commit_round, record_round
+from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, accept, own_rounds, record_round
 from speclab.decoding.tree import DraftTree
 from speclab.records import LexicalUnit
 
@@ -166,20 +166,5 @@ class LudDrafter(Drafter):
         self.begin(ctx, target, sampler, gen, record)
         walk = get_rule(rule).make(resolve_rule_params(rule, None), None)
         s = RunState(self.lm, self, sampler, gen, record, self.lm.config.vocab_size, walk, rule)
-        f0 = self.lm.forwards
-        rounds, new = [], []
-        t0 = time.perf_counter()
-        try:
-            while len(new) < max_new_tokens:
-                rnd, committed = self.round(s, ctx, eos_id)
-                keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id, progress)
-                if eos_id is not None and keep and keep[-1] == eos_id:
-                    break
-        finally:
-            self.end()
-        tot = s.totals
-        tot.wall_s = time.perf_counter() - t0
-        tot.target_forwards = self.lm.forwards - f0
-        tot.draft_forwards = 0
-        tot.new_tokens = len(new)
-        return new, rounds, tot
+        return own_rounds(s, ctx, lambda rounds: self.round(s, ctx, eos_id), self.lm, max_new_tokens, eos_id, progress,
+                          self.end)

@@ -26,7 +26,7 @@ with coverage v (the chance the last accepted node is attached), the rate is
 The choice and every alternative weighed go into the first round's PpdFit record; each round's
 PromptGuess record has the per-offset guesses its tree came from.
 
-The verify is the engine's (speculative.accept, record_round, commit_round), in this drafter's own
+The verify is the engine's (speculative.accept, record_round, own_rounds), in this drafter's own
 loop (`decode_loop`) because its forward takes input vectors beside token ids: speclab's lean forward
 (LeanLM, StaticLM eagerly) does; transformers' path (backend="hf") is refused. Lossless, greedy or
 sampled: the candidates are point-mass drafts (recursive rejection over siblings), and the prompt
@@ -45,7 +45,7 @@ from speclab.decoding.drafters.model import host_read
 from speclab.decoding.drafters.trees import calibrated_paths, check_paths
 from speclab.decoding.rules import get_rule
 from speclab.decoding.rules import rule_params as resolve_rule_params
-from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, accept, commit_round, record_round
+from speclab.decoding.speculative import Context, Drafter, Outcome, RunState, accept, own_rounds, record_round
 from speclab.decoding.tree import DraftTree
 from speclab.models.heads import check_base
 from speclab.records import PpdFit, PromptGuess
@@ -241,29 +241,18 @@ class PPDDrafter(Drafter):
         walk = get_rule(rule).make(resolve_rule_params(rule, None), None)
         s = RunState(target, self, sampler, gen, record, target.config.vocab_size, walk, rule)
         self.begin(ctx, target, sampler, gen, record)
-        rounds, new = [], []
-        t0 = time.perf_counter()
-        try:
-            while len(new) < max_new_tokens:
-                guess = self.guess_record()
-                rnd, committed = self.round(s, ctx)
-                rnd.info.update(guess)
-                if not rounds:
-                    rnd.info.update(PpdFit(ppd_nodes=self.fit["nodes"], ppd_attach=self.fit["attach"],
-                                           ppd_rows=self.fit["rows"], ppd_expect=round(self.fit["expect"], 3),
-                                           ppd_cover=round(self.fit["cover"], 3),
-                                           ppd_rate=None if self.fit["rate"] is None else round(self.fit["rate"], 4),
-                                           ppd_reach=[round(v, 4) for v in self.fit["reach"]],
-                                           ppd_paths=[list(p) for p in self.paths], ppd_curve=self.fit.get("curve"),
-                                           ppd_weighed=self.fit.get("weighed")).info())
-                keep = commit_round(s, ctx, rnd, committed, new, rounds, max_new_tokens, eos_id, progress)
-                if eos_id is not None and keep and keep[-1] == eos_id:
-                    break
-        finally:
-            self.end()
-        tot = s.totals
-        tot.wall_s = time.perf_counter() - t0
-        tot.target_forwards = target.forwards - tf0
-        tot.draft_forwards = 0
-        tot.new_tokens = len(new)
-        return new, rounds, tot
+
+        def one_round(rounds):
+            guess = self.guess_record()
+            rnd, committed = self.round(s, ctx)
+            rnd.info.update(guess)
+            if not rounds:
+                rnd.info.update(PpdFit(ppd_nodes=self.fit["nodes"], ppd_attach=self.fit["attach"],
+                                       ppd_rows=self.fit["rows"], ppd_expect=round(self.fit["expect"], 3),
+                                       ppd_cover=round(self.fit["cover"], 3),
+                                       ppd_rate=None if self.fit["rate"] is None else round(self.fit["rate"], 4),
+                                       ppd_reach=[round(v, 4) for v in self.fit["reach"]],
+                                       ppd_paths=[list(p) for p in self.paths], ppd_curve=self.fit.get("curve"),
+                                       ppd_weighed=self.fit.get("weighed")).info())
+            return rnd, committed
+        return own_rounds(s, ctx, one_round, target, max_new_tokens, eos_id, progress, self.end, tf0)

@@ -89,6 +89,9 @@ def test_wrong_pairings_and_settings_say_what_to_do(target, m2r2):
         speclab.generate(target, "def f(x):", "m2r2", draft=m2r2, exit_after=6)
     with pytest.raises(ValueError, match="layers .* must be in 1..7"):
         m2r2_config(target[0].config, 8, 4, 8.0)
+    with pytest.raises(ValueError, match="trained for a target with hidden_size = 320, code-target-s has 128: "
+                                         r"train one for it \(speclab train m2r2\)"):
+        m2r2[0].check_target(zoo.load("code-target-s")[0], "code-target-s")
 
 
 def test_the_trainer_runs_and_its_accelerator_loads_and_drafts(target, tmp_path, monkeypatch):

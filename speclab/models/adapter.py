@@ -99,6 +99,19 @@ def atomic_dir(out: str | Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+
+
+def check_trained_for(cfg, target_model, name: str, what: str, train: str):
+    """One ValueError line where `target_model` is not the shape the part (`what`, its config `cfg`)
+    was trained for, saying how to train one (`train`: the command)."""
+    got = target_model.config
+    for key in SHAPE_KEYS:
+        if getattr(got, key, None) != getattr(cfg, key, None):
+            raise ValueError(f"{what} trained for a target with {key} = {getattr(cfg, key)}, {name} has "
+                             f"{getattr(got, key, None)}: train one for it ({train})")
+
+
 def write_adapter(out: str | Path, config: dict, adapter: dict, tensors: dict, info: dict | None = None,
                   dtype: torch.dtype = torch.float16, head_ids: bool = True):
     """An adapter directory, written atomically: config.json (`config` with `adapter`, the

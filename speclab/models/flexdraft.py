@@ -77,11 +77,8 @@ class FlexDraftAdapter(nn.Module):
         return (a @ self.o_a[j].to(a)) @ self.o_b[j].to(a) * self.scale
 
     def check_target(self, target_model, name: str = "the target"):
-        got, want = target_model.config, self.config
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
-            if getattr(got, key, None) != getattr(want, key, None):
-                raise ValueError(f"this FlexDraft adapter was trained for a target with {key} = {getattr(want, key)}, "
-                                 f"{name} has {getattr(got, key, None)}: train one for it (speclab train flexdraft)")
+        from speclab.models.adapter import check_trained_for
+        check_trained_for(self.config, target_model, name, "this FlexDraft adapter was", "speclab train flexdraft")
 
 
 def mask_visibility(past: int, n_clean: int, n_masks: int, device=None) -> torch.Tensor:

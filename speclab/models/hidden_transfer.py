@@ -61,9 +61,6 @@ class HiddenTransfer(nn.Module):
         return torch.einsum("...c,kdc->...kd", h, w) + b
 
     def check_target(self, target_model, name: str = "the target"):
-        got, want = target_model.config, self.config
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
-            if getattr(got, key, None) != getattr(want, key, None):
-                raise ValueError(f"these transfer layers were trained for a target with {key} = {getattr(want, key)}, "
-                                 f"{name} has {getattr(got, key, None)}: train them for it "
-                                 f"(speclab train hidden-transfer --target ...)")
+        from speclab.models.adapter import check_trained_for
+        check_trained_for(self.config, target_model, name, "these transfer layers were",
+                          "speclab train hidden-transfer --target ...")

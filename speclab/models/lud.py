@@ -75,11 +75,8 @@ class LudAdapter(nn.Module):
                 for k, v in self.lora.items()}
 
     def check_target(self, target_model, name: str = "the target"):
-        got, want = target_model.config, self.config
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
-            if getattr(got, key, None) != getattr(want, key, None):
-                raise ValueError(f"this LUD fine-tune was trained for a target with {key} = {getattr(want, key)}, "
-                                 f"{name} has {getattr(got, key, None)}: train one for it (speclab train lud)")
+        from speclab.models.adapter import check_trained_for
+        check_trained_for(self.config, target_model, name, "this LUD fine-tune was", "speclab train lud")
 
     @torch.no_grad()
     def merged(self, target_model):

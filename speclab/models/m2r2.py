@@ -101,11 +101,8 @@ class Accelerator(nn.Module):
         return {"plain": list(m.get("align_plain") or []), "fast": list(m.get("align_fast") or [])}
 
     def check_target(self, target_model, name: str = "the target"):
-        got, want = target_model.config, self.config
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
-            if getattr(got, key, None) != getattr(want, key, None):
-                raise ValueError(f"this M2R2 accelerator was trained for a target with {key} = {getattr(want, key)}, "
-                                 f"{name} has {getattr(got, key, None)}: train one for it (speclab train m2r2)")
+        from speclab.models.adapter import check_trained_for
+        check_trained_for(self.config, target_model, name, "this M2R2 accelerator was", "speclab train m2r2")
 
 
 @torch.no_grad()

@@ -341,6 +341,34 @@ static inline void fma_pass(const float* xw, int64_t K, const bf16* Wb, int64_t 
 #endif
 
 #ifndef __AVX512F__
+#if !defined(AVX2_NO_ASM)
+// A 3-row x 4-group pass's k-pair (its 24 FMAs) with the 12 sums pinned to registers: the
+// clobbers leave the compiler ymm0-11 for them. Its own allocation of the loop spilled 4 of the
+// 12 to the stack, and their store-to-load round trips then sat in those sums' chains: 48 of the
+// 66 GMAC/s a Zen 5 core's 256-bit FMAs do at 48 rows, 64 with this (scripts/kernel_products.py).
+// The same FMAs in the same order, so the same bits (AVX2_NO_ASM: the plain loop, for comparing).
+#define AVX2_GROUP(at, mask, g) \
+  "vmovdqu " #at "(%[w]), %%ymm15\n\t" "vpshufb %[" #mask "], %%ymm15, %%ymm15\n\t" \
+  "vfmadd231ps %%ymm15, %%ymm12, %[a0" #g "]\n\t" "vfmadd231ps %%ymm15, %%ymm13, %[a1" #g "]\n\t" \
+  "vfmadd231ps %%ymm15, %%ymm14, %[a2" #g "]\n\t"
+#define AVX2_HALF(off, mask) \
+  "vbroadcastss " #off "(%[x0]), %%ymm12\n\t" "vbroadcastss " #off "(%[x1]), %%ymm13\n\t" \
+  "vbroadcastss " #off "(%[x2]), %%ymm14\n\t" \
+  AVX2_GROUP(0, mask, 0) AVX2_GROUP(32, mask, 1) AVX2_GROUP(64, mask, 2) AVX2_GROUP(96, mask, 3)
+// a: the sums; x: row 0's pair (rows K apart); w: the 4 groups' pair vectors; odd / even: the shuffles
+static inline void pair_3x4(__m256 (&a)[3][4], const float* x, int64_t K, const __m256i* w, const __m256i& odd,
+                            const __m256i& even) {
+  asm(AVX2_HALF(4, odd) AVX2_HALF(0, even)      // VDPBF16PS's order: the odd element, then the even
+      : [a00] "+x"(a[0][0]), [a01] "+x"(a[0][1]), [a02] "+x"(a[0][2]), [a03] "+x"(a[0][3]),
+        [a10] "+x"(a[1][0]), [a11] "+x"(a[1][1]), [a12] "+x"(a[1][2]), [a13] "+x"(a[1][3]),
+        [a20] "+x"(a[2][0]), [a21] "+x"(a[2][1]), [a22] "+x"(a[2][2]), [a23] "+x"(a[2][3])
+      : [x0] "r"(x), [x1] "r"(x + K), [x2] "r"(x + 2 * K), [w] "r"(w), [odd] "m"(odd), [even] "m"(even)
+      : "xmm12", "xmm13", "xmm14", "xmm15");
+}
+#undef AVX2_HALF
+#undef AVX2_GROUP
+#endif
+
 // AVX2: groups of 8 outputs (one __m256 of sums each), G8 of them per pass. A sum waits on its two
 // FMAs a pair (odd, then even: VDPBF16PS's order), so the FMA units need about 10 independent sums
 // in flight: TT x G8 of them, in 16 registers with the pair's two weight vectors and a broadcast.
@@ -363,6 +391,12 @@ static inline void fma_pass8(const float* xw, int64_t K, const bf16* Wb, int64_t
   for (int64_t k2 = k2a; k2 < k2b; ++k2) {
     const __m256i* w = reinterpret_cast<const __m256i*>(Wb + k2 * 2 * B) + j0;
     fetch.at(k2 - k2a);
+#if !defined(AVX2_NO_ASM)
+    if constexpr (TT == 3 && G8 == 4) {
+      pair_3x4(acc, xw + 2 * k2, K, w, odd_c, even_c);
+      continue;
+    }
+#endif
 #pragma GCC unroll 8
     for (int j = 0; j < G8; ++j) {
       const __m256i r = _mm256_loadu_si256(w + j);

@@ -59,3 +59,16 @@ def test_given_costs_are_checked(target, heldout_prompts, costs):
     head = (toy_heads(target)["eagle"], target[1])
     with pytest.raises(ValueError, match="costs is c\\(T\\)"):
         speclab.generate(target, heldout_prompts[0], "eagle", draft=head, max_new_tokens=4, budget="auto", costs=costs)
+
+
+def test_prompt_lookup_sized_to_the_machine_is_ar_and_records_its_choice(target, heldout_prompts):
+    """prompt-lookup[k=auto] on a toy target, this machine's curve measured: the same tokens as ar
+    (the verify decides), each drafting round's TreeFit kept (the chain's length), the figure shown."""
+    prompt = heldout_prompts[0] + heldout_prompts[0]                  # something to copy
+    ar = speclab.generate(target, prompt, "ar", max_new_tokens=32, record="light")
+    r = speclab.generate(target, prompt, "prompt-lookup", k="auto", max_new_tokens=32, record="light")
+    assert r.text == ar.text
+    fits = [(x, TreeFit.of(x)) for x in r.trace.rounds if "fit_nodes" in x.info]
+    assert fits and fits[0][1].fit_curve is not None
+    assert all(len(x.nodes) == f.fit_nodes <= 16 and f.fit_cost >= 1.0 for x, f in fits)
+    assert has_fits(r.trace) and "tree sized to this machine" in fit_figure(r.trace, 1).layout.title.text

@@ -49,6 +49,39 @@ def test_prompt_lookup_drafts_longer_right_after_a_draft_accepted_whole():
     assert PromptLookupDrafter(k=2, k_full=2).k_full == 2     # k_full = k: a fixed length
 
 
+AVX2 = [1, 1.06, 1.15, 1.25, 1.45, 1.63, 1.94, 2.07, 2.3, 2.5]   # c(T): a Zen 5's avx2 path, SmolLM2
+FREE = [1] * 10                                                   # extra rows hide behind the stream
+
+
+def test_prompt_lookup_auto_sizes_each_draft_to_the_verify_costs_and_the_evidence():
+    """k="auto": where rows are free it drafts all it may; where they are dear (AVX2) a state whose
+    first token keeps failing drafts nothing, while a copy in progress (accepted whole) drafts long."""
+    long = list(range(10, 40))
+    c = ctx(long + [99] + long[:3])                           # a 3-gram recurs: 27 tokens could follow
+    verdict = lambda tree, path: Outcome(tree, path, emitted=len(path) + 1, prefix_len=len(c.ids), logits=None,
+                                         inputs=c.ids[-1:] + tree.tokens, n_pending=1)
+    free = PromptLookupDrafter(k="auto", costs=FREE, target_model=object())
+    free.begin(c, None, None, None)
+    t = free.propose(c)
+    assert len(t.tokens) == 16 and t.info["fit_nodes"] == 16 and t.info["fit_curve"] == FREE
+    dear = PromptLookupDrafter(k="auto", costs=AVX2, target_model=object())
+    dear.begin(c, None, None, None)
+    first = dear.propose(c)                                   # nothing learned yet: the prior's length
+    assert first.tokens == long[3:3 + len(first.tokens)] and 1 <= len(first.tokens) < 16
+    lone = dear.propose(ctx([1, 2, 3, 4, 9, 4]))              # a 1-gram hit (mostly chance): shorter
+    assert lone.info["ngram"] == 1 and len(lone.tokens) < len(first.tokens)
+    dear.asked = None
+    for _ in range(30):                                       # its first token refused, round after round
+        dear.observe(verdict(first, []))
+        first = dear.propose(c)
+    assert first.tokens == [] and first.info["fit_nodes"] == 0 and "fit_curve" not in first.info
+    dear.streak = True                                        # a copy in progress: another state
+    for _ in range(6):
+        copy = dear.propose(c)
+        dear.observe(verdict(copy, list(range(len(copy.tokens)))))
+    assert len(dear.propose(c).tokens) >= 5                   # accepted whole every time: long again
+
+
 def test_prompt_lookup_rejects_bad_settings():
     with pytest.raises(ValueError, match="k_full"):
         PromptLookupDrafter(k=5, k_full=3)
@@ -56,6 +89,12 @@ def test_prompt_lookup_rejects_bad_settings():
         PromptLookupDrafter(grow=-1)
     with pytest.raises(ValueError, match="min_ngram"):
         PromptLookupDrafter(min_ngram=4, max_ngram=3)
+    with pytest.raises(ValueError, match="k must be a token count or 'auto'"):
+        PromptLookupDrafter(k="long")
+    with pytest.raises(ValueError, match="needs target_model"):
+        PromptLookupDrafter(k="auto")
+    with pytest.raises(ValueError, match="costs is c\\(T\\)"):
+        PromptLookupDrafter(k=5, costs=[1, 1.2], target_model=object())
 
 
 def test_suffix_automaton_finds_the_longest_earlier_suffix():

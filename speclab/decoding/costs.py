@@ -86,6 +86,18 @@ def machine_curve(target_model, reps: int = 6) -> tuple[dict[int, float], float]
     return per[key]
 
 
+def given_curve(costs: list | None, fitted: bool, method: str) -> dict[int, float] | None:
+    """A method's `costs` parameter (c(T) for T = 1, 2, ... rows, measured on another machine)
+    checked: a list starting at 1, every entry a number >= 1, given only with its auto sizing on.
+    -> {T: c(T)}, or None when not given."""
+    if costs is None:
+        return None
+    if not fitted or not costs or costs[0] != 1 or any(not isinstance(c, (int, float)) or c < 1 for c in costs):
+        raise ValueError(f"{method}: costs is c(T) for T = 1, 2, ... verify rows in one-row forwards, starting at 1 "
+                         "(e.g. [1, 1.1, 1.25, 1.4]), and sizes a draft only with its 'auto' setting")
+    return {T: float(c) for T, c in enumerate(costs, 1)}
+
+
 def fit_nodes(scores: list[float], curve: dict[int, float], draft_cost: float = 0.0,
               scale: float = 1.0) -> tuple[int, float, float]:
     """How many of the best nodes to verify. scores: the grown nodes' cumulative draft

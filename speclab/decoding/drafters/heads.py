@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from speclab.decoding.costs import given_curve
 from speclab.decoding.drafters.lookup import PromptLookupDrafter, SuffixDrafter
 from speclab.decoding.drafters.model import ChainDrafter, OwnDraftLM, check_k, host_read
 from speclab.decoding.drafters.trees import Growing, calibrated_paths, check_budget, check_paths, grow_dynamic
@@ -222,11 +223,7 @@ class EagleDrafter(EagleChainDrafter):
             raise ValueError(f"eagle: budget must be a node count or 'auto' (sized to this machine's verify "
                              f"costs), got {budget!r}")
         self.fitted = budget == "auto"
-        if costs is not None and (not self.fitted or not costs or costs[0] != 1 or
-                                  any(not isinstance(c, (int, float)) or c < 1 for c in costs)):
-            raise ValueError("eagle: costs is c(T) for T = 1, 2, ... verify rows in one-row forwards, starting at 1 "
-                             "(e.g. [1, 1.1, 1.25, 1.4]), and sizes a tree only with budget=auto")
-        self.given_costs = None if costs is None else {T: float(c) for T, c in enumerate(costs, 1)}
+        self.given_costs = given_curve(costs, self.fitted, "eagle")
         budget = width * depth if self.fitted else budget
         check_budget(budget, width, depth, threshold)
         super().__init__(target_model, draft, vocab=vocab, k=depth)

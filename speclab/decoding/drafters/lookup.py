@@ -9,7 +9,13 @@ prompt-lookup   find an earlier occurrence of the last n tokens (n = max_ngram d
                 rows costs about what one row costs, and 1 + 11 rows two passes (BENCHMARKS.md,
                 the cost of a verify). With `grow` > 0 the draft length also follows the evidence:
                 min(k, max(1, grow * (n - 1))) for a match of n tokens, so a lone 1-gram hit
-                (often chance) costs a 2-token verify, not a longer one.
+                (often chance) costs a 2-token verify, not a longer one. With k="auto" each round
+                drafts the length this machine's verify costs favour (decoding.costs, as eagle's
+                budget="auto"): the continuation's positions get acceptance chances learned in the
+                run, per state (a copy in progress or not; the match's n-gram length), and the
+                round keeps the n of up to AUTO_K tokens that maximise expected tokens per unit of
+                cost (n = 0: a plain step). On AVX2, where extra verify rows are dear, the drafts
+                shorten outside a copy; where they hide behind the weight stream, they stay long.
 suffix          SuffixDecoding: a suffix automaton over the prompt, the output so far AND, given a
                 `history=SuffixHistory()` the caller owns, that owner's earlier requests, finds the
                 longest suffix of the context seen before; the draft length grows with the match
@@ -27,18 +33,40 @@ import heapq
 import threading
 from collections import OrderedDict
 
+from speclab.decoding.costs import given_curve
 from speclab.decoding.drafters.model import check_k
 from speclab.decoding.speculative import Context, Drafter
 from speclab.decoding.tree import DraftTree
 from speclab.trace import Decision
 
 
+AUTO_K = 16         # k="auto": the longest draft a round may choose
+# k="auto"'s prior chance that a drafted token is accepted, given the ones before it were: right
+# after a draft accepted whole (a copy goes on: AUTO_PRIOR_COPY), else by the match's n-gram length (a 1-gram hit is
+# mostly chance). Worth AUTO_WEIGHT rounds of evidence; each run then learns its own.
+AUTO_PRIOR_COPY, AUTO_PRIOR = 0.9, {1: 0.25, 2: 0.5, 3: 0.7}
+AUTO_WEIGHT = 2.0
+
+
 class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
 
-    def __init__(self, k: int = 5, max_ngram: int = 3, min_ngram: int = 1, prefer: str = "first",
-                 grow: int = 0, k_full: int | None = None):
+    def __init__(self, k: int | str = 5, max_ngram: int = 3, min_ngram: int = 1, prefer: str = "first",
+                 grow: int = 0, k_full: int | None = None, costs: list | None = None, target_model=None):
         super().__init__()
+        if isinstance(k, str) and k != "auto":
+            raise ValueError(f"prompt-lookup: k must be a token count or 'auto' (sized to this machine's verify "
+                             f"costs), got {k!r}")
+        self.fitted = k == "auto"
+        # costs: c(T) for T = 1, 2, ... rows to size with instead of this machine's (another machine's)
+        self.given_costs = given_curve(costs, self.fitted, "prompt-lookup")
+        if self.fitted:
+            if target_model is None:
+                raise ValueError("prompt-lookup: k='auto' sizes each draft to the target's verify costs, so it needs "
+                                 "target_model (the registry's prompt-lookup passes it)")
+            k = AUTO_K
+            k_full = k if k_full is None else k_full
+        self.cost_model = target_model              # whose verify costs a fitted draft reads
         check_k(k)
         k_full = 2 * k + 1 if k_full is None else k_full         # twice the verify rows: 2 (k + 1)
         check_k(k_full, "k_full")
@@ -57,10 +85,47 @@ class PromptLookupDrafter(Drafter):
     def begin(self, ctx, target, sampler, gen, record="light"):
         super().begin(ctx, target, sampler, gen, record)
         self.streak = False
+        if self.fitted:
+            from speclab.decoding.costs import machine_curve
+            self.curve = self.given_costs or machine_curve(self.cost_model)[0]   # measured once per model and path
+            # state -> per draft position: [rounds whose draft reached it, rounds that accepted it]
+            self.counts: dict[tuple, list[list[int]]] = {}
+            self.asked: tuple | None = None    # the last round's (state, tokens drafted)
+            self.fits = 0
 
     def observe(self, out):
         if len(out.tree):                   # an ar round (gated off) says nothing
             self.streak = len(out.path) == len(out.tree)
+        if self.fitted and self.asked is not None:
+            state, n = self.asked
+            seen = self.counts.setdefault(state, [[0, 0] for _ in range(AUTO_K)])
+            m = len(out.path)               # a chain: its first m tokens accepted
+            for i in range(min(m + 1, n)):
+                seen[i][0] += 1
+                seen[i][1] += i < m
+            self.asked = None
+
+    def _fit(self, cont: list[int], n_gram: int, tree_info: dict) -> int:
+        """How many of the continuation's tokens to draft: each position's chance of acceptance
+        given the ones before it, learned in this run per state from a prior (AUTO_PRIOR, worth
+        AUTO_WEIGHT rounds): (accepted + weight x prior) / (reached + weight). Chained into
+        cumulative chances, sized to the verify costs by fit_nodes."""
+        from speclab.decoding.costs import fit_nodes
+        from speclab.records import TreeFit
+        state = (self.streak, min(n_gram, 3))
+        seen = self.counts.get(state, [])
+        prior = AUTO_PRIOR_COPY if self.streak else AUTO_PRIOR[state[1]]
+        chance, scores = 1.0, []
+        for i in range(len(cont)):
+            reached, kept = seen[i] if i < len(seen) else (0, 0)
+            chance *= (kept + AUTO_WEIGHT * prior) / (reached + AUTO_WEIGHT)
+            scores.append(chance)
+        n, gain, cost = fit_nodes(scores, self.curve)
+        self.fits += 1
+        tree_info.update(TreeFit(fit_nodes=n, fit_expect=round(gain, 3), fit_cost=round(cost, 3),
+                                 fit_curve=[self.curve[T] for T in sorted(self.curve)] if self.fits == 1 else None).info())
+        self.asked = (state, n)
+        return n
 
     def propose(self, ctx: Context) -> DraftTree:
         ids = ctx.ids
@@ -72,7 +137,12 @@ class PromptLookupDrafter(Drafter):
                     k = self.k_full if self.streak else self.k
                     k = min(k, max(1, self.grow * (n - 1))) if self.grow else k
                     cont = ids[j + n: j + n + k]
-                    return DraftTree.chain(cont, [1.0] * len(cont), f"{n}-gram@{j}", ngram=n, match_at=j)
+                    info = {}
+                    if self.fitted:
+                        cont = cont[:self._fit(cont, n, info)]
+                    tree = DraftTree.chain(cont, [1.0] * len(cont), f"{n}-gram@{j}", ngram=n, match_at=j)
+                    tree.info.update(info)
+                    return tree
         return DraftTree(info={"ngram": 0})
 
 

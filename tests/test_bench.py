@@ -43,6 +43,10 @@ def test_bench_rows_peers_and_whatif(capsys, tmp_path):
     assert b["samples"] == 2 and b["bandwidth_range_gb_s"][0] <= b["bandwidth_gb_s"] <= b["bandwidth_range_gb_s"][1]
     assert b["ar_tokens_per_s"] == rows["ar"]["tokens_per_s"]
     assert b["ar_share_of_limit"] == pytest.approx(b["ar_tokens_per_s"] / b["limit_tokens_per_s"], abs=2e-3)
+    # and after the prompts' prefill (each run's first round): the decoding's own rate, a faster one
+    assert 0 < rows["ar"]["prefill_s"] < rows["ar"]["wall_s"] and 0 < b["ar_prefill_share"] < 1
+    assert b["ar_decode_tokens_per_s"] == rows["ar"]["decode_tokens_per_s"] > rows["ar"]["tokens_per_s"] * 0.95
+    assert b["ar_decode_share_of_limit"] == pytest.approx(b["ar_decode_tokens_per_s"] / b["limit_tokens_per_s"], abs=2e-3)
     # and prompt by prompt: each ar run against the sample taken right after it
     p = b["ar_share_paired"]
     assert p["prompts"] == 2 and 0 < p["min"] <= p["median"] <= p["max"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,10 @@ def test_compare_rows_and_lossless_check():
     assert all(r["identical to greedy ar"] == "yes" for r in rows[1:])   # greedy speculation is lossless
     assert all(r["new tokens"] == 5 and r["target fwd"] >= 1 for r in rows)
     assert "speclab-compare-table" in d.compare_out.object and "tau" in d.compare_out.object
+    # the prompt's prefill: ar's first round against its whole run, and the ceiling it sets
+    note = re.search(r"ar's prefill of the (\d+)-token prompt took ([\d.]+) s of its ([\d.]+) s .*none can beat "
+                     r"([\d.]+)x", d.compare_out.object)
+    assert note and 0 < float(note[2]) < float(note[3]) and float(note[4]) >= float(rows[1]["speed-up vs ar"][:-1])
     # "run it": synthetic at the chosen alpha and k beside ar, a measured point on the explorer
     d.compare.run_alpha.value, d.compare.run_k.value, d.compare.repeats.value = 0.5, 2, 1
     pt = d.compare.run_it_now()

@@ -7,6 +7,7 @@ budget, Limits.run_seconds for each of its decodes) stops it at its next round.
 from __future__ import annotations
 
 import asyncio
+import html
 
 import panel as pn
 
@@ -218,7 +219,9 @@ class ComparePanel:
         self.timing = measured
         spread = runs.compare_speedups(measured, base) if measured is not None and reference is not None else None
         self.table = runs.compare_rows(traces, reference, ref, measured, base)
-        self.out.object = runs.rows_html(self.table) if traces else ""
+        note = runs.prefill_note(reference, measured, base) if ref == "ar" else ""
+        self.out.object = ((f"<p class='speclab-prefill-note'>{html.escape(note, quote=False)}</p>" if note else "")
+                           + runs.rows_html(self.table)) if traces else ""
         chart = compare_chart(traces, reference, ref, spread) if traces else None
         self.chart.object, self.chart.visible = chart, chart is not None
         models = runs.cost_models(traces, reference, spread) if ref == "ar" and reference is not None else {}

@@ -238,6 +238,21 @@ def compare_rows(traces: dict[str, Trace], reference: Trace | None, ref: str = "
     return rows
 
 
+def prefill_note(reference: Trace | None, measured=None, base: str = "ar") -> str:
+    """What the prompt's forward costs in the comparison: ar's first round (the prefill) beside
+    its whole run, and the ceiling that sets on every method's speed-up (they all prefill the same
+    prompt first). "" where there is no speculative ar reference with timed rounds."""
+    if reference is None or not reference.rounds or not reference.steps_row().verify:
+        return ""
+    first = reference.rounds[0].verify_s + reference.rounds[0].draft_s
+    wall = measured.cell(base).median if measured is not None and base in measured.walls else reference.totals.wall_s
+    if not first or not wall or first >= wall:
+        return ""
+    return (f"{base}'s prefill of the {len(reference.prompt_ids)}-token prompt took {first:.3f} s of its {wall:.3f} s "
+            f"({first / wall:.0%}). Every method prefills the same prompt first, so none can beat "
+            f"{wall / first:.1f}x here; a longer answer or a cheaper prefill raises that ceiling.")
+
+
 def why(trace: Trace, reference: Trace, measured_speedup: float | None) -> str:
     """The cost model in words (metrics.plain_reason) for a speculative run against its ar
     reference, faster or slower; "-" where it has nothing to say (no timed rounds, another engine)."""

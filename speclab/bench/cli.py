@@ -214,6 +214,9 @@ def print_report(res: dict):
               f"{lo}-{hi}) -> limit {b['limit_tokens_per_s']} tok/s, ar ({b['ar_tokens_per_s']} tok/s) at "
               f"{b['ar_share_of_limit']:.2f} of it; the {res['dtype']} GEMV ({b['gemv_kernel']}) reads {b['gemv_gb_s']} "
               f"GB/s -> {b['gemv_limit_tokens_per_s']} tok/s, ar at {b['ar_share_of_gemv_limit']:.2f}")
+        if "ar_decode_share_of_limit" in b:
+            print(f"  after the prompts' prefill ({b['ar_prefill_share']:.0%} of ar's time, arithmetic more than reading): "
+                  f"ar decodes {b['ar_decode_tokens_per_s']} tok/s, {b['ar_decode_share_of_limit']:.2f} of the limit")
         if "ar_share_paired" in b:
             p = b["ar_share_paired"]
             print(f"  prompt by prompt (each ar run against the stream sampled right after it): median "
@@ -247,6 +250,10 @@ def add_bandwidth(res: dict, target_model, measured: dict):
         b["ar_tokens_per_s"] = row["tokens_per_s"]
         b["ar_share_of_limit"] = round(row["tokens_per_s"] / b["limit_tokens_per_s"], 3)
         b["ar_share_of_gemv_limit"] = round(row["tokens_per_s"] / b["gemv_limit_tokens_per_s"], 3)
+        if row.get("decode_tokens_per_s"):         # the same runs without their prompts' prefill
+            b["ar_decode_tokens_per_s"] = row["decode_tokens_per_s"]
+            b["ar_decode_share_of_limit"] = round(row["decode_tokens_per_s"] / b["limit_tokens_per_s"], 3)
+            b["ar_prefill_share"] = round(row["prefill_s"] / row["wall_s"], 3)
         pairs = (measured.get(name) or {}).get("pairs")
         if pairs:
             b["ar_share_paired"] = paired_share(pairs, weight_bytes_per_token(target_model))

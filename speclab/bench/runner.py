@@ -154,9 +154,12 @@ def _run(res, batch: int) -> dict:
     run = dict(ids=res.ids, wall_s=t.wall_s / batch, latency_s=t.wall_s, target_forwards=t.target_forwards,
                trace=res.trace)
     if not res.trace.steps_row().verify:        # nothing drafted, nothing verified
-        return run | dict(draft_forwards=None, drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None)
+        return run | dict(draft_forwards=None, drafted=None, accepted=None, draft_s=None, verify_s=None, rounds=None,
+                          prefill_s=None)
+    first = res.trace.rounds[0] if res.trace.rounds else None   # the prompt's forward and its first token
     return run | dict(draft_forwards=t.draft_forwards, drafted=t.drafted, accepted=t.accepted, draft_s=t.draft_s,
-                      verify_s=t.verify_s / batch, rounds=[r for r in res.trace.rounds if r.drafted])
+                      verify_s=t.verify_s / batch, rounds=[r for r in res.trace.rounds if r.drafted],
+                      prefill_s=None if first is None else (first.verify_s + first.draft_s) / batch)
 
 
 def set_name(prompt_set: str) -> str:
@@ -386,6 +389,13 @@ def summarise(spec: MethodSpec, reps, ar_ids, ar_wall, prompt_set, k) -> dict:
                tau=round(metrics.tau(new, fwd), 3) if fwd else None, new_tokens=new, target_forwards=fwd,
                identical_rate=sum(r["ids"] == a for r, a in zip(first, ar_ids)) / len(ar_ids))
     row.update(steps_columns([r.get("trace") for r in first]))
+    # the tokens after the first, over the time after the prompt's forward: the decoding's own rate,
+    # which the weights' read limit bounds (a prefill's many rows are arithmetic, not reading)
+    if all(r.get("prefill_s") is not None for r in timed) and wall:
+        pre = sum(r["prefill_s"] for r in timed)
+        after = sum(len(r["ids"]) for r in timed) - len(timed)
+        row.update(prefill_s=round(pre, 4),
+                   decode_tokens_per_s=round(after / (wall - pre), 2) if wall > pre and after > 0 else None)
     if first[0]["drafted"] is not None:
         drafted, accepted = sum(r["drafted"] for r in first), sum(r["accepted"] for r in first)
         _, cond, unc = metrics.per_position([rnd for r in first for rnd in r["rounds"]])

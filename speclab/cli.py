@@ -439,6 +439,8 @@ def cmd_doctor(a):
     print(f"dtype='auto' on the CPU: {d['dtype_auto']}" + (f"; environment: {d['env']}" if d["env"] else ""))
     if check is not None:
         print(f"self-check ({d['path']}): {check}")
+    if d["advice"]:
+        print(f"on this path: {d['advice']}")
     return 0
 
 

@@ -10,6 +10,7 @@ NaN); odd shapes padded; the fused layer close to the torch-op layer it replaces
 a chain or a tree bitwise equal to one-token forwards. On an x86 CPU with AVX2 none of this skips:
 a CPU that gets no kernel path fails test_an_x86_cpu_with_avx2_runs_a_kernel_path.
 """
+import json
 import platform
 
 import pytest
@@ -287,3 +288,17 @@ def test_stream_read_reads_every_byte():
     assert kernels.module().stream_read(buf) == 12345
     buf[7] = 1 << 40
     assert kernels.module().stream_read(buf) == 12345 + (1 << 40)
+
+
+def test_doctor_says_the_path_and_what_it_means_for_drafts(monkeypatch, capsys):
+    """`speclab doctor` under a forced path: the path and why, and on AVX2 the advice to size drafts."""
+    from speclab.cli import main
+    monkeypatch.setenv("SPECLAB_ISA", "avx2")
+    monkeypatch.setattr(kernels, "_module", None)            # nothing chosen yet in this process
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel path: avx2 (forced (SPECLAB_ISA))" in out and "prompt-lookup[k=auto]" in out
+    monkeypatch.setenv("SPECLAB_ISA", "torch")
+    assert main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["path"] == "torch" and "F.linear" in d["advice"]

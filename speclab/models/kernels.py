@@ -229,6 +229,18 @@ def using(name: str):
         _why = why
 
 
+def advice(path: str) -> str | None:
+    """What a decoding method should know of a path's verify costs (speclab doctor says it), or None."""
+    if path == "avx2":
+        return ("a verify's extra rows are arithmetic here (an AVX2 FMA does 8 multiply-adds, VDPBF16PS 32): a 6-row "
+                "verify costs 1.6-1.8 one-row forwards, so short drafts win; prompt-lookup[k=auto] and "
+                "eagle[budget=auto] size each draft to this machine's measured costs (docs/performance.md)")
+    if path == "torch":
+        return ("no kernel path: bf16 runs torch's F.linear, a verify of several rows costing several one-row "
+                "forwards (docs/performance.md)")
+    return None
+
+
 def info() -> dict:
     """What runs here and why: the path, the CPU's flags that decide it, the paths it supports, the
     compiler, and which builds are cached (for `speclab doctor`, the bench header, the dashboard)."""
@@ -254,6 +266,7 @@ def info() -> dict:
         "compiler": shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++"),
         "ninja": shutil.which("ninja") or shutil.which("ninja", path=str(Path(sys.executable).parent)),
         "env": {k: os.environ[k] for k in ("SPECLAB_ISA", "SPECLAB_KERNELS", "SPECLAB_AMX") if k in os.environ},
+        "advice": advice(running or planned_path),
     }
 
 

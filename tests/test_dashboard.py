@@ -528,3 +528,18 @@ def test_the_categories_tab_shows_the_newest_category_bench():
     d = Dashboard()
     assert "Categories" in [d.tabs._names[i] for i in range(len(d.tabs))]
     assert d.categories.chart.object is not None and "coding" in d.categories.table.object
+
+
+def test_a_comparisons_other_method_takes_only_the_knobs_the_form_shows():
+    """Compare runs each other method with the knobs the form shows for its own method (k is shared
+    by draft-model and prompt lookup); a hidden knob (the node budget, 10 on its widget while
+    draft-model is chosen) is not passed: eagle keeps its own tree of 5."""
+    d = Dashboard()
+    f = d.form
+    f.target.value, f.method.value, f.prompt.value = "smollm2-135m", "draft-model", "def f(x):"
+    f.k.value = 3
+    assert f.budget.value == 10 and "budget" not in f.knobs_of("draft-model")
+    assert "budget" not in f.request("eagle") and f.request("prompt-lookup")["k"] == 3
+    f.method.value = "tree-dynamic"                          # a method that shows the budget: shared
+    f.budget.value = 7
+    assert f.request("eagle")["budget"] == 7

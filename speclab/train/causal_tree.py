@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from speclab.models.causal_tree import CausalTreeAdapter, causal_tree_config, depths_of, tree_shape
 from speclab.train.flexdraft import frozen_target, load_text, make_batch, mask_row_options, windows
-from speclab.train.loop import BudgetLoop, cosine_lr, held_out, run_info, set_lr
+from speclab.train.loop import BudgetLoop, cosine_lr, run_info, saver, set_lr
 
 
 def get_args(argv=None):
@@ -199,7 +199,7 @@ def save_adapter(adapter: CausalTreeAdapter, out: Path, base_name: str, info: di
 
 
 def main(argv=None):
-    from speclab.train.checkpoint import save_checkpoint, start
+    from speclab.train.checkpoint import start
     from speclab.train.smollm2_data import split_rows
 
     argv = list(argv if argv is not None else [])
@@ -226,12 +226,9 @@ def main(argv=None):
     opt, ckpt, state = start(adapter, params, args.out, args.lr, args.resume)
     rng = random.Random(args.seed + state["step"])
 
-    def save():
-        ev = evaluate(model, adapter, data, held, args)
-        if held_out(state, ev, "tau_hat"):
-            save_adapter(adapter, args.out, args.target, run_info("causal-tree", argv, args, state, ev))
-            print(f"saved {args.out}", flush=True)
-        save_checkpoint(ckpt, adapter, opt, state)
+    save = saver(lambda: evaluate(model, adapter, data, held, args),
+                 lambda ev: save_adapter(adapter, args.out, args.target, run_info("causal-tree", argv, args, state, ev)),
+                 adapter, opt, ckpt, state, "tau_hat", args.out)
 
     if not state["log"]:
         save()

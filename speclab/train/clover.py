@@ -33,8 +33,8 @@ import torch.nn.functional as F
 
 from speclab.train.head_data import DATA_DIRS, batch, first_rows, load_data, set_features, target_features, windows
 from speclab.train.heads import heads_loss
-from speclab.train.loop import (BudgetLoop, add_options, command_line, cosine_lr, held_out, held_out_agreement,
-                                optimizer_step, set_lr)
+from speclab.train.loop import (BudgetLoop, add_options, command_line, cosine_lr, held_out_agreement,
+                                optimizer_step, saver, set_lr)
 from speclab.train.smollm2_data import merge, split_rows
 
 CACHE = "~/.cache/speclab/clover"
@@ -185,7 +185,7 @@ def evaluate(head, data, X, spans, norm, W_sub, args, autocast: bool) -> dict:
 
 def main(argv=None):
     from speclab.models import zoo
-    from speclab.train.checkpoint import save_checkpoint, start, start_from, trainable
+    from speclab.train.checkpoint import start, start_from, trainable
     from speclab.train.vocab import text_head_ids
 
     argv, args = command_line(get_args, argv)
@@ -216,11 +216,8 @@ def main(argv=None):
     opt, ckpt, state = start(head, params, out, args.lr, args.resume)
     spans, held = train_and_held_windows(data, train_rows, held_rows, args.seq_len)
 
-    def save():
-        ev = evaluate(head, data, X, held, norm, W_sub, args, autocast)
-        if held_out(state, ev):
-            save_head(head, out, "clover", argv, args, state, data, ev)
-        save_checkpoint(ckpt, head, opt, state)
+    save = saver(lambda: evaluate(head, data, X, held, norm, W_sub, args, autocast),
+                 lambda ev: save_head(head, out, "clover", argv, args, state, data, ev), head, opt, ckpt, state)
 
     if not state["log"]:
         save()                                                    # step 0: the heads it starts from

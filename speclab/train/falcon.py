@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 from speclab.train.clover import describe, head_parser, save_head, text_and_states, train_and_held_windows
 from speclab.train.heads import soft_ce
-from speclab.train.loop import (BudgetLoop, add_options, command_line, cosine_lr, held_out, held_out_agreement,
-                                optimizer_step, set_lr)
+from speclab.train.loop import (BudgetLoop, add_options, command_line, cosine_lr, held_out_agreement,
+                                optimizer_step, saver, set_lr)
 
 
 def falcon_loss(head, fin, f, tok, lp, m, reg_weight=0.5, hard_weight=0.1):
@@ -175,7 +175,7 @@ def evaluate(head, data, X, spans, W_sub, args) -> dict:
 
 def main(argv=None):
     from speclab.models import zoo
-    from speclab.train.checkpoint import save_checkpoint, start, start_from, trainable
+    from speclab.train.checkpoint import start, start_from, trainable
     from speclab.train.heads import parse_layers
     from speclab.train.smollm2_data import split_rows
     from speclab.train.vocab import text_head_ids
@@ -202,11 +202,8 @@ def main(argv=None):
     spans, held = train_and_held_windows(data, train_rows, held_rows, args.seq_len)
     gen = torch.Generator().manual_seed(args.seed)
 
-    def save():
-        ev = evaluate(head, data, X, held, W_sub, args)
-        if held_out(state, ev):
-            save_head(head, out, "falcon", argv, args, state, data, ev)
-        save_checkpoint(ckpt, head, opt, state)
+    save = saver(lambda: evaluate(head, data, X, held, W_sub, args),
+                 lambda ev: save_head(head, out, "falcon", argv, args, state, data, ev), head, opt, ckpt, state)
 
     if not state["log"]:
         save()                                                    # step 0: the head it starts from

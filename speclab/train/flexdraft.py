@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from speclab.models.flexdraft import FlexDraftAdapter, flexdraft_config
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, run_info, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, run_info, saver, set_lr
 
 
 def mask_row_options(ap, k: int, k_help: str, groups: int, minutes: int, extra=None):
@@ -250,7 +250,7 @@ def frozen_target(args):
 
 
 def main(argv=None):
-    from speclab.train.checkpoint import save_checkpoint, start
+    from speclab.train.checkpoint import start
     from speclab.train.smollm2_data import split_rows
 
     argv = list(argv if argv is not None else [])
@@ -272,12 +272,9 @@ def main(argv=None):
     opt, ckpt, state = start(adapter, params, args.out, args.lr, args.resume)
     rng = random.Random(args.seed + state["step"])
 
-    def save():
-        ev = evaluate(model, adapter, data, held, args)
-        if held_out(state, ev, "tau_hat"):
-            save_adapter(adapter, args.out, args.target, run_info("flexdraft", argv, args, state, ev))
-            print(f"saved {args.out}", flush=True)
-        save_checkpoint(ckpt, adapter, opt, state)
+    save = saver(lambda: evaluate(model, adapter, data, held, args),
+                 lambda ev: save_adapter(adapter, args.out, args.target, run_info("flexdraft", argv, args, state, ev)),
+                 adapter, opt, ckpt, state, "tau_hat", args.out)
 
     if not state["log"]:
         save()                                  # step 0: the untrained adapter (the target's own attention)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from speclab.models.hidden_transfer import HiddenTransfer, transfer_config
 from speclab.train.flexdraft import frozen_target, load_text, make_batch, windows
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, optimizer_step, run_info, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, optimizer_step, run_info, saver, set_lr
 
 
 def get_args(argv=None):
@@ -161,7 +161,7 @@ def save_transfer(transfer: HiddenTransfer, out: Path, base_name: str, info: dic
 
 
 def main(argv=None):
-    from speclab.train.checkpoint import save_checkpoint, start
+    from speclab.train.checkpoint import start
     from speclab.train.smollm2_data import split_rows
 
     argv = list(argv if argv is not None else [])
@@ -180,13 +180,10 @@ def main(argv=None):
     opt, ckpt, state = start(transfer, params, args.out, args.lr, args.resume)
     rng = random.Random(args.seed + state["step"])
 
-    def save():
-        ev = evaluate(model, transfer, data, held, args)
-        if held_out(state, ev, "tau_hat"):
-            save_transfer(transfer, args.out, args.target, run_info("hidden-transfer", argv, args, state, ev,
-                                                                    layer=layer))
-            print(f"saved {args.out}", flush=True)
-        save_checkpoint(ckpt, transfer, opt, state)
+    save = saver(lambda: evaluate(model, transfer, data, held, args),
+                 lambda ev: save_transfer(transfer, args.out, args.target,
+                                          run_info("hidden-transfer", argv, args, state, ev, layer=layer)),
+                 transfer, opt, ckpt, state, "tau_hat", args.out)
 
     if not state["log"]:
         save()                                  # step 0: the identity transfer

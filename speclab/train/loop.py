@@ -95,6 +95,22 @@ def held_out(state: dict, ev: dict, key: str | None = None) -> bool:
     return True
 
 
+def saver(evaluate, write, module, opt, ckpt, state: dict, key: str | None = None, out=None):
+    """The save step of a trainer's BudgetLoop: evaluate() on the held-out data, write(ev) the part
+    when its score is the best so far (held_out; `out`: where, said once written), then the
+    checkpoint a resumed run starts from."""
+    from speclab.train.checkpoint import save_checkpoint
+
+    def save():
+        ev = evaluate()
+        if held_out(state, ev, key):
+            write(ev)
+            if out is not None:
+                print(f"saved {out}", flush=True)
+        save_checkpoint(ckpt, module, opt, state)
+    return save
+
+
 class BudgetLoop:
     """Steps until `minutes` of wall time are spent: epochs over `n` training windows, each in an
     order shuffled with seed + epoch, `batch` windows a step; a progress bar in seconds of the

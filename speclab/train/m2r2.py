@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from speclab.models.m2r2 import Accelerator, m2r2_config, slow_layer
 from speclab.train.flexdraft import frozen_target, load_text, windows
-from speclab.train.loop import BudgetLoop, add_options, cosine_lr, held_out, optimizer_step, run_info, set_lr
+from speclab.train.loop import BudgetLoop, add_options, cosine_lr, optimizer_step, run_info, saver, set_lr
 
 
 def get_args(argv=None):
@@ -205,7 +205,7 @@ def save_accelerator(acc: Accelerator, out: Path, base_name: str, ev: dict, info
 
 
 def main(argv=None):
-    from speclab.train.checkpoint import save_checkpoint, start
+    from speclab.train.checkpoint import start
     from speclab.train.smollm2_data import split_rows
 
     argv = list(argv if argv is not None else [])
@@ -225,14 +225,13 @@ def main(argv=None):
     opt, ckpt, state = start(acc, params, args.out, args.lr, args.resume)
     rng = random.Random(args.seed + state["step"])
 
-    def save():
+    def held_alignment():
         ev = alignment(model, acc, data, held, args)
-        ev["fast_final"] = ev["fast"][-1]
-        if held_out(state, ev, "fast_final"):
-            save_accelerator(acc, args.out, args.target, ev, run_info("m2r2", argv, args, state, ev, layers=E,
-                                                                       rate=acc.rate))
-            print(f"saved {args.out}", flush=True)
-        save_checkpoint(ckpt, acc, opt, state)
+        return ev | {"fast_final": ev["fast"][-1]}
+    save = saver(held_alignment,
+                 lambda ev: save_accelerator(acc, args.out, args.target, ev,
+                                             run_info("m2r2", argv, args, state, ev, layers=E, rate=acc.rate)),
+                 acc, opt, ckpt, state, "fast_final", args.out)
 
     if not state["log"]:
         save()                                  # step 0: the untrained accelerator (the plain exit after E)

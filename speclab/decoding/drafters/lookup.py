@@ -33,10 +33,11 @@ import heapq
 import threading
 from collections import OrderedDict
 
-from speclab.decoding.costs import given_curve
+from speclab.decoding.costs import fit_nodes, given_curve
 from speclab.decoding.drafters.model import check_k
 from speclab.decoding.speculative import Context, Drafter
 from speclab.decoding.tree import DraftTree
+from speclab.records import TreeFit
 from speclab.trace import Decision
 
 
@@ -110,8 +111,6 @@ class PromptLookupDrafter(Drafter):
         given the ones before it, learned in this run per state from a prior (AUTO_PRIOR, worth
         AUTO_WEIGHT rounds): (accepted + weight x prior) / (reached + weight). Chained into
         cumulative chances, sized to the verify costs by fit_nodes."""
-        from speclab.decoding.costs import fit_nodes
-        from speclab.records import TreeFit
         state = (self.streak, min(n_gram, 3))
         seen = self.counts.get(state, [])
         prior = AUTO_PRIOR_COPY if self.streak else AUTO_PRIOR[state[1]]

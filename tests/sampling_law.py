@@ -131,6 +131,20 @@ def draw_pairs(lm, drafter, prompt_ids: list[int], sampler: Sampler, n: int = N,
     return out
 
 
+def pair_counts(lm, make_drafter, prompt_ids: list[int], sampler: Sampler, n: int, V: int, seed0: int = 0):
+    """The first two tokens of n runs (seeds seed0 ..) on the target forward `lm`, each with the drafter
+    make_drafter() gives, counted in a (V, V) table (float64), and each run's first round (what its
+    draft kept): the loop of a test against next_two_joint's law."""
+    from speclab.decoding.speculative import decode
+    counts, firsts = torch.zeros(V, V, dtype=torch.float64), []
+    for seed in range(seed0, seed0 + n):
+        lm.reset()
+        new, rounds, _ = decode(lm, make_drafter(), prompt_ids, 2, sampler, seed=seed, record=None)
+        counts[new[0], new[1]] += 1
+        firsts.append(rounds[0])
+    return counts, firsts
+
+
 def draw_pairs_in_batch(model, make_drafter, prompt_ids: list[int], sampler: Sampler, n: int = N,
                         seed0: int = 0, lanes: int = 128) -> list[tuple[int, int]]:
     """draw_pairs for a batchable method: n runs as lanes of the batch engine (seeds seed0 ..),

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import speclab
-from sampling_law import next_two_joint, own_text, pooled_chisquare
+from sampling_law import next_two_joint, own_text, pair_counts, pooled_chisquare
 from speclab.decoding.acceptance import Sampler
 from speclab.decoding.drafters.aded import EXPLOIT, EXPLORE, AdedDrafter
-from speclab.decoding.speculative import Context, decode
+from speclab.decoding.speculative import Context
 from speclab.trace import Trace, replay
 
 
@@ -114,10 +114,7 @@ def test_the_first_two_sampled_tokens_follow_the_targets_joint_distribution():
     tree = started(prompt).propose(ctx(prompt))
     roots = [tok for tok, par in zip(tree.tokens, tree.parents) if par == -1]
     assert len(roots) >= 2 and all(p1[t] > 0 for t in roots)   # siblings the target may take
-    counts, accepted = torch.zeros(V, V, dtype=torch.float64), 0
-    for seed in range(n):
-        new, rounds, _ = decode(lm, AdedDrafter(), prompt, 2, sampler, seed=seed, record=None)
-        counts[new[0], new[1]] += 1
-        accepted += len(rounds[0].accepted) > 0
+    counts, firsts = pair_counts(lm, AdedDrafter, prompt, sampler, n, V)
+    accepted = sum(len(r.accepted) > 0 for r in firsts)
     assert 0 < accepted < n                                    # drafts both kept and refused
     assert pooled_chisquare(joint.flatten() / joint.sum() * n, counts.flatten()) > 1e-3

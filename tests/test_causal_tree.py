@@ -7,7 +7,7 @@ import json
 import torch
 
 import speclab
-from sampling_law import next_two_joint, pooled_chisquare
+from sampling_law import next_two_joint, pair_counts, pooled_chisquare
 from speclab.decoding.acceptance import Sampler
 from speclab.decoding.drafters.causal_tree import CausalTreeDrafter
 from speclab.models.causal_tree import CausalTreeAdapter, branch_rows, causal_tree_config, tree_logits, tree_shape
@@ -92,13 +92,8 @@ def test_the_first_two_sampled_tokens_follow_the_targets_joint_distribution():
     lm = LeanLM(model, "target")
     prompt = [1, 2, 3, 4, 5]
     _, joint = next_two_joint(model, prompt, sampler)
-    counts, second = torch.zeros(V, V, dtype=torch.float64), 0
-    for seed in range(n):
-        lm.reset()
-        new, rounds, _ = decode(lm, CausalTreeDrafter(model, ad, k=3, width=2), prompt, 2, sampler, seed=seed,
-                                record=None)
-        counts[new[0], new[1]] += 1
-        second += len(rounds[0].accepted) >= 2
+    counts, firsts = pair_counts(lm, lambda: CausalTreeDrafter(model, ad, k=3, width=2), prompt, sampler, n, V)
+    second = sum(len(r.accepted) >= 2 for r in firsts)
     assert 0.05 * n < second < 0.95 * n
     assert pooled_chisquare(joint.flatten() / joint.sum() * n, counts.flatten()) > 1e-3
 

@@ -23,7 +23,8 @@ from speclab.models.lean.forward import LeanLM
 from speclab.models.zoo import load
 from speclab.trace import Trace, replay
 
-from test_rules import chi2_p    # tests/ is on the path, as for conftest
+from sampling_law import pair_counts  # tests/ is on the path, as for conftest
+from test_rules import chi2_p
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # a toy's tiny products (conftest)
 NEW = 40
@@ -133,11 +134,8 @@ def test_the_first_two_sampled_tokens_follow_the_targets_joint(kw):
     mask = int(first.argmin())                     # the mask: a token the target never commits first
     mark_dllm(draft.config, mask, shift=True)
     draft.config.speclab_block_causal = True
-    lm, counts, accepted = LeanLM(model, "target"), torch.zeros(V, V), 0
-    for seed in range(n):
-        new, rounds, _ = decode(lm, DllmDrafter(draft, **kw), prompt, 2, s, seed=seed, record=None)
-        counts[new[0], new[1]] += 1
-        accepted += len(rounds[0].accepted)
+    counts, firsts = pair_counts(LeanLM(model, "target"), lambda: DllmDrafter(draft, **kw), prompt, s, n, V)
+    accepted = sum(len(r.accepted) for r in firsts)
     assert 0 < accepted < n * kw["k"]                             # drafts both kept and refused
     possible = joint > 0                    # top-k 4 twice: 16 cells, none rare enough to pool
     assert counts[~possible].sum() == 0

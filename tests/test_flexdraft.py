@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import speclab
-from sampling_law import next_two_joint, pooled_chisquare
+from sampling_law import next_two_joint, pair_counts, pooled_chisquare
 from speclab.decoding.acceptance import Sampler
 from speclab.decoding.drafters.flexdraft import FlexDraftDrafter
-from speclab.decoding.speculative import decode
 from speclab.models.flexdraft import FlexDraftAdapter, draft_logits, flexdraft_config
 from speclab.models.lean.forward import LeanLM
 from speclab.trace import Trace, replay
@@ -110,13 +109,8 @@ def test_the_first_two_sampled_tokens_follow_the_targets_joint_distribution():
     lm = LeanLM(model, "target")
     prompt = [1, 2, 3, 4, 5]
     _, joint = next_two_joint(model, prompt, sampler)
-    counts, second = torch.zeros(V, V, dtype=torch.float64), 0
-    for seed in range(n):
-        lm.reset()
-        new, rounds, _ = decode(lm, FlexDraftDrafter(model, adapter, k=3, theta=0.0), prompt, 2, sampler, seed=seed,
-                                record=None)
-        counts[new[0], new[1]] += 1
-        second += len(rounds[0].accepted) >= 2
+    counts, firsts = pair_counts(lm, lambda: FlexDraftDrafter(model, adapter, k=3, theta=0.0), prompt, sampler, n, V)
+    second = sum(len(r.accepted) >= 2 for r in firsts)
     assert 0.05 * n < second < 0.95 * n                      # the mask row's draft kept and refused
     assert pooled_chisquare(joint.flatten() / joint.sum() * n, counts.flatten()) > 1e-3
 

@@ -13,7 +13,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import speclab
 from speclab.decoding.acceptance import Sampler, warp
 from speclab.decoding.drafters.specdecpp import SpecDecPPDrafter
-from speclab.decoding.speculative import decode
 from speclab.figures.specdecpp import head_pairs, stopping_figure
 from speclab.figures.views import view_of
 from speclab.models.acceptance_head import for_draft, head_info, load_head, paired_head, save_head
@@ -21,7 +20,8 @@ from speclab.models.lean.forward import LeanLM
 from speclab.trace import Trace, replay
 from speclab.train import specdecpp as trainer
 
-from test_rules import chi2_p    # tests/ is on the path, as for conftest
+from sampling_law import pair_counts  # tests/ is on the path, as for conftest
+from test_rules import chi2_p
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # a toy's tiny products (conftest)
 NEW = 40
@@ -146,12 +146,9 @@ def test_the_first_two_sampled_tokens_follow_the_targets_joint_while_k_varies(tm
         p = lambda ids: warp(model(input_ids=torch.tensor([ids])).logits[0, -1], s)   # noqa: E731
         first = p(prompt)
         joint = torch.stack([first[x] * p(prompt + [x]) for x in range(V)])            # (V, V)
-    lm, counts, ks = LeanLM(model, "target"), torch.zeros(V, V), set()
     drafter = SpecDecPPDrafter(small, head=str(tmp_path / "h"), threshold=0.5, min_k=1, max_k=4)
-    for seed in range(n):
-        new, rounds, _ = decode(lm, drafter, prompt, 2, s, seed=seed, record=None)
-        counts[new[0], new[1]] += 1
-        ks.add(rounds[0].drafted)
+    counts, firsts = pair_counts(LeanLM(model, "target"), lambda: drafter, prompt, s, n, V)
+    ks = {r.drafted for r in firsts}
     assert len(ks) >= 2
     support = joint > 0                     # top-k 4: the cells outside it never occur
     assert counts[~support].sum() == 0

@@ -426,24 +426,31 @@ template <int TT> constexpr int groups8() { return TT == 1 ? 8 : TT <= 3 ? 4 : 2
 template <int TT> constexpr int group_passes() { return 8 / groups8<TT>(); }
 #endif
 
-// One chunk for TT rows: all 4 groups of 16 of a block in one pass with AVX-512 (4 x TMAX sums in 32
-// registers); with AVX2, groups8 groups of 8 (of a block's 8) a pass, fewer as the rows grow. Pass
-// p0 + i (of P over this chunk) prefetches its share of the next chunk (next, L lines). X: x's rows
-// as bf16 (VDPBF16PS reads the pairs) or widened to fp32 (the FMA paths).
+// One chunk for TT rows: the groups of 16 [j0, j0 + nj) of a block (all 4, or a half: nj = 2) in
+// one pass with AVX-512 (4 x TMAX sums in 32 registers); with AVX2, groups8 groups of 8 (of a
+// block's 8) a pass, fewer as the rows grow, a half's 4 in one. Pass p0 + i (of P over this chunk)
+// prefetches its share of the next chunk (next, L lines). X: x's rows as bf16 (VDPBF16PS reads the
+// pairs) or widened to fp32 (the FMA paths).
 template <int TT, class X>
 static inline void rows_pass(const X* xt, int64_t K, const bf16* Wb, int64_t k2a, int64_t k2b, float* part,
-                             bool start, const char* next, int64_t L, int64_t p0, int64_t P) {
+                             bool start, int j0, int nj, const char* next, int64_t L, int64_t p0, int64_t P) {
   // one pass a chunk: the lines PREFETCH bytes ahead of the stream, 4 a pair
   if (P == 1) next = reinterpret_cast<const char*>(Wb + k2a * 2 * B) + PREFETCH, L = 4 * (k2b - k2a);
   const int64_t share = (L + P - 1) / P, n = k2b - k2a, per = (share + n - 1) / n;
+  auto fetch = [&](int64_t p) { return Fetch{next, p * share, std::min(L, (p + 1) * share), per}; };
 #if defined(HAS_DPBF16)
-  dp_pass<TT, 4>(xt, K, Wb, k2a, k2b, 0, part, start, Fetch{next, p0 * share, std::min(L, (p0 + 1) * share), per});
+  if (nj == 4) dp_pass<TT, 4>(xt, K, Wb, k2a, k2b, 0, part, start, fetch(p0));
+  else dp_pass<TT, 2>(xt, K, Wb, k2a, k2b, j0, part, start, fetch(p0));
 #elif defined(__AVX512F__)
-  fma_pass<TT, 4>(xt, K, Wb, k2a, k2b, 0, part, start, Fetch{next, p0 * share, std::min(L, (p0 + 1) * share), per});
+  if (nj == 4) fma_pass<TT, 4>(xt, K, Wb, k2a, k2b, 0, part, start, fetch(p0));
+  else fma_pass<TT, 2>(xt, K, Wb, k2a, k2b, j0, part, start, fetch(p0));
 #else
-  constexpr int G8 = groups8<TT>();
-  for (int j0 = 0, p = (int)p0; j0 < 8; j0 += G8, ++p)
-    fma_pass8<TT, G8>(xt, K, Wb, k2a, k2b, j0, part, start, Fetch{next, p * share, std::min(L, (p + 1) * share), per});
+  if (nj == 4) {
+    constexpr int G8 = groups8<TT>();
+    for (int g = 0, p = (int)p0; g < 8; g += G8, ++p) fma_pass8<TT, G8>(xt, K, Wb, k2a, k2b, g, part, start, fetch(p));
+  } else {
+    fma_pass8<TT, 4>(xt, K, Wb, k2a, k2b, 2 * j0, part, start, fetch(p0));
+  }
 #endif
 }
 
@@ -454,8 +461,11 @@ static inline void rows_pass(const X* xt, int64_t K, const bf16* Wb, int64_t k2a
 #endif
 constexpr int64_t CHUNK = CHUNK_PAIRS;
 
-static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t b0,
-                        int64_t b1, bf16* y, int64_t N) {
+// y[:, 16 g0 : 16 g1] for the groups [g0, g1) of 16 outputs (g0, g1 even: whole blocks of 64 and
+// halves of 32, which cols() shares out so that two threads split SmolLM2's 9-block matrices 4.5 /
+// 4.5, not 5 / 4). A half's outputs get the same sums, in the same order, as a whole block's.
+static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t g0,
+                        int64_t g1, bf16* y, int64_t N) {
   thread_local std::vector<float> part;
   if ((int64_t)part.size() < T * B) part.resize(T * B);
 #ifdef HAS_DPBF16
@@ -463,7 +473,9 @@ static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int
 #else
   thread_local std::vector<float> xw;          // the FMA paths: x widened to fp32 once a call
   if ((int64_t)xw.size() < T * K) xw.resize(T * K);
-  for (int64_t i = 0; i < T * K; ++i) xw[i] = f32(x[i]);
+  int64_t i = 0;
+  for (; i + 16 <= T * K; i += 16) fstore(xw.data() + i, load16(x + i));
+  for (; i < T * K; ++i) xw[i] = f32(x[i]);
   const float* xs = xw.data();
   const FlushDenormals ftz;
 #endif
@@ -476,33 +488,43 @@ static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int
       case 3: return group_passes<3>(); case 2: return group_passes<2>(); default: return group_passes<1>();
     }
   };
-  int64_t P = 0;                               // passes over a chunk: row passes x group passes
-  for (int64_t t0 = 0; t0 < T; t0 += per) P += gp(std::min<int64_t>(per, T - t0));
-  for (int64_t b = b0; b < b1; ++b) {
+  // passes over a chunk: row passes x group passes of a whole block; a half takes one a row pass
+  int64_t P_whole = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += per) P_whole += gp(std::min<int64_t>(per, T - t0));
+  // this call's groups of 16 in block b: [j0, j1), all 4 or a half
+  auto mine = [&](int64_t b) {
+    return std::pair<int, int>{(int)std::max<int64_t>(g0 - 4 * b, 0), (int)std::min<int64_t>(g1 - 4 * b, 4)};
+  };
+  for (int64_t b = g0 / 4; 4 * b < g1; ++b) {
     const bf16* Wb = wp + b * K2 * 2 * B;
+    const auto [j0, j1] = mine(b);
+    const int nj = j1 - j0;
+    const int64_t P = nj == 4 ? P_whole : passes;
     for (int64_t k2a = 0; k2a < K2; k2a += CHUNK) {
       const int64_t k2b = std::min(K2, k2a + CHUNK);
-      // the next chunk: this block's, or the next block's first (blocks lie back to back)
+      // the next chunk: this block's, or the next block's first (blocks lie back to back); all
+      // its lines, a half's neighbour's too (halves are a prompt's rows, bound by arithmetic)
       const char* next = reinterpret_cast<const char*>(Wb + k2b * 2 * B);
-      const int64_t L = (k2b < K2 ? std::min(CHUNK, K2 - k2b) : b + 1 < b1 ? std::min(CHUNK, K2) : 0) * 4;
+      const int64_t L = (k2b < K2 ? std::min(CHUNK, K2 - k2b) : 4 * (b + 1) < g1 ? std::min(CHUNK, K2) : 0) * 4;
       int64_t p0 = 0;
       for (int64_t t0 = 0; t0 < T; t0 += per) {
         const auto* xt = xs + t0 * K;
         float* pt = part.data() + t0 * B;
         const int64_t rows = std::min<int64_t>(per, T - t0);
+        const bool start = k2a == 0;
         switch (rows) {
-          case 6: rows_pass<6>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          case 5: rows_pass<5>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          case 4: rows_pass<4>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          case 3: rows_pass<3>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          case 2: rows_pass<2>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P); break;
-          default: rows_pass<1>(xt, K, Wb, k2a, k2b, pt, k2a == 0, next, L, p0, P);
+          case 6: rows_pass<6>(xt, K, Wb, k2a, k2b, pt, start, j0, nj, next, L, p0, P); break;
+          case 5: rows_pass<5>(xt, K, Wb, k2a, k2b, pt, start, j0, nj, next, L, p0, P); break;
+          case 4: rows_pass<4>(xt, K, Wb, k2a, k2b, pt, start, j0, nj, next, L, p0, P); break;
+          case 3: rows_pass<3>(xt, K, Wb, k2a, k2b, pt, start, j0, nj, next, L, p0, P); break;
+          case 2: rows_pass<2>(xt, K, Wb, k2a, k2b, pt, start, j0, nj, next, L, p0, P); break;
+          default: rows_pass<1>(xt, K, Wb, k2a, k2b, pt, start, j0, nj, next, L, p0, P);
         }
-        p0 += gp(rows);
+        p0 += nj == 4 ? gp(rows) : 1;
       }
     }
     for (int64_t t = 0; t < T; ++t)
-      for (int g = 0; g < 4; ++g) store16(y + t * N + b * B + 16 * g, fload(part.data() + t * B + 16 * g));
+      for (int g = j0; g < j1; ++g) store16(y + t * N + b * B + 16 * g, fload(part.data() + t * B + 16 * g));
   }
 }
 
@@ -599,11 +621,11 @@ static void blocks_amx(const bf16*, int64_t, int64_t, const bf16*, int64_t, int6
 #endif
 
 // y[:, 16 g0 : 16 g1] for the columns [g0, g1) of 16 outputs of packed W: y (T, N) = x (T, K) @ W^T.
-// The loops take whole blocks (g0, g1 multiples of 4: cols() shares them so).
+// The loops take whole blocks and halves (g0, g1 even: cols() shares them so).
 static void blocks(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t g0,
                    int64_t g1, bf16* y, int64_t N) {
   if (on_tiles(K)) return blocks_amx(x, T, K, wp, K2, g0, g1, y, N);
-  blocks_loop(x, T, K, wp, K2, g0 / 4, g1 / 4, y, N);
+  blocks_loop(x, T, K, wp, K2, g0, g1, y, N);
 }
 at::Tensor packed_linear(at::Tensor x, at::Tensor Wp) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
@@ -1155,12 +1177,20 @@ static inline std::pair<int64_t, int64_t> share(int64_t n, int me, int W) {
   return {n * me / W, n * (me + 1) / W};
 }
 
-// thread me's columns of 16 outputs of a packed matrix of nb blocks with K inputs, for blocks():
-// any 16 on AMX tiles, whole blocks of 64 for the AVX-512 loop
-static inline std::pair<int64_t, int64_t> cols(int64_t nb, int64_t K, int me, int W) {
+// thread me's columns of 16 outputs of a packed matrix of nb blocks with K inputs for T rows, for
+// blocks(): any 16 on AMX tiles; for the loops, halves of blocks (32) for a prompt's rows, whole
+// blocks for a step or a verify. In whole blocks two threads split SmolLM2's 576-wide products
+// 5 / 4 and the one with 4 waits at the barrier: in halves a 77- or 114-row prefill took 2-3% less
+// time (AVX2 and AVX512-BF16 alike). Up to 6 rows the weights' stream sets the time, and halves
+// (two threads reading halves of the same lines) measured 2-4% slower. Either way the same bits.
+static inline std::pair<int64_t, int64_t> cols(int64_t nb, int64_t K, int64_t T, int me, int W) {
   if (on_tiles(K)) return share(4 * nb, me, W);
-  auto [b0, b1] = share(nb, me, W);
-  return {4 * b0, 4 * b1};
+  if (T <= 6) {
+    auto [b0, b1] = share(nb, me, W);
+    return {4 * b0, 4 * b1};
+  }
+  auto [h0, h1] = share(2 * nb, me, W);
+  return {2 * h0, 2 * h1};
 }
 
 at::Tensor layers(at::Tensor x, std::vector<at::Tensor> ln1, std::vector<at::Tensor> wqkv,
@@ -1236,7 +1266,7 @@ at::Tensor layers(at::Tensor x, std::vector<at::Tensor> ln1, std::vector<at::Ten
       bf16* V = K + kv.stride(1);
 
       rms_rows(X, ln1[l].data_ptr<bf16>(), h, T, C, (float)eps);
-      auto [q0, q1] = cols(wqkv[l].size(0), C, me, W);
+      auto [q0, q1] = cols(wqkv[l].size(0), C, T, me, W);
       blocks(h, T, C, wqkv[l].data_ptr<bf16>(), wqkv[l].size(1), q0, q1, QKV, W3);
       team.wait(W);
 
@@ -1296,13 +1326,13 @@ at::Tensor layers(at::Tensor x, std::vector<at::Tensor> ln1, std::vector<at::Ten
       if (tiles) tiles_off();
       team.wait(W);
 
-      auto [o0, o1] = cols(wo[l].size(0), Hq * D, me, W);
+      auto [o0, o1] = cols(wo[l].size(0), Hq * D, T, me, W);
       blocks(A, T, Hq * D, wo[l].data_ptr<bf16>(), wo[l].size(1), o0, o1, O, C);
       team.wait(W);
 
       add_rows(X, O, x1, T * C);                // every thread: x1 and its norm, for its own use
       rms_rows(x1, ln2[l].data_ptr<bf16>(), h, T, C, (float)eps);
-      auto [m0, m1] = cols(w13[l].size(0), C, me, W);
+      auto [m0, m1] = cols(w13[l].size(0), C, T, me, W);
       blocks(h, T, C, w13[l].data_ptr<bf16>(), w13[l].size(1), m0, m1, GU, 2 * I);
       team.wait(W);
 
@@ -1315,7 +1345,7 @@ at::Tensor layers(at::Tensor x, std::vector<at::Tensor> ln1, std::vector<at::Ten
         }
       team.wait(W);
 
-      auto [d0, d1] = cols(w2[l].size(0), I, me, W);
+      auto [d0, d1] = cols(w2[l].size(0), I, T, me, W);
       blocks(Mi, T, I, w2[l].data_ptr<bf16>(), w2[l].size(1), d0, d1, DN, C);
       for (int64_t t = 0; t < T; ++t)           // the residual, on this thread's output columns
         add_rows(x1 + t * C + d0 * 16, DN + t * C + d0 * 16, Y + t * C + d0 * 16, (d1 - d0) * 16);

@@ -2,7 +2,7 @@
 the best tree depends on the hardware, so measure the hardware).
 
 A draft tree's nodes are nearly free where the verify's extra rows hide behind the weight stream
-(AVX512-BF16: 6 rows cost 1.3-1.4 one-row forwards) and dear where they do not (AVX2: 1.75-1.85,
+(AVX512-BF16: 6 rows cost 1.05-1.3 one-row forwards) and dear where they do not (AVX2: 1.5-1.75,
 docs/performance.md). `verify_curve` measures c(T), a T-row forward in one-row forwards, on the
 run's own model; `fit_nodes` then keeps, each round, the n best nodes of the grown tree that
 maximise the expected tokens per unit of cost,

@@ -233,7 +233,7 @@ def advice(path: str) -> str | None:
     """What a decoding method should know of a path's verify costs (speclab doctor says it), or None."""
     if path == "avx2":
         return ("a verify's extra rows are arithmetic here (an AVX2 FMA does 8 multiply-adds, VDPBF16PS 32): a 6-row "
-                "verify costs 1.6-1.8 one-row forwards, so short drafts win; prompt-lookup[k=auto] and "
+                "verify costs 1.5-1.75 one-row forwards, so short drafts win; prompt-lookup[k=auto] and "
                 "eagle[budget=auto] size each draft to this machine's measured costs (docs/performance.md)")
     if path == "torch":
         return ("no kernel path: bf16 runs torch's F.linear, a verify of several rows costing several one-row "

@@ -264,6 +264,28 @@ def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama, 
     assert not torch.equal(tree[2], one[2])
 
 
+@pytest.mark.parametrize("threads", [2, 4])
+def test_a_prompts_rows_split_in_half_blocks_keep_one_token_bits(llama, path, reference_logits, threads):
+    """More than 6 rows share a product's columns out in halves of 64-output blocks, so a block can
+    be split between two threads (3 blocks on 2 threads, 2 on 4): every row of chains of 7 to 13
+    (passes of 1 to 6 rows a half) still gets a one-token forward's bits. Under `make test` a
+    worker has one thread, so this test sets its own."""
+    from speclab.models.lean.forward import LeanLM
+    n = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        lm = LeanLM(llama)
+        one = _one_token_logits(lm)                 # one row a forward: whole blocks
+        if path != "amx":
+            assert all(torch.equal(a, b) for a, b in zip(one, reference_logits)), path
+        for T in (7, 8, 13):
+            lm.keep(len(IDS))
+            chain = lm.forward(torch.tensor(CONT[:T]))
+            assert all(torch.equal(chain[r], one[r + 1]) for r in range(T)), (path, threads, T)
+    finally:
+        torch.set_num_threads(n)
+
+
 def test_speclab_kernels_0_falls_back_to_f_linear():
     import os
     import subprocess

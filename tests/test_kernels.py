@@ -268,8 +268,9 @@ def test_fused_verify_is_bitwise_one_token_forwards_for_chains_and_trees(llama, 
 def test_a_prompts_rows_split_in_half_blocks_keep_one_token_bits(llama, path, reference_logits, threads):
     """More than 6 rows share a product's columns out in halves of 64-output blocks, so a block can
     be split between two threads (3 blocks on 2 threads, 2 on 4): every row of chains of 7 to 13
-    (passes of 1 to 6 rows a half) still gets a one-token forward's bits. Under `make test` a
-    worker has one thread, so this test sets its own."""
+    (passes of 1 to 6 rows a half) still gets a one-token forward's bits, as does a tree's (its
+    attention items shared out between the threads). Under `make test` a worker has one thread,
+    so this test sets its own."""
     from speclab.models.lean.forward import LeanLM
     n = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -282,6 +283,9 @@ def test_a_prompts_rows_split_in_half_blocks_keep_one_token_bits(llama, path, re
             lm.keep(len(IDS))
             chain = lm.forward(torch.tensor(CONT[:T]))
             assert all(torch.equal(chain[r], one[r + 1]) for r in range(T)), (path, threads, T)
+        lm.keep(len(IDS))                           # a tree's rows: attention's items split too
+        tree = lm.forward(torch.tensor([CONT[0], CONT[1], 400, CONT[2]]), parents=[-1, 0, 0, 1])
+        assert torch.equal(tree[0], one[1]) and torch.equal(tree[1], one[2]) and torch.equal(tree[3], one[3])
     finally:
         torch.set_num_threads(n)
 

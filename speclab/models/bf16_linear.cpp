@@ -466,6 +466,7 @@ constexpr int64_t CHUNK = CHUNK_PAIRS;
 // 4.5, not 5 / 4). A half's outputs get the same sums, in the same order, as a whole block's.
 static void blocks_loop(const bf16* x, int64_t T, int64_t K, const bf16* wp, int64_t K2, int64_t g0,
                         int64_t g1, bf16* y, int64_t N) {
+  if (g0 >= g1) return;                        // more threads than halves: nothing for this one
   thread_local std::vector<float> part;
   if ((int64_t)part.size() < T * B) part.resize(T * B);
 #ifdef HAS_DPBF16

@@ -109,6 +109,11 @@ def test_wrong_pairings_say_what_to_do(target, ppd):
         speclab.generate(target, "def f(x):", "ppd", draft=ppd, backend="hf", max_new_tokens=4)
     with pytest.raises(ValueError, match="attach"):
         speclab.generate(target, "def f(x):", "ppd", draft=ppd, attach=2, max_new_tokens=4)
+    for bad in ([1.2, 1.4], [1, 0.5]):             # c(T) starts at 1 and never falls under it
+        with pytest.raises(ValueError, match="costs is c\\(T\\)"):
+            speclab.generate(target, "def f(x):", "ppd", draft=ppd, costs=bad, max_new_tokens=4)
+    with pytest.raises(ValueError, match="costs is c\\(T\\)"):  # a fixed budget has nothing to size
+        speclab.generate(target, "def f(x):", "ppd", draft=ppd, budget=3, costs=[1, 1.1], max_new_tokens=4)
 
 
 def test_the_trainer_runs_and_its_tokens_load_and_draft(target, tmp_path, monkeypatch):

@@ -40,6 +40,7 @@ import time
 import torch
 
 from speclab.decoding.acceptance import greedy_ids
+from speclab.decoding.costs import given_curve
 from speclab.decoding.drafters.heads import _name
 from speclab.decoding.drafters.model import host_read
 from speclab.decoding.drafters.trees import calibrated_paths, check_paths
@@ -120,14 +121,10 @@ class PPDDrafter(Drafter):
         if attach is not None and (not isinstance(attach, int) or attach < 0 or budget == "auto"):
             raise ValueError("ppd: attach is how many candidates (>= 0) carry prompt tokens, with a fixed budget "
                              "(budget='auto' chooses it)")
-        if costs is not None and (budget != "auto" or not costs or costs[0] != 1
-                                  or any(not isinstance(c, (int, float)) or c < 1 for c in costs)):
-            raise ValueError("ppd: costs is c(T) for T = 1, 2, ... verify rows in one-row forwards, starting at 1 "
-                             "(e.g. [1, 1.1, 1.25, 1.4]), and sizes the tree only with budget=auto")
+        self.given_costs = given_curve(costs, budget == "auto", "ppd")
         self.prompts, self.m = draft, draft.m
         self.acc = (draft.rank_acc or DEFAULT_ACC * self.m)[:self.m]
         self.budget, self.attach_n, self.cost_model = budget, attach, target_model
-        self.given_costs = None if costs is None else {T: float(c) for T, c in enumerate(costs, 1)}
 
     # -- the shape, once per run -------------------------------------------------------------------
     def shape(self) -> dict:
